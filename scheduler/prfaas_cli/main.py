@@ -1,0 +1,49 @@
+"""Entry point of the ``prfaas`` console script.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``; the module's handler returns the
+process exit code. Exit codes: 0 ok, 1 runtime failure, 2 bad input (usage, invalid manifests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from prfaas_core import __version__
+
+from . import crds_cmd, validate_cmd
+
+COMMANDS = (validate_cmd, crds_cmd)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prfaas",
+        description="Control plane for Prefill-as-a-Service: cross-datacenter prefill/decode disaggregation.",
+    )
+    parser.add_argument("--version", action="version", version=f"prfaas {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = args.handler
+    try:
+        return int(handler(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The typed API: custom resources (spec + status) and the router's configuration."""
+
+from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, SecretKeyRef, WorkloadRef
+from .common import DecisionRecord, GatewayEndpointSpec, KvTransportSpec, RoleRange, SloSpec, TtftSlo
+from .hardware import DecodeCapacitySpec, HardwareSpec, PrefillPolynomial, PrefillTimePoint, PrefillTimeSpec
+from .link import InterDCLink, InterDCLinkSpec, InterDCLinkStatus
+from .model_profile import MeasuredKvPoint, MeasuredKvTable, ModelArchitecture, ModelProfile, ModelProfileSpec
+from .pd_cluster import LongTermPolicySpec, PDCluster, PDClusterSpec, PDClusterStatus
+from .prefill_cluster import PrefillCluster, PrefillClusterSpec, PrefillClusterStatus
+from .resources import KINDS, KINDS_BY_NAME, ResourceKind
+from .router_config import RemoteGateway, RouterConfig, RouterEndpoint, RouterLink
+
+__all__ = [
+    "KINDS",
+    "KINDS_BY_NAME",
+    "ApiModel",
+    "CelRule",
+    "Condition",
+    "DecisionRecord",
+    "DecodeCapacitySpec",
+    "GatewayEndpointSpec",
+    "HardwareSpec",
+    "InterDCLink",
+    "InterDCLinkSpec",
+    "InterDCLinkStatus",
+    "KvTransportSpec",
+    "LocalObjectRef",
+    "LongTermPolicySpec",
+    "MeasuredKvPoint",
+    "MeasuredKvTable",
+    "ModelArchitecture",
+    "ModelProfile",
+    "ModelProfileSpec",
+    "ObjectMeta",
+    "PDCluster",
+    "PDClusterSpec",
+    "PDClusterStatus",
+    "PrefillCluster",
+    "PrefillClusterSpec",
+    "PrefillClusterStatus",
+    "PrefillPolynomial",
+    "PrefillTimePoint",
+    "PrefillTimeSpec",
+    "RemoteGateway",
+    "ResourceKind",
+    "RoleRange",
+    "RouterConfig",
+    "RouterEndpoint",
+    "RouterLink",
+    "SecretKeyRef",
+    "SloSpec",
+    "TtftSlo",
+    "WorkloadRef",
+]

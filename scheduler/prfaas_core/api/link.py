@@ -1,0 +1,95 @@
+"""InterDCLink: the inter-datacenter link from a PrefillCluster to a PDCluster.
+
+Its cap (``maxUtilization``) is a ceiling enforced by the routers' admission; the *scarce* state starts at
+``scarceWatermark`` x cap and ends below ``abundantWatermark`` x cap (hysteresis), so the threshold rises
+before the cap is reached (ARCHITECTURE.md, "The router's configuration").
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..names import GROUP_VERSION, KIND_INTER_DC_LINK
+from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta
+
+
+class LinkMeasurementSpec(ApiModel):
+    """Where the link's measured egress comes from."""
+
+    egress_query: str = Field(
+        default='sum(rate(prfaas_link_egress_bytes_total{link="$link"}[1m])) * 8 / 1e9',
+        min_length=1,
+        max_length=4096,
+        description="PromQL giving the link's egress in Gbps (operator); $link is the link's name.",
+    )
+    metrics_url: str | None = Field(
+        default=None, min_length=1, max_length=2048, pattern=r"^https?://",
+        description="A Prometheus-format endpoint exporting prfaas_link_egress_bytes_total, read by routers "
+        "about once a second.",
+    )
+
+
+class InterDCLinkSpec(ApiModel):
+    """Desired state of an inter-datacenter link."""
+
+    __cel_rules__ = (
+        CelRule(
+            rule="self.abundantWatermark < self.scarceWatermark",
+            message="abundantWatermark must be below scarceWatermark (the gap is the hysteresis band)",
+            check=lambda s: s.abundant_watermark < s.scarce_watermark,
+            field_path=".abundantWatermark",
+        ),
+    )
+
+    prefill_cluster_ref: LocalObjectRef = Field(description="The PrefillCluster sending KV over the link.")
+    pd_cluster_ref: LocalObjectRef = Field(description="The PDCluster receiving KV.")
+    capacity_gbps: float = Field(gt=0, le=1_000_000, description="Link capacity, Gbps (10^9 bit/s).")
+    max_utilization: float = Field(
+        default=0.8, gt=0, le=1, description="Cap: fraction of capacity KV may use; admission enforces it."
+    )
+    scarce_watermark: float = Field(
+        default=0.9, gt=0, le=1, description="Fraction of the cap above which the link is scarce."
+    )
+    abundant_watermark: float = Field(
+        default=0.7, gt=0, le=1, description="Fraction of the cap below which a scarce link is abundant again."
+    )
+    rtt_ms: float = Field(default=1.0, ge=0, le=10_000, description="Round-trip time, ms.")
+    cost_per_gb_usd: float | None = Field(default=None, ge=0, description="Egress price per GB (10^9 B), USD.")
+    measurement: LinkMeasurementSpec = Field(
+        default_factory=LinkMeasurementSpec, description="Measured egress source.",
+        json_schema_extra={"default": {}},
+    )
+
+
+class InterDCLinkStatus(ApiModel):
+    """Measured state of the link."""
+
+    observed_generation: int | None = Field(default=None, ge=0, description="Generation last processed.")
+    measured_egress_gbps: float | None = Field(default=None, ge=0, description="Measured egress, Gbps.")
+    utilization: float | None = Field(default=None, ge=0, description="Measured egress / capacity.")
+    utilization_percent: str = Field(default="", max_length=16, description="Utilisation for printing.")
+    state: Literal["Abundant", "Scarce", "Unknown"] = Field(default="Unknown", description="Bandwidth state.")
+    threshold_floor_tokens: int | None = Field(
+        default=None, ge=0, description="Bandwidth-feasible lower bound on t at the measured load."
+    )
+    last_measured_time: str | None = Field(
+        default=None, description="Time of the last measurement.", json_schema_extra={"format": "date-time"}
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Ready, Degraded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+class InterDCLink(ApiModel):
+    """An inter-datacenter link."""
+
+    api_version: Literal["prfaas.io/v1alpha1"] = Field(default=GROUP_VERSION, description="API version.")
+    kind: Literal["InterDCLink"] = Field(default=KIND_INTER_DC_LINK, description="Kind.")
+    metadata: ObjectMeta
+    spec: InterDCLinkSpec
+    status: InterDCLinkStatus | None = None

@@ -1,0 +1,97 @@
+"""PrefillCluster: a prefill-only PrFaaS cluster (compute-dense, e.g. H200) in some datacenter.
+
+In the region that runs it (``mode: Managed``, region A) the operator observes its prefill workload and
+configures the gateway that exports it. In the region that uses it (``mode: Remote``, region B) the object
+*describes* the remote cluster: its endpoint and secrets, declared instances and hardware; its status is
+filled from the remote gateway's status endpoint (ARCHITECTURE.md, "Two regions, two API servers").
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..names import GROUP_VERSION, KIND_PREFILL_CLUSTER
+from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
+from .common import GatewayEndpointSpec, KvTransportSpec, Region
+from .hardware import HardwareSpec
+
+
+class PrefillClusterSpec(ApiModel):
+    """Desired state of a PrFaaS prefill cluster."""
+
+    __cel_rules__ = (
+        CelRule(
+            rule="self.mode != 'Managed' || has(self.workload)",
+            message="a Managed PrefillCluster must name the workload that holds its prefill instances",
+            check=lambda s: s.mode != "Managed" or s.workload is not None,
+            field_path=".workload",
+            reason="FieldValueRequired",
+        ),
+        CelRule(
+            rule="self.mode != 'Remote' || has(self.endpoint)",
+            message="a Remote PrefillCluster must give the endpoint of the other region's prefill gateway",
+            check=lambda s: s.mode != "Remote" or s.endpoint is not None,
+            field_path=".endpoint",
+            reason="FieldValueRequired",
+        ),
+        CelRule(
+            rule="self.mode != 'Remote' || !has(self.workload)",
+            message="a Remote PrefillCluster is run by another region; it has no local workload",
+            check=lambda s: s.mode != "Remote" or s.workload is None,
+            field_path=".workload",
+            reason="FieldValueForbidden",
+        ),
+    )
+
+    region: Region
+    datacenter: str | None = Field(default=None, min_length=1, max_length=63, description="Datacenter or zone.")
+    mode: Literal["Managed", "Remote"] = Field(
+        default="Managed",
+        description="Managed: this region runs the cluster. Remote: it describes a cluster another region runs.",
+    )
+    model_profile_ref: LocalObjectRef = Field(description="The ModelProfile (cluster-scoped) it serves.")
+    instances: int = Field(ge=0, le=100_000, description="Declared prefill instances (N_prfaas).")
+    hardware: HardwareSpec = Field(description="Hardware of one instance.")
+    workload: WorkloadRef | None = Field(
+        default=None, description="Workload holding the prefill instances (Managed only)."
+    )
+    endpoint: GatewayEndpointSpec | None = Field(
+        default=None,
+        description="The prefill gateway: the endpoint this region exports (Managed) or dials (Remote).",
+    )
+    kv_transport: KvTransportSpec = Field(
+        default_factory=KvTransportSpec, description="KV transport settings.", json_schema_extra={"default": {}}
+    )
+
+
+class PrefillClusterStatus(ApiModel):
+    """Observed state of a prefill cluster."""
+
+    observed_generation: int | None = Field(default=None, ge=0, description="Generation last processed.")
+    ready_instances: int = Field(default=0, ge=0, description="Prefill instances ready to serve.")
+    queue_depth: float = Field(default=0.0, ge=0, description="Requests waiting for prefill.")
+    measured_prefill_tokens_per_second: float = Field(
+        default=0.0, ge=0, description="Measured prefill throughput over the last window, tokens/s."
+    )
+    egress_gbps: float = Field(default=0.0, ge=0, description="Measured KV egress, Gbps.")
+    last_sync_time: str | None = Field(
+        default=None, description="When the status was last refreshed.", json_schema_extra={"format": "date-time"}
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Ready, Degraded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+class PrefillCluster(ApiModel):
+    """A PrFaaS prefill cluster."""
+
+    api_version: Literal["prfaas.io/v1alpha1"] = Field(default=GROUP_VERSION, description="API version.")
+    kind: Literal["PrefillCluster"] = Field(default=KIND_PREFILL_CLUSTER, description="Kind.")
+    metadata: ObjectMeta
+    spec: PrefillClusterSpec
+    status: PrefillClusterStatus | None = None

@@ -1,0 +1,76 @@
+"""Shared names: the API group, label and annotation keys, and metric names.
+
+Every part (router, operator, charts, dashboards, tests) takes these from here, so that a rename is one
+change. The README's "Names" section documents them.
+"""
+
+from typing import Final
+
+API_GROUP: Final = "prfaas.io"
+API_VERSION: Final = "v1alpha1"
+GROUP_VERSION: Final = f"{API_GROUP}/{API_VERSION}"
+
+KIND_PREFILL_CLUSTER: Final = "PrefillCluster"
+KIND_PD_CLUSTER: Final = "PDCluster"
+KIND_INTER_DC_LINK: Final = "InterDCLink"
+KIND_MODEL_PROFILE: Final = "ModelProfile"
+
+# --- Label keys (on engine pods / instances and on objects the operator owns) ---------------------------
+LABEL_ROLE: Final = f"{API_GROUP}/role"
+"""The serving role of an engine instance: one of ROLE_PREFILL, ROLE_DECODE, ROLE_BOTH."""
+LABEL_DRAINING: Final = f"{API_GROUP}/draining"
+"""Present with value "true" while an instance drains before a role flip; routers send it no new work."""
+LABEL_PD_CLUSTER: Final = f"{API_GROUP}/pd-cluster"
+"""Name of the PDCluster an instance or an owned object belongs to."""
+LABEL_PREFILL_CLUSTER: Final = f"{API_GROUP}/prefill-cluster"
+"""Name of the PrefillCluster an instance or an owned object belongs to."""
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "prfaas-operator"
+
+ROLE_PREFILL: Final = "prefill"
+ROLE_DECODE: Final = "decode"
+ROLE_BOTH: Final = "both"
+
+# --- Annotation keys ------------------------------------------------------------------------------------
+ANNOTATION_LAST_FLIP: Final = f"{API_GROUP}/last-role-flip"
+"""RFC 3339 time of the last role flip of an instance (cooldown is measured from it)."""
+ANNOTATION_ROUTER_CONFIG_HASH: Final = f"{API_GROUP}/router-config-hash"
+"""Hash of the router configuration an object was rendered from (pods roll when it changes)."""
+ANNOTATION_DRAIN_STARTED: Final = f"{API_GROUP}/drain-started"
+"""RFC 3339 time a drain began (the drain timeout is measured from it)."""
+
+FINALIZER: Final = f"{API_GROUP}/finalizer"
+
+# --- Metric names: our own components -------------------------------------------------------------------
+METRIC_ROUTER_REQUESTS: Final = "prfaas_router_requests_total"
+METRIC_ROUTER_ROUTE_DECISIONS: Final = "prfaas_router_route_decisions_total"
+METRIC_ROUTER_THRESHOLD_TOKENS: Final = "prfaas_router_threshold_tokens"
+METRIC_ROUTER_TTFT_SECONDS: Final = "prfaas_router_ttft_seconds"
+METRIC_ROUTER_BREAKER_OPEN: Final = "prfaas_router_breaker_open"
+METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
+METRIC_LINK_UTILIZATION: Final = "prfaas_link_utilization_ratio"
+METRIC_LINK_SCARCE: Final = "prfaas_link_scarce"
+METRIC_OPERATOR_DECISIONS: Final = "prfaas_operator_decisions_total"
+METRIC_OPERATOR_RECONCILE_SECONDS: Final = "prfaas_operator_reconcile_duration_seconds"
+METRIC_OPERATOR_PROMETHEUS_ERRORS: Final = "prfaas_operator_prometheus_errors_total"
+METRIC_OPERATOR_ROLE_INSTANCES: Final = "prfaas_operator_role_instances"
+
+# --- Metric names: vLLM's, which the engines (and our emulator) export -----------------------------------
+VLLM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"
+VLLM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
+VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
+VLLM_PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+VLLM_TTFT_SECONDS: Final = "vllm:time_to_first_token_seconds"
+VLLM_TPOT_SECONDS: Final = "vllm:time_per_output_token_seconds"
+VLLM_QUEUE_TIME_SECONDS: Final = "vllm:request_queue_time_seconds"
+VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
+VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
+
+KIB: Final = 1024
+MIB: Final = 1024 * 1024
+K_TOKENS: Final = 1024
+"""The paper's "K" for token counts (Table 5: K = 1024 tokens)."""
+GBPS_BITS: Final = 1e9
+"""One Gbps is 10^9 bit/s (paper-spec.md §2.1 unit check)."""
