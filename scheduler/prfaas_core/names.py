@@ -8,7 +8,8 @@ from typing import Final
 
 API_GROUP: Final = "prfaas.io"
 API_VERSION: Final = "v1alpha1"
-GROUP_VERSION: Final = f"{API_GROUP}/{API_VERSION}"
+GROUP_VERSION: Final = "prfaas.io/v1alpha1"
+assert f"{API_GROUP}/{API_VERSION}" == GROUP_VERSION
 
 KIND_PREFILL_CLUSTER: Final = "PrefillCluster"
 KIND_PD_CLUSTER: Final = "PDCluster"

@@ -72,9 +72,7 @@ class ApiModel(BaseModel):
         return self
 
     @classmethod
-    def __get_pydantic_json_schema__(
-        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         schema = handler(core_schema)
         if cls.__cel_rules__:
             target = handler.resolve_ref_schema(schema)
@@ -94,9 +92,7 @@ def obj_default() -> Any:
 class LocalObjectRef(ApiModel):
     """A reference to another object by name (same namespace, or cluster-scoped)."""
 
-    name: str = Field(
-        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Name of the object."
-    )
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Name of the object.")
 
 
 class SecretKeyRef(ApiModel):
@@ -115,7 +111,9 @@ class Condition(ApiModel):
     type: str = Field(min_length=1, max_length=316, description="Condition type, e.g. Ready, Progressing.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(
-        min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
         description="CamelCase machine-readable reason for the last transition.",
     )
     message: str = Field(default="", max_length=32768, description="Human-readable details.")

@@ -13,18 +13,21 @@ REGION_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 Region = Annotated[
-    str, Field(min_length=1, max_length=63, pattern=REGION_PATTERN, description="Region (lowercase DNS label).")
+    str,
+    Field(min_length=1, max_length=63, pattern=REGION_PATTERN, description="Region (lowercase DNS label)."),
 ]
 
 
 class GatewayEndpointSpec(ApiModel):
     """The prefill gateway's endpoint: exported by region A, dialled by region B."""
 
-    url: str = Field(
-        min_length=1, max_length=2048, pattern=URL_PATTERN, description="Base URL of the prefill gateway."
-    )
+    url: str = Field(min_length=1, max_length=2048, pattern=URL_PATTERN, description="Base URL of the prefill gateway.")
     status_path: str = Field(
-        default="/status", min_length=1, max_length=256, pattern=r"^/", description="Path of its status endpoint."
+        default="/status",
+        min_length=1,
+        max_length=256,
+        pattern=r"^/",
+        description="Path of its status endpoint.",
     )
     tls_secret_ref: LocalObjectRef | None = Field(
         default=None,
@@ -42,9 +45,7 @@ class KvTransportSpec(ApiModel):
     connector: Literal["NixlConnector", "MooncakeConnector", "SGLangMooncake", "SGLangNixl"] = Field(
         default="NixlConnector", description="KV connector the engines run."
     )
-    protocol: Literal["tcp", "rdma"] = Field(
-        default="tcp", description="Transport protocol; tcp across datacenters."
-    )
+    protocol: Literal["tcp", "rdma"] = Field(default="tcp", description="Transport protocol; tcp across datacenters.")
     parallel_connections: int = Field(
         default=8, ge=1, le=1024, description="Parallel TCP connections per transfer (multi-connection TCP)."
     )
@@ -81,8 +82,7 @@ class TtftSlo(ApiModel):
 class SloSpec(ApiModel):
     """Service-level objectives: used by alerts, goodput and the decode capacity check."""
 
-    ttft: TtftSlo = Field(default_factory=TtftSlo, description="TTFT objective.",
-                          json_schema_extra={"default": {}})
+    ttft: TtftSlo = Field(default_factory=TtftSlo, description="TTFT objective.", json_schema_extra={"default": {}})
     min_decode_tokens_per_second: float = Field(
         default=40.0, gt=0, le=100_000, description="Minimum decode rate per stream, tokens/s."
     )

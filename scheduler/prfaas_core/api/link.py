@@ -25,7 +25,10 @@ class LinkMeasurementSpec(ApiModel):
         description="PromQL giving the link's egress in Gbps (operator); $link is the link's name.",
     )
     metrics_url: str | None = Field(
-        default=None, min_length=1, max_length=2048, pattern=r"^https?://",
+        default=None,
+        min_length=1,
+        max_length=2048,
+        pattern=r"^https?://",
         description="A Prometheus-format endpoint exporting prfaas_link_egress_bytes_total, read by routers "
         "about once a second.",
     )
@@ -53,12 +56,16 @@ class InterDCLinkSpec(ApiModel):
         default=0.9, gt=0, le=1, description="Fraction of the cap above which the link is scarce."
     )
     abundant_watermark: float = Field(
-        default=0.7, gt=0, le=1, description="Fraction of the cap below which a scarce link is abundant again."
+        default=0.7,
+        gt=0,
+        le=1,
+        description="Fraction of the cap below which a scarce link is abundant again.",
     )
     rtt_ms: float = Field(default=1.0, ge=0, le=10_000, description="Round-trip time, ms.")
     cost_per_gb_usd: float | None = Field(default=None, ge=0, description="Egress price per GB (10^9 B), USD.")
     measurement: LinkMeasurementSpec = Field(
-        default_factory=LinkMeasurementSpec, description="Measured egress source.",
+        default_factory=LinkMeasurementSpec,
+        description="Measured egress source.",
         json_schema_extra={"default": {}},
     )
 

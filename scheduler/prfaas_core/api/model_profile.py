@@ -61,10 +61,9 @@ class ModelArchitecture(ApiModel):
             rule="self.fullAttentionLayers + self.linearLayers + (has(self.slidingWindow) ? "
             "self.slidingWindow.layers : 0) > 0",
             message="the model needs at least one layer (full-attention, linear or sliding-window)",
-            check=lambda a: a.full_attention_layers
-            + a.linear_layers
-            + (a.sliding_window.layers if a.sliding_window else 0)
-            > 0,
+            check=lambda a: (
+                a.full_attention_layers + a.linear_layers + (a.sliding_window.layers if a.sliding_window else 0) > 0
+            ),
             field_path=".fullAttentionLayers",
         ),
     )
@@ -76,7 +75,10 @@ class ModelArchitecture(ApiModel):
         default=None, ge=1, le=65_536, description="Value head dimension (defaults to headDim)."
     )
     mla_latent_dim: int | None = Field(
-        default=None, ge=1, le=65_536, description="MLA compressed KV width per token (kv_lora_rank + rope dim)."
+        default=None,
+        ge=1,
+        le=65_536,
+        description="MLA compressed KV width per token (kv_lora_rank + rope dim).",
     )
     kv_dtype: KvDtype = Field(default="bf16", description="Data type of the KV cache.")
     linear_layers: int = Field(default=0, ge=0, le=10_000, description="Linear-attention (KDA/GDN/Mamba) layers.")

@@ -46,7 +46,9 @@ class RoleAssignmentSpec(ApiModel):
 
     mode: Literal["Relabel", "Scale"] = Field(default="Relabel", description="Relabel or Scale.")
     initial_prefill: int | None = Field(
-        default=None, ge=0, le=100_000,
+        default=None,
+        ge=0,
+        le=100_000,
         description="Prefill instances to start with; default: the planner's split for the declared load.",
     )
 
@@ -73,11 +75,15 @@ class LongTermPolicySpec(ApiModel):
     )
     step_size: int = Field(default=1, ge=1, le=1000, description="Instances flipped per step.")
     flip_to_decode_ratio: float = Field(
-        default=1.25, ge=1, le=100,
+        default=1.25,
+        ge=1,
+        le=100,
         description="Flip prefill->decode when (Θ_prfaas+Θ_pd-p)/Θ_pd-d exceeds this and decode queues grow.",
     )
     flip_to_prefill_ratio: float = Field(
-        default=0.8, gt=0, le=1,
+        default=0.8,
+        gt=0,
+        le=1,
         description="Flip decode->prefill when (Θ_prfaas+Θ_pd-p)/Θ_pd-d is below this and prefill queues grow.",
     )
     history_limit: int = Field(default=20, ge=1, le=100, description="Decisions kept in status.")
@@ -89,24 +95,34 @@ class PrometheusQueries(ApiModel):
     Defaults use vLLM's metric names with the labels our ServiceMonitor adds."""
 
     queue_depth: str = Field(
-        default=f"sum(vllm:num_requests_waiting{{{_SELECTOR}}})", min_length=1, max_length=4096,
+        default=f"sum(vllm:num_requests_waiting{{{_SELECTOR}}})",
+        min_length=1,
+        max_length=4096,
         description="Requests waiting, per role.",
     )
     running: str = Field(
-        default=f"sum(vllm:num_requests_running{{{_SELECTOR}}})", min_length=1, max_length=4096,
+        default=f"sum(vllm:num_requests_running{{{_SELECTOR}}})",
+        min_length=1,
+        max_length=4096,
         description="Requests running, per role.",
     )
     kv_cache_usage: str = Field(
-        default=f"avg(vllm:kv_cache_usage_perc{{{_SELECTOR}}})", min_length=1, max_length=4096,
+        default=f"avg(vllm:kv_cache_usage_perc{{{_SELECTOR}}})",
+        min_length=1,
+        max_length=4096,
         description="KV cache usage (0-1), per role.",
     )
     prompt_tokens_rate: str = Field(
-        default=f"sum(rate(vllm:prompt_tokens_total{{{_SELECTOR}}}[$window]))", min_length=1, max_length=4096,
+        default=f"sum(rate(vllm:prompt_tokens_total{{{_SELECTOR}}}[$window]))",
+        min_length=1,
+        max_length=4096,
         description="Prompt tokens processed per second, per role.",
     )
     generation_tokens_rate: str = Field(
-        default=f"sum(rate(vllm:generation_tokens_total{{{_SELECTOR}}}[$window]))", min_length=1,
-        max_length=4096, description="Output tokens generated per second, per role.",
+        default=f"sum(rate(vllm:generation_tokens_total{{{_SELECTOR}}}[$window]))",
+        min_length=1,
+        max_length=4096,
+        description="Output tokens generated per second, per role.",
     )
 
 
@@ -114,7 +130,10 @@ class PrometheusSpec(ApiModel):
     """Where and how the operator reads the PD cluster's metrics."""
 
     url: str | None = Field(
-        default=None, min_length=1, max_length=2048, pattern=r"^https?://",
+        default=None,
+        min_length=1,
+        max_length=2048,
+        pattern=r"^https?://",
         description="Prometheus base URL; default: the operator's --prometheus-url.",
     )
     window_seconds: int = Field(default=120, ge=10, le=86_400, description="Rate window, seconds.")
@@ -135,11 +154,12 @@ class PDClusterSpec(ApiModel):
             reason="FieldValueRequired",
         ),
         CelRule(
-            rule="self.roleAssignment.mode != 'Scale' || (has(self.workloads.prefill) && "
-            "has(self.workloads.decode))",
+            rule="self.roleAssignment.mode != 'Scale' || (has(self.workloads.prefill) && has(self.workloads.decode))",
             message="Scale mode needs both workloads.prefill and workloads.decode",
-            check=lambda s: s.role_assignment.mode != "Scale"
-            or (s.workloads.prefill is not None and s.workloads.decode is not None),
+            check=lambda s: (
+                s.role_assignment.mode != "Scale"
+                or (s.workloads.prefill is not None and s.workloads.decode is not None)
+            ),
             field_path=".workloads",
             reason="FieldValueRequired",
         ),
@@ -161,10 +181,12 @@ class PDClusterSpec(ApiModel):
             "self.instances - self.roleAssignment.initialPrefill >= self.roles.decode.min && "
             "self.instances - self.roleAssignment.initialPrefill <= self.roles.decode.max)",
             message="roleAssignment.initialPrefill puts prefill or decode outside roles' min/max",
-            check=lambda s: s.role_assignment.initial_prefill is None
-            or (
-                s.roles.prefill.min <= s.role_assignment.initial_prefill <= s.roles.prefill.max
-                and s.roles.decode.min <= s.instances - s.role_assignment.initial_prefill <= s.roles.decode.max
+            check=lambda s: (
+                s.role_assignment.initial_prefill is None
+                or (
+                    s.roles.prefill.min <= s.role_assignment.initial_prefill <= s.roles.prefill.max
+                    and s.roles.decode.min <= s.instances - s.role_assignment.initial_prefill <= s.roles.decode.max
+                )
             ),
             field_path=".roleAssignment.initialPrefill",
         ),
@@ -176,7 +198,8 @@ class PDClusterSpec(ApiModel):
     instances: int = Field(ge=1, le=100_000, description="PD instances in all (N_p + N_d).")
     hardware: HardwareSpec = Field(description="Hardware of one instance.")
     role_assignment: RoleAssignmentSpec = Field(
-        default_factory=RoleAssignmentSpec, description="How roles are assigned and flipped.",
+        default_factory=RoleAssignmentSpec,
+        description="How roles are assigned and flipped.",
         json_schema_extra={"default": {}},
     )
     workloads: PDWorkloads = Field(description="Workloads holding the instances.")

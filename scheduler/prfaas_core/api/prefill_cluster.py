@@ -62,7 +62,9 @@ class PrefillClusterSpec(ApiModel):
         description="The prefill gateway: the endpoint this region exports (Managed) or dials (Remote).",
     )
     kv_transport: KvTransportSpec = Field(
-        default_factory=KvTransportSpec, description="KV transport settings.", json_schema_extra={"default": {}}
+        default_factory=KvTransportSpec,
+        description="KV transport settings.",
+        json_schema_extra={"default": {}},
     )
 
 
@@ -77,7 +79,9 @@ class PrefillClusterStatus(ApiModel):
     )
     egress_gbps: float = Field(default=0.0, ge=0, description="Measured KV egress, Gbps.")
     last_sync_time: str | None = Field(
-        default=None, description="When the status was last refreshed.", json_schema_extra={"format": "date-time"}
+        default=None,
+        description="When the status was last refreshed.",
+        json_schema_extra={"format": "date-time"},
     )
     conditions: list[Condition] = Field(
         default_factory=list,

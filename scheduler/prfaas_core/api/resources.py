@@ -38,9 +38,7 @@ class ResourceKind:
 
 
 def _ready() -> PrinterColumn:
-    return PrinterColumn(
-        "Ready", "string", '.status.conditions[?(@.type=="Ready")].status', "Ready condition"
-    )
+    return PrinterColumn("Ready", "string", '.status.conditions[?(@.type=="Ready")].status', "Ready condition")
 
 
 def _age() -> PrinterColumn:

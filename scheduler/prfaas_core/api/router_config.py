@@ -68,7 +68,8 @@ class RouterConfig(ApiModel):
 
     pd_cluster: str = Field(min_length=1, description="The PDCluster this router fronts.")
     mode: Literal["router", "gateway"] = Field(
-        default="router", description="router: in front of a PD cluster. gateway: in front of a PrFaaS cluster."
+        default="router",
+        description="router: in front of a PD cluster. gateway: in front of a PrFaaS cluster.",
     )
     endpoints: list[RouterEndpoint] = Field(default_factory=list, description="Engine instances.")
     draining: list[str] = Field(default_factory=list, description="Instance names to send no new work.")

@@ -1,0 +1,50 @@
+"""Reading manifest files: YAML (multi-document) from files or directories, with errors a person can act on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from prfaas_core.validation import Document
+
+
+class InputError(Exception):
+    """Bad input on the command line: a missing file, unreadable YAML. Exit code 2."""
+
+
+def expand_paths(paths: Sequence[str]) -> list[Path]:
+    """Files as given; directories expanded to their *.yaml / *.yml files (sorted, recursive)."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(x for x in p.rglob("*") if x.suffix in (".yaml", ".yml") and x.is_file())
+            if not found:
+                raise InputError(f"{raw}: directory holds no .yaml or .yml files")
+            out += found
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise InputError(f"{raw}: no such file or directory")
+    return out
+
+
+def load_documents(paths: Sequence[str]) -> list[Document]:
+    """Every non-empty YAML document in the given files, in order."""
+    docs: list[Document] = []
+    for path in expand_paths(paths):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read: {exc}") from exc
+        try:
+            bodies = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise InputError(f"{path}{where}: invalid YAML: {problem}") from exc
+        docs += [Document(str(path), i, body) for i, body in enumerate(bodies) if body is not None]
+    return docs

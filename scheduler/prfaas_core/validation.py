@@ -1,0 +1,178 @@
+"""Validation of manifests: each object against the CRD (schema + CEL) *and* the pydantic models, then
+across objects (dangling references, duplicates). Pure: takes parsed documents, returns issues.
+
+Both per-object checkers run on every object so that a disagreement between the CRD and the models is
+visible (the test suite requires they reject the same invalid manifests and name the same field).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from .api.base import ApiModel
+from .api.resources import KINDS_BY_NAME
+from .crdgen import crd_schema_by_kind
+from .names import API_GROUP, GROUP_VERSION
+from .schema_check import Issue, check_against_crd, format_path
+
+
+@dataclass
+class Document:
+    """One YAML document of one file."""
+
+    source: str
+    index: int
+    body: Any
+
+    @property
+    def kind(self) -> str:
+        return str(self.body.get("kind", "")) if isinstance(self.body, dict) else ""
+
+    @property
+    def name(self) -> str:
+        if isinstance(self.body, dict) and isinstance(self.body.get("metadata"), dict):
+            return str(self.body["metadata"].get("name", ""))
+        return ""
+
+    @property
+    def namespace(self) -> str | None:
+        if isinstance(self.body, dict) and isinstance(self.body.get("metadata"), dict):
+            ns = self.body["metadata"].get("namespace")
+            return str(ns) if ns is not None else None
+        return None
+
+    @property
+    def label(self) -> str:
+        what = f"{self.kind or '?'}/{self.name or '?'}"
+        return f"{self.source}#{self.index} {what}"
+
+
+@dataclass
+class Checked:
+    """A document with what the checks found; ``model`` is set when the pydantic models accept it."""
+
+    document: Document
+    issues: list[Issue] = field(default_factory=list)
+    model: ApiModel | None = None
+    skipped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.issues
+
+
+def model_issues(model: type[ApiModel], body: Any) -> tuple[ApiModel | None, list[Issue]]:
+    """Validate with pydantic; each error names its field (CEL-paired rules add their fieldPath)."""
+    try:
+        return model.model_validate(body), []
+    except ValidationError as exc:
+        issues = []
+        for err in exc.errors(include_url=False):
+            path = format_path(err["loc"])
+            ctx = err.get("ctx") or {}
+            if err["type"] == "cel_rule":
+                path += str(ctx.get("field_path", ""))
+                message = str(ctx.get("message", err["msg"]))
+            elif err["type"] == "missing":
+                message = "Required value: field is required"
+            elif err["type"] == "extra_forbidden":
+                message = f"unknown field(s) {err['loc'][-1]!r}"
+            else:
+                message = f"{err['msg']} (got {err.get('input')!r})"
+            issues.append(Issue(path, message, "model"))
+        return None, issues
+
+
+def check_document(doc: Document) -> Checked:
+    """Run the CRD check and the model check on one document."""
+    body = doc.body
+    if not isinstance(body, dict):
+        return Checked(doc, [Issue("", "document is not a mapping (an object with apiVersion and kind)", "document")])
+    api_version = body.get("apiVersion")
+    kind = body.get("kind")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        return Checked(doc, [Issue("", "apiVersion and kind are required", "document")])
+    if api_version.split("/")[0] != API_GROUP:
+        return Checked(doc, skipped=f"{api_version} {kind} is not a {API_GROUP} kind; not checked here")
+    if api_version != GROUP_VERSION:
+        return Checked(
+            doc,
+            [Issue("apiVersion", f"unsupported version {api_version!r}; use {GROUP_VERSION}", "document")],
+        )
+    resource = KINDS_BY_NAME.get(kind)
+    if resource is None:
+        known = ", ".join(sorted(KINDS_BY_NAME))
+        return Checked(doc, [Issue("kind", f"unknown kind {kind!r}; known kinds: {known}", "document")])
+    issues = check_against_crd(crd_schema_by_kind()[kind], body)
+    if not isinstance(body.get("metadata"), dict) or not body["metadata"].get("name"):
+        issues.append(Issue("metadata.name", "Required value: name is required", "schema"))
+    if not resource.namespaced and isinstance(body.get("metadata"), dict) and body["metadata"].get("namespace"):
+        issues.append(Issue("metadata.namespace", f"{kind} is cluster-scoped; remove the namespace", "schema"))
+    model, found = model_issues(resource.model, body)
+    return Checked(doc, issues + found, model=model)
+
+
+def _key(doc: Document, default_namespace: str) -> tuple[str, str | None, str]:
+    namespaced = KINDS_BY_NAME[doc.kind].namespaced
+    return (doc.kind, (doc.namespace or default_namespace) if namespaced else None, doc.name)
+
+
+def cross_object_issues(checked: Sequence[Checked], default_namespace: str = "default") -> dict[int, list[Issue]]:
+    """Dangling references and duplicates among the objects (by position in ``checked``).
+
+    References: PrefillCluster/PDCluster -> ModelProfile (cluster-scoped); InterDCLink -> PrefillCluster and
+    PDCluster in its own namespace. The API server cannot check these (CEL sees one object); the operator
+    reports them as ``Ready=False`` conditions.
+    """
+    ours = [(i, c) for i, c in enumerate(checked) if c.skipped is None and c.document.kind in KINDS_BY_NAME]
+    defined: dict[tuple[str, str | None, str], int] = {}
+    out: dict[int, list[Issue]] = {}
+    for i, c in ours:
+        if not c.document.name:
+            continue
+        key = _key(c.document, default_namespace)
+        if key in defined:
+            first = checked[defined[key]].document
+            out.setdefault(i, []).append(
+                Issue(
+                    "metadata.name",
+                    f"duplicate {c.document.kind} {c.document.name!r} (also {first.label})",
+                    "reference",
+                )
+            )
+        else:
+            defined[key] = i
+    for i, c in ours:
+        body = c.document.body
+        spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+        ns = c.document.namespace or default_namespace
+        refs: list[tuple[str, str, str | None]] = []
+        if c.document.kind in ("PrefillCluster", "PDCluster"):
+            refs.append(("modelProfileRef", "ModelProfile", None))
+        if c.document.kind == "InterDCLink":
+            refs += [("prefillClusterRef", "PrefillCluster", ns), ("pdClusterRef", "PDCluster", ns)]
+        for field_name, kind, ref_ns in refs:
+            ref = spec.get(field_name)
+            name = ref.get("name") if isinstance(ref, dict) else None
+            if isinstance(name, str) and (kind, ref_ns, name) not in defined:
+                where = f" in namespace {ref_ns!r}" if ref_ns else ""
+                out.setdefault(i, []).append(
+                    Issue(
+                        f"spec.{field_name}.name",
+                        f"{kind} {name!r}{where} is not defined in the given files",
+                        "reference",
+                    )
+                )
+    return out
+
+
+def validate_documents(docs: Iterable[Document], default_namespace: str = "default") -> list[Checked]:
+    """Check every document, then the references between them."""
+    checked = [check_document(d) for d in docs]
+    for i, extra in cross_object_issues(checked, default_namespace).items():
+        checked[i].issues.extend(extra)
+    return checked
