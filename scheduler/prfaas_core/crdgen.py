@@ -10,6 +10,7 @@ models arrive as ``x-kubernetes-validations``. Pure: returns dicts; the CLI writ
 from __future__ import annotations
 
 import copy
+from functools import lru_cache
 from typing import Any
 
 from .api.resources import KINDS, ResourceKind
@@ -159,6 +160,8 @@ def all_crds() -> dict[str, JsonDict]:
     return {f"{k.crd_name}.yaml": build_crd(k) for k in KINDS}
 
 
+@lru_cache(maxsize=1)
 def crd_schema_by_kind() -> dict[str, JsonDict]:
-    """Kind -> openAPIV3Schema (what ``prfaas validate`` checks custom resources against)."""
+    """Kind -> openAPIV3Schema (what ``prfaas validate`` checks custom resources against). Cached: treat the
+    result as read-only."""
     return {k.kind: kind_schema(k) for k in KINDS}

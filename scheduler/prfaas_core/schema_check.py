@@ -113,9 +113,16 @@ def _list_map_issues(schema: JsonDict, value: Any, path: list[Any]) -> list[Issu
     return issues
 
 
+@lru_cache(maxsize=1)
+def cel_environment() -> celpy.Environment:
+    """The one CEL environment, built on first use (building it parses CEL's grammar, ~0.3 s, and raises
+    the interpreter's recursion limit)."""
+    return celpy.Environment()
+
+
 @lru_cache(maxsize=512)
 def _cel_program(rule: str) -> celpy.Runner:
-    env = celpy.Environment()
+    env = cel_environment()
     return env.program(env.compile(rule))
 
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up, then run every check: lint, format, types, import layering, generated CRDs, and the test suite.
+# Usage: scripts/test.sh [--full] [pytest args...]   (--full adds the heavier suites marked `slow`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+full=0
+if [ "${1:-}" = "--full" ]; then full=1; shift; fi
+scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+
+step() { printf '\n== %s\n' "$*"; }
+step "ruff (lint)";            ruff check scheduler operator tests
+step "ruff (format)";          ruff format --check scheduler operator tests
+step "mypy (strict on the core)"; mypy scheduler/prfaas_core scheduler/prfaas_cli
+step "import layering";        lint-imports
+step "generated CRDs";         prfaas crds --check --out crds
+step "pytest"
+if [ "$full" = 1 ]; then
+  PRFAAS_FULL=1 pytest "$@"
+else
+  pytest -m "not slow" "$@"
+fi
