@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the embedded default, no cluster needed: set up, then validate the shipped two-region
-# manifests (CRD schema + CEL + typed models + cross-object references).
+# The main job on the embedded default, no cluster needed: set up, then plan the paper's case study
+# (4 H200 PrFaaS instances, 8 H20 PD instances, 100 Gbps link) — which threshold, which split, how much link —
+# against the two baselines, and write the Fig. 5 plots to out/plan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-ex=examples/01-two-region
-echo "== region A (PrFaaS cluster)"
-.venv/bin/prfaas validate "$ex/common" "$ex/region-a"
-echo "== region B (PD cluster, remote PrFaaS description, link)"
-.venv/bin/prfaas validate "$ex/common" "$ex/region-b"
+.venv/bin/prfaas plan --plot-dir out/plan "$@"

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from prfaas_core import __version__
 
-from . import crds_cmd, validate_cmd
+from . import crds_cmd, plan_cmd, validate_cmd
 
-COMMANDS = (validate_cmd, crds_cmd)
+COMMANDS = (validate_cmd, crds_cmd, plan_cmd)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -121,6 +121,13 @@ def _key(doc: Document, default_namespace: str) -> tuple[str, str | None, str]:
     return (doc.kind, (doc.namespace or default_namespace) if namespaced else None, doc.name)
 
 
+def _mode(doc: Document) -> str:
+    """A PrefillCluster's mode: region A's Managed object and region B's Remote description of the same
+    cluster share a name on two API servers, so they are not duplicates of each other."""
+    spec = doc.body.get("spec") if isinstance(doc.body, dict) else None
+    return str(spec.get("mode", "Managed")) if isinstance(spec, dict) else "Managed"
+
+
 def cross_object_issues(checked: Sequence[Checked], default_namespace: str = "default") -> dict[int, list[Issue]]:
     """Dangling references and duplicates among the objects (by position in ``checked``).
 
@@ -130,13 +137,15 @@ def cross_object_issues(checked: Sequence[Checked], default_namespace: str = "de
     """
     ours = [(i, c) for i, c in enumerate(checked) if c.skipped is None and c.document.kind in KINDS_BY_NAME]
     defined: dict[tuple[str, str | None, str], int] = {}
+    seen: dict[tuple[str | None, ...], int] = {}
     out: dict[int, list[Issue]] = {}
     for i, c in ours:
         if not c.document.name:
             continue
         key = _key(c.document, default_namespace)
-        if key in defined:
-            first = checked[defined[key]].document
+        dup_key: tuple[str | None, ...] = (*key, _mode(c.document)) if c.document.kind == "PrefillCluster" else key
+        if dup_key in seen:
+            first = checked[seen[dup_key]].document
             out.setdefault(i, []).append(
                 Issue(
                     "metadata.name",
@@ -145,7 +154,8 @@ def cross_object_issues(checked: Sequence[Checked], default_namespace: str = "de
                 )
             )
         else:
-            defined[key] = i
+            seen[dup_key] = i
+            defined.setdefault(key, i)
     for i, c in ours:
         body = c.document.body
         spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}

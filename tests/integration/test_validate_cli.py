@@ -32,13 +32,20 @@ def test_region_a_and_region_b_examples_are_valid() -> None:
         assert "invalid" not in result.stdout + result.stderr
 
 
-def test_all_examples_folder_is_valid() -> None:
-    # region A and B define the same PrefillCluster name on two API servers: validate each region separately
-    result = prfaas("validate", str(EX / "common"), str(EX / "region-b"), "-o", "json")
+def test_both_regions_together_are_valid() -> None:
+    # region A's Managed PrefillCluster and region B's Remote description share a name on two API servers
+    result = prfaas("validate", str(EX), "-o", "json")
     report = json.loads(result.stdout)
-    assert report["valid"] is True
+    assert report["valid"] is True, result.stdout
     kinds = sorted(o["kind"] for o in report["objects"] if o["skipped"] is None)
-    assert kinds == ["InterDCLink", "ModelProfile", "PDCluster", "PrefillCluster"]
+    assert kinds == ["InterDCLink", "ModelProfile", "PDCluster", "PrefillCluster", "PrefillCluster"]
+
+
+def test_two_managed_prefill_clusters_with_one_name_are_duplicates(tmp_path: Path) -> None:
+    managed = (EX / "region-a" / "prefill-cluster.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(managed + "---\n" + managed)
+    result = prfaas("validate", str(EX / "common"), str(tmp_path / "a.yaml"))
+    assert result.returncode == 2 and "duplicate PrefillCluster 'prfaas-h200'" in result.stdout
 
 
 @pytest.mark.parametrize("path", sorted(INVALID.glob("*.yaml"))[:6], ids=lambda p: p.stem)

@@ -2,6 +2,7 @@
 
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, SecretKeyRef, WorkloadRef
 from .common import DecisionRecord, GatewayEndpointSpec, KvTransportSpec, RoleRange, SloSpec, TtftSlo
+from .gateway import GatewayStatus
 from .hardware import DecodeCapacitySpec, HardwareSpec, PrefillPolynomial, PrefillTimePoint, PrefillTimeSpec
 from .link import InterDCLink, InterDCLinkSpec, InterDCLinkStatus
 from .model_profile import MeasuredKvPoint, MeasuredKvTable, ModelArchitecture, ModelProfile, ModelProfileSpec
@@ -19,6 +20,7 @@ __all__ = [
     "DecisionRecord",
     "DecodeCapacitySpec",
     "GatewayEndpointSpec",
+    "GatewayStatus",
     "HardwareSpec",
     "InterDCLink",
     "InterDCLinkSpec",

@@ -84,7 +84,7 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def obj_default() -> Any:
+def obj_default() -> dict[str, Any]:
     """``json_schema_extra`` for an object field with a default factory: the CRD defaults it to ``{}``."""
     return {"default": {}}
 

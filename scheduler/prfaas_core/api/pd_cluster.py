@@ -88,6 +88,25 @@ class LongTermPolicySpec(ApiModel):
     )
     history_limit: int = Field(default=20, ge=1, le=100, description="Decisions kept in status.")
     suspend: bool = Field(default=False, description="Observe and report, but flip nothing.")
+    dry_run: bool = Field(
+        default=False,
+        description="Decide every cycle and record the decisions (status, events, metrics) without acting on them.",
+    )
+
+
+class OverridesSpec(ApiModel):
+    """Manual overrides an SRE sets; the long-term loop respects them and reports that it does."""
+
+    threshold_tokens: int | None = Field(
+        default=None, ge=0, le=1 << 30, description="Pin the routing threshold t (routers stop adapting it)."
+    )
+    prefill_instances: int | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description="Pin the number of prefill instances (the rest decode); the loop drains and flips to reach "
+        "it and makes no decision of its own while set.",
+    )
 
 
 class PrometheusQueries(ApiModel):
@@ -190,6 +209,21 @@ class PDClusterSpec(ApiModel):
             ),
             field_path=".roleAssignment.initialPrefill",
         ),
+        CelRule(
+            rule="!has(self.overrides.prefillInstances) || (self.overrides.prefillInstances >= "
+            "self.roles.prefill.min && self.overrides.prefillInstances <= self.roles.prefill.max && "
+            "self.instances - self.overrides.prefillInstances >= self.roles.decode.min && "
+            "self.instances - self.overrides.prefillInstances <= self.roles.decode.max)",
+            message="overrides.prefillInstances puts prefill or decode outside roles' min/max",
+            check=lambda s: (
+                s.overrides.prefill_instances is None
+                or (
+                    s.roles.prefill.min <= s.overrides.prefill_instances <= s.roles.prefill.max
+                    and s.roles.decode.min <= s.instances - s.overrides.prefill_instances <= s.roles.decode.max
+                )
+            ),
+            field_path=".overrides.prefillInstances",
+        ),
     )
 
     region: Region
@@ -212,6 +246,11 @@ class PDClusterSpec(ApiModel):
     slo: SloSpec = Field(default_factory=SloSpec, description="SLOs.", json_schema_extra={"default": {}})
     prometheus: PrometheusSpec = Field(
         default_factory=PrometheusSpec, description="Metrics source.", json_schema_extra={"default": {}}
+    )
+    overrides: OverridesSpec = Field(
+        default_factory=OverridesSpec,
+        description="Manual overrides of t and the split.",
+        json_schema_extra={"default": {}},
     )
 
 

@@ -9,8 +9,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import ApiModel, CelRule
+from .base import ApiModel, CelRule, obj_default
 from .common import URL_PATTERN
+from .hardware import HardwareSpec
 from .model_profile import ModelProfileSpec
 
 
@@ -54,10 +55,70 @@ class RouterLink(ApiModel):
     metrics_url: str | None = Field(default=None, pattern=URL_PATTERN, description="Measured-egress endpoint.")
 
 
+class RouterTimeouts(ApiModel):
+    """Per-leg timeouts."""
+
+    connect_seconds: float = Field(default=5.0, gt=0, le=600, description="Connecting to an engine or gateway.")
+    prefill_seconds: float = Field(default=120.0, gt=0, le=86_400, description="The whole prefill leg.")
+    decode_idle_seconds: float = Field(
+        default=60.0, gt=0, le=86_400, description="Longest silence between two chunks of the decode stream."
+    )
+
+
+class RouterLimits(ApiModel):
+    """Admission limits: beyond them the router answers 429 with Retry-After instead of queueing unboundedly."""
+
+    max_body_bytes: int = Field(default=8 << 20, ge=1024, le=1 << 30, description="Largest request body.")
+    max_in_flight: int = Field(default=2048, ge=1, le=1_000_000, description="Requests in flight at most.")
+    retry_after_seconds: int = Field(default=1, ge=1, le=3600, description="Retry-After on a 429.")
+
+
+class RoutingParams(ApiModel):
+    """The short-term policy's parameters."""
+
+    refresh_interval_seconds: float = Field(
+        default=1.0, gt=0, le=60, description="Signals (metrics, link egress, health) refresh period."
+    )
+    threshold_window_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="Window of recent uncached lengths t_bw is computed on."
+    )
+    breaker_failure_threshold: int = Field(default=5, ge=1, le=1000, description="Failures that open a breaker.")
+    breaker_open_seconds: float = Field(default=10.0, gt=0, le=3600, description="How long a breaker stays open.")
+    prefix_block_tokens: int = Field(default=16, ge=1, le=4096, description="Prefix-index block size, tokens.")
+    prefix_index_blocks: int = Field(
+        default=262_144, ge=1, le=1 << 26, description="Blocks the prefix index remembers per cluster (LRU)."
+    )
+    tokenizer: Literal["chars4", "whitespace"] = Field(
+        default="chars4", description="Token estimate used for uncached lengths (must match the engines')."
+    )
+
+
+class ScaleConfig(ApiModel):
+    """Emulation scale (``prfaas up``): model seconds per wall second, real bytes per model byte."""
+
+    time_scale: float = Field(default=1.0, gt=0, description="Emulated time runs this many times real time.")
+    byte_scale: float = Field(default=1.0, gt=0, description="Real bytes sent per model byte of KV.")
+
+
+class GatewayServing(ApiModel):
+    """Gateway mode: how the region-A endpoint authenticates callers and serves TLS."""
+
+    prefill_cluster: str = Field(min_length=1, description="The PrefillCluster the gateway fronts.")
+    token_file: str | None = Field(default=None, min_length=1, description="Bearer token callers must send.")
+    tls_cert_file: str | None = Field(default=None, min_length=1, description="Server certificate (PEM).")
+    tls_key_file: str | None = Field(default=None, min_length=1, description="Server key (PEM).")
+
+
 class RouterConfig(ApiModel):
     """Everything a router replica needs; written by one writer, hot-reloaded by the routers."""
 
     __cel_rules__ = (
+        CelRule(
+            rule="self.mode != 'gateway' || has(self.gateway)",
+            message="gateway mode needs the gateway block",
+            check=lambda s: s.mode != "gateway" or s.gateway is not None,
+            field_path=".gateway",
+        ),
         CelRule(
             rule="self.thresholdMinTokens <= self.thresholdMaxTokens",
             message="thresholdMinTokens must not exceed thresholdMaxTokens",
@@ -82,3 +143,20 @@ class RouterConfig(ApiModel):
         default=1 << 30, ge=0, description="Upper bound on t (above it nothing is offloaded)."
     )
     model: ModelProfileSpec = Field(description="KV model of the served model (for egress accounting).")
+    pd_hardware: HardwareSpec | None = Field(
+        default=None, description="Hardware of the PD instances (prefill time for the in-cluster pick)."
+    )
+    prfaas_hardware: HardwareSpec | None = Field(
+        default=None, description="Hardware of the PrFaaS instances (each remote request's egress rate)."
+    )
+    gateway: GatewayServing | None = Field(default=None, description="Gateway mode settings.")
+    routing: RoutingParams = Field(
+        default_factory=RoutingParams, description="Short-term policy.", json_schema_extra=obj_default()
+    )
+    timeouts: RouterTimeouts = Field(
+        default_factory=RouterTimeouts, description="Timeouts.", json_schema_extra=obj_default()
+    )
+    limits: RouterLimits = Field(default_factory=RouterLimits, description="Limits.", json_schema_extra=obj_default())
+    scale: ScaleConfig = Field(
+        default_factory=ScaleConfig, description="Emulation scale.", json_schema_extra=obj_default()
+    )

@@ -1,0 +1,419 @@
+"""``prfaas plan [FILES...]``: size a PrFaaS deployment — threshold ``t``, the P/D split, link egress — with
+the paper's throughput model (Eqs. 1–8), and compare it with homogeneous PD and naive heterogeneous PD.
+
+With no FILES it plans the paper's case study (4×H200 PrFaaS, 8×H20 PD, 100 Gbps, the internal 1T model).
+With FILES (YAML manifests or directories) it validates them like ``prfaas validate`` and plans the one
+ModelProfile, PrefillCluster, PDCluster and InterDCLink they hold. ``--workload`` takes a WorkloadSpec
+(YAML) or a trace (JSONL, see ``prfaas_core.trace``). Exit 0 ok, 2 bad input (nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from prfaas_core.api import InterDCLinkSpec, ModelProfileSpec, PDClusterSpec, PrefillClusterSpec
+from prfaas_core.hardware import HardwareProfile, list_builtin_hardware
+from prfaas_core.names import K_TOKENS
+from prfaas_core.plan_inputs import case_study_specs
+from prfaas_core.planner import (
+    Deployment,
+    Plan,
+    PlanInputs,
+    plan,
+    plan_inputs_from_specs,
+    sweep_splits,
+    sweep_thresholds,
+)
+from prfaas_core.trace import TraceError, parse_trace
+from prfaas_core.validation import validate_documents
+from prfaas_core.workload import WorkloadSpec, mean, workload_from_trace
+
+from .manifests import InputError, load_documents
+
+KINDS_NEEDED = ("ModelProfile", "PrefillCluster", "PDCluster", "InterDCLink")
+
+
+class PlanCliError(Exception):
+    """Bad input: the message names the file and the field. Exit code 2."""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="size a PrFaaS deployment (threshold, P/D split, link) and compare with the baselines",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("files", nargs="*", metavar="FILE", help="manifest files or directories (default: case study)")
+    p.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="workload: a WorkloadSpec (.yaml/.yml) or a trace (.jsonl); default: the paper's case-study workload",
+    )
+    p.add_argument("--output", "-o", choices=("table", "json"), default="table", help="report format")
+    p.add_argument("--plot-dir", metavar="DIR", help="write Fig. 5-style PNGs (Λ_max vs N_p, Λ_max vs t) here")
+    p.add_argument("--link-gbps", type=float, metavar="X", help="override the link capacity, Gbps")
+    p.add_argument(
+        "--homogeneous-instances", type=int, metavar="N", help="PD-hardware instances of the homogeneous baseline"
+    )
+    p.add_argument("--list-hardware", action="store_true", help="list the built-in hardware profiles and exit")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_hardware:
+        _print_hardware(args.output)
+        return 0
+    try:
+        inputs = build_inputs(args)
+        result = plan(inputs)
+        images = render_plots(inputs, result) if args.plot_dir else {}
+        plot_dir = _prepare_plot_dir(args.plot_dir) if args.plot_dir else None
+    except (PlanCliError, InputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(json.dumps(plan_to_dict(inputs, result), indent=2))
+    else:
+        print(render_table(inputs, result))
+    if plot_dir is not None:
+        for name, data in images.items():
+            (plot_dir / name).write_bytes(data)
+            print(f"wrote {plot_dir / name}", file=sys.stderr)
+    return 0
+
+
+# --- Inputs ------------------------------------------------------------------------------------------------
+
+
+def _pydantic_message(source: str, exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in err["loc"])
+        ctx = err.get("ctx") or {}
+        msg = str(ctx.get("message", err["msg"])) if err["type"] == "cel_rule" else err["msg"]
+        parts.append(f"{source}: {loc + str(ctx.get('field_path', '')) or '<root>'}: {msg}")
+    return "\n".join(parts)
+
+
+def load_workload(path_text: str) -> WorkloadSpec:
+    """A WorkloadSpec from YAML, or one derived from a JSONL trace."""
+    path = Path(path_text)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanCliError(f"{path}: cannot read the workload: {exc}") from None
+    if path.suffix == ".jsonl":
+        try:
+            return workload_from_trace(parse_trace(text.splitlines(), source=str(path)))
+        except TraceError as exc:
+            raise PlanCliError(str(exc)) from None
+    try:
+        body = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PlanCliError(f"{path}: invalid YAML: {exc}") from None
+    try:
+        return WorkloadSpec.model_validate(body if body is not None else {})
+    except ValidationError as exc:
+        raise PlanCliError(_pydantic_message(str(path), exc)) from None
+
+
+def _specs_from_files(files: list[str]) -> tuple[ModelProfileSpec, PrefillClusterSpec, PDClusterSpec, InterDCLinkSpec]:
+    checked = validate_documents(load_documents(files))
+    bad = [c for c in checked if not c.ok]
+    if bad:
+        lines = [f"{c.document.label}: {issue}" for c in bad for issue in c.issues]
+        raise PlanCliError("invalid manifests:\n  " + "\n  ".join(lines))
+    found: dict[str, list[tuple[str, BaseModel]]] = {k: [] for k in KINDS_NEEDED}
+    for c in checked:
+        if c.skipped is None and c.model is not None and c.document.kind in found:
+            found[c.document.kind].append((c.document.label, c.model))
+    prefill = found["PrefillCluster"]
+    if len(prefill) == 2 and {getattr(m, "spec").mode for _, m in prefill} == {"Managed", "Remote"}:  # noqa: B009
+        # both regions given: region A runs it (Managed), region B describes it (Remote); plan from B's view
+        managed, remote = sorted(prefill, key=lambda o: getattr(o[1], "spec").mode)  # noqa: B009
+        m_spec, r_spec = getattr(managed[1], "spec"), getattr(remote[1], "spec")  # noqa: B009
+        if (m_spec.instances, m_spec.hardware) != (r_spec.instances, r_spec.hardware):
+            raise PlanCliError(
+                f"{managed[0]} and {remote[0]} describe the same PrefillCluster with different instances or "
+                "hardware; make region B's description match region A"
+            )
+        found["PrefillCluster"] = [remote]
+    for kind, objs in found.items():
+        if len(objs) != 1:
+            where = ", ".join(label for label, _ in objs) or "none found"
+            raise PlanCliError(
+                f"{' '.join(files)}: need exactly one {kind}, found {len(objs)} ({where}); pass one region's view"
+            )
+    specs = {kind: getattr(objs[0][1], "spec") for kind, objs in found.items()}  # noqa: B009
+    return specs["ModelProfile"], specs["PrefillCluster"], specs["PDCluster"], specs["InterDCLink"]
+
+
+def build_inputs(args: argparse.Namespace) -> PlanInputs:
+    """Case study or manifests, the workload, and the command-line overrides."""
+    if args.files:
+        profile, prefill, pd, link = _specs_from_files(args.files)
+        workload = WorkloadSpec()
+    else:
+        profile, prefill, pd, link, workload = case_study_specs()
+    if args.workload:
+        workload = load_workload(args.workload)
+    if args.link_gbps is not None and not (args.link_gbps > 0 and math.isfinite(args.link_gbps)):
+        raise PlanCliError(f"--link-gbps: must be a positive number of Gbps, got {args.link_gbps}")
+    try:
+        inputs = plan_inputs_from_specs(profile, prefill, pd, link, workload, args.homogeneous_instances)
+    except ValueError as exc:
+        source = " ".join(args.files) if args.files else "case study"
+        raise PlanCliError(f"{source}: {exc}") from None
+    if args.link_gbps is not None:
+        inputs = replace(inputs, link_capacity_gbps=args.link_gbps)
+    return inputs
+
+
+# --- Output ------------------------------------------------------------------------------------------------
+
+
+def _num(x: float | None, digits: int = 4) -> float | None:
+    if x is None or math.isnan(x) or math.isinf(x):
+        return None
+    return round(x, digits)
+
+
+def deployment_to_dict(d: Deployment) -> dict[str, Any]:
+    pt, s = d.point, d.point.split
+    offloads = pt.n_prfaas > 0 and s.offload_fraction > 0
+    return {
+        "throughput_rps": _num(pt.throughput_rps),
+        "n_prfaas": pt.n_prfaas,
+        "n_prefill": pt.n_prefill,
+        "n_decode": pt.n_decode,
+        "ttft_mean_s": _num(d.ttft_mean_s),
+        "ttft_p90_s": _num(d.ttft_p90_s),
+        "theta_prfaas": _num(pt.theta_prfaas),
+        "theta_prfaas_compute": _num(pt.theta_prfaas_compute) if offloads else None,
+        "theta_prfaas_egress": _num(pt.theta_prfaas_egress) if offloads else None,
+        "theta_pd_p": _num(pt.theta_pd_p),
+        "theta_pd_d": _num(pt.theta_pd_d),
+        "offload_fraction": _num(s.offload_fraction),
+        "egress_gbps": _num(pt.egress_gbps),
+        "binding": pt.binding,
+        "reason": d.reason,
+        "cost_per_hour": _num(d.cost_per_hour),
+        "requests_per_cost_unit": _num(d.throughput_per_cost),
+    }
+
+
+def plan_to_dict(inputs: PlanInputs, result: Plan) -> dict[str, Any]:
+    """The plan as JSON-ready data (``--output json``)."""
+    prfaas = deployment_to_dict(result.prfaas_pd)
+    s = result.prfaas_pd.point.split
+    prfaas.update(
+        threshold_tokens=round(s.threshold_tokens),
+        l_long_tokens=round(s.l_long_tokens),
+        l_short_tokens=round(s.l_short_tokens),
+        threshold_balanced_tokens=result.threshold_balanced_tokens,
+        threshold_bandwidth_floor_tokens=result.threshold_bandwidth_floor_tokens,
+        link_utilization=_num(result.prfaas_pd.point.egress_gbps / inputs.link_capacity_gbps),
+    )
+    ratios = {}
+    for d in (result.prfaas_pd, result.homogeneous_pd, result.naive_heterogeneous):
+        base = result.homogeneous_pd
+        ratios[d.name] = {
+            "throughput": _num(result.throughput_ratio(d)),
+            "ttft_mean": _num(d.ttft_mean_s / base.ttft_mean_s),
+            "ttft_p90": _num(d.ttft_p90_s / base.ttft_p90_s),
+            "equal_cost_throughput": _num(result.equal_cost_ratio(d)),
+        }
+    out: dict[str, Any] = {
+        "prfaas_pd": prfaas,
+        "homogeneous_pd": deployment_to_dict(result.homogeneous_pd),
+        "naive_heterogeneous": deployment_to_dict(result.naive_heterogeneous),
+        "ratios_vs_homogeneous": ratios,
+        "inputs": {
+            "model": inputs.model_name,
+            "prfaas_hardware": inputs.prfaas_hardware.accelerator,
+            "pd_hardware": inputs.pd_hardware.accelerator,
+            "n_prfaas": inputs.n_prfaas,
+            "n_pd": inputs.n_pd,
+            "homogeneous_instances": inputs.homogeneous_count,
+            "link_capacity_gbps": inputs.link_capacity_gbps,
+            "link_max_utilization": inputs.link_max_utilization,
+            "usable_egress_gbps": _num(inputs.usable_egress_gbps),
+            "mean_input_tokens": _num(mean(inputs.lengths), 1),
+            "output_tokens": inputs.output_tokens,
+        },
+        "reason": result.reason,
+    }
+    if result.target is not None:
+        t = result.target
+        out["at_arrival_rate"] = {
+            "arrival_rate_per_second": _num(t.arrival_rate_per_second),
+            "feasible": t.feasible,
+            "utilization": _num(t.utilization),
+            "egress_gbps": _num(t.egress_gbps),
+            "link_utilization": _num(t.link_utilization),
+            "threshold_bandwidth_floor_tokens": t.threshold_bandwidth_floor_tokens,
+            "reason": t.reason,
+        }
+    return out
+
+
+def render_table(inputs: PlanInputs, result: Plan) -> str:
+    """A readable, aligned comparison like the paper's Table 6."""
+    ds = (result.prfaas_pd, result.homogeneous_pd, result.naive_heterogeneous)
+    dash = "—"
+
+    def counts(d: Deployment) -> str:
+        pt = d.point
+        return " / ".join(str(n) if n else dash for n in (pt.n_prfaas, pt.n_prefill, pt.n_decode))
+
+    def thetas(d: Deployment) -> str:
+        pt = d.point
+        vals = (pt.theta_prfaas if pt.n_prfaas else None, pt.theta_pd_p if pt.n_prefill else None, pt.theta_pd_d)
+        return " / ".join(f"{v:.2f}" if v is not None else dash for v in vals)
+
+    def cost(d: Deployment) -> str:
+        ratio = result.equal_cost_ratio(d)
+        return f"{d.cost_per_hour:.2f}/h ({ratio:.2f}×)" if d.cost_per_hour is not None and ratio else dash
+
+    pf = result.prfaas_pd.point
+    rows = [
+        ("", "PrFaaS-PD", "Homogeneous PD", "Naive heterogeneous"),
+        ("Threshold t (tokens)", f"{pf.split.threshold_tokens:.0f}", dash, dash),
+        ("N_prfaas / N_p / N_d", *(counts(d) for d in ds)),
+        ("Offload fraction p", *(f"{d.point.split.offload_fraction:.1%}" for d in ds)),
+        ("l_long / l_short (tokens)", f"{pf.split.l_long_tokens:.0f} / {pf.split.l_short_tokens:.0f}", dash, dash),
+        ("Θ_prfaas / Θ_pd-p / Θ_pd-d", *(thetas(d) for d in ds)),
+        ("Λ_max (req/s)", *(f"{d.point.throughput_rps:.2f}" for d in ds)),
+        ("Ratio vs homogeneous", *(f"{result.throughput_ratio(d):.2f}×" for d in ds)),
+        ("Mean / P90 TTFT (s)", *(f"{d.ttft_mean_s:.2f} / {d.ttft_p90_s:.2f}" for d in ds)),
+        ("Egress (Gbps)", *(f"{d.point.egress_gbps:.1f}" if d.point.n_prfaas else dash for d in ds)),
+        ("Binding constraint", *(d.point.binding for d in ds)),
+        ("Cost (equal-cost ratio)", *(cost(d) for d in ds)),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [
+        f"Model {inputs.model_name or '?'}: PrFaaS {inputs.n_prfaas} × {inputs.prfaas_hardware.accelerator}, "
+        f"PD {inputs.n_pd} × {inputs.pd_hardware.accelerator}, link {inputs.link_capacity_gbps:g} Gbps "
+        f"(usable {inputs.usable_egress_gbps:g} at cap {inputs.link_max_utilization:g}); "
+        f"mean input {mean(inputs.lengths):.0f} tokens, output {inputs.output_tokens:g} tokens",
+        "",
+    ]
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(widths[j]) for j, cell in enumerate(row)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines += ["", f"PrFaaS-PD: {result.prfaas_pd.reason}.", f"Summary: {result.reason}."]
+    if result.target is not None:
+        lines.append(
+            f"At {result.target.arrival_rate_per_second:.2f} req/s: {result.target.reason}; egress "
+            f"{result.target.egress_gbps:.1f} Gbps ({result.target.link_utilization:.0%} of the link)."
+        )
+    return "\n".join(lines)
+
+
+def _print_hardware(output: str) -> None:
+    profiles = list_builtin_hardware()
+    lengths = (1, 8, 32, 128)
+
+    def row(p: HardwareProfile) -> dict[str, Any]:
+        return {
+            "accelerator": p.accelerator,
+            "gpus_per_instance": p.gpus_per_instance,
+            "prefill_seconds": {f"{k}K": round(p.prefill_seconds(k * K_TOKENS), 3) for k in lengths},
+            "decode_tokens_per_second": p.decode.tokens_per_second if p.decode else None,
+            "description": p.description,
+        }
+
+    rows = [row(p) for p in profiles]
+    if output == "json":
+        print(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        times = ", ".join(f"{k} {v:.2f} s" for k, v in r["prefill_seconds"].items())
+        print(f"{r['accelerator']:<6} prefill {times}; decode {r['decode_tokens_per_second']:g} tok/s")
+        print(f"       {r['description']}")
+
+
+# --- Plots (paper Fig. 5) ----------------------------------------------------------------------------------
+
+
+def _prepare_plot_dir(path_text: str) -> Path:
+    path = Path(path_text)
+    if path.exists() and not path.is_dir():
+        raise PlanCliError(f"--plot-dir {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlanCliError(f"--plot-dir {path}: cannot create: {exc}") from None
+    return path
+
+
+def render_plots(inputs: PlanInputs, result: Plan) -> dict[str, bytes]:
+    """Fig. 5(a) Λ_max vs N_p at the chosen t, and 5(b) Λ_max vs t at the chosen split, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    best = result.prfaas_pd.point
+    t_star = best.split.threshold_tokens
+    out: dict[str, bytes] = {}
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    points = sweep_splits(inputs, t_star)
+    xs = [pt.n_prefill for pt in points]
+    ax.plot(xs, [pt.throughput_rps for pt in points], "o-", color="black", label="Λ_max")
+    ax.plot(
+        xs,
+        [min(pt.prfaas_rate, pt.pd_prefill_rate) for pt in points],
+        "--",
+        label="prefill min(Θ_prfaas/p, Θ_pd-p/(1−p))",
+    )
+    ax.plot(xs, [pt.theta_pd_d for pt in points], ":", label="decode Θ_pd-d")
+    ax.axvline(best.n_prefill, color="grey", lw=0.8)
+    ax.set(
+        xlabel=f"N_p (N_d = {inputs.n_pd} − N_p)", ylabel="req/s", title=f"(a) Λ_max vs N_p at t = {t_star:.0f} tokens"
+    )
+    ax.legend(fontsize=8)
+    out["fig5a-lambda-vs-np.png"] = _png(fig)
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    hi = inputs.lengths.support()[1]
+    top = min(hi, max(60 * K_TOKENS, 3 * t_star))
+    ts = [top * i / 300 for i in range(1, 301)]
+    sweep = sweep_thresholds(inputs, best.n_prefill, best.n_decode, ts)
+    cap = 3 * max(best.throughput_rps, 1e-9)
+    kt = [t / 1000 for t in ts]
+    ax.plot(kt, [min(pt.prfaas_rate, cap) for pt in sweep], label="Θ_prfaas / p")
+    ax.plot(kt, [min(pt.pd_prefill_rate, cap) for pt in sweep], label="Θ_pd-p / (1 − p)")
+    ax.plot(kt, [pt.theta_pd_d for pt in sweep], ":", label="Θ_pd-d")
+    ax.plot(kt, [pt.throughput_rps for pt in sweep], color="black", lw=2, label="Λ_max")
+    ax.axvline(t_star / 1000, color="grey", lw=0.8)
+    ax.set(
+        xlabel="threshold t (thousand tokens)",
+        ylabel="req/s",
+        ylim=(0, cap),
+        title=f"(b) Λ_max vs t at {best.n_prefill}P/{best.n_decode}D",
+    )
+    ax.legend(fontsize=8)
+    out["fig5b-lambda-vs-threshold.png"] = _png(fig)
+    return out
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    return buf.getvalue()

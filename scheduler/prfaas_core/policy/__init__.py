@@ -1,0 +1,10 @@
+"""The decisions of both timescales, as pure functions and small state machines over frozen inputs.
+
+Short term (per request): :mod:`.link` (egress estimate, scarce/abundant with hysteresis, admission under
+the cap), :mod:`.threshold` (``t`` raised to the bandwidth-feasible bound when scarce, never below
+``t_min``), :mod:`.routing` (the paper's cache-aware rule; the instance inside a cluster).
+Long term (per cycle): :mod:`.roles` (prefill/decode counts, one step at a time, with hysteresis, cooldown,
+bounds and a drain phase; ``t`` re-optimised after each change) and :mod:`.loop` (observe -> decide ->
+actuate -> report with observer and actuator interfaces). Every decision carries its reason. The router,
+the operator, ``prfaas up`` and the simulator all call these; none re-implements them.
+"""

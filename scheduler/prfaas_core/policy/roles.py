@@ -1,0 +1,341 @@
+"""The long-term role policy (paper §3.4.3): flip PD-cluster instances between prefill and decode.
+
+Each cycle classifies the cluster from two signals:
+
+* **queues** (measured): a *standing* queue is more than ``queue_per_instance`` waiting requests per
+  instance of a stage. Decode queues while prefill keeps up -> decode-bound; PD-P or PrFaaS queue while
+  decode keeps up -> prefill-bound; both queue -> flipping cannot help (more hardware is needed).
+* **the model** (paper Eq. 8), when no queue stands: ``r = (Θ_prfaas + Θ_pd-p) / Θ_pd-d`` at the current
+  counts and the *observed* length mix; ``r > flipToDecodeRatio`` -> decode-bound, ``r <
+  flipToPrefillRatio`` -> prefill-bound, provided the flip raises the model's ``Λ_max``.
+
+A verdict must persist ``hysteresisCycles`` cycles, respect the cooldown since the last flip and the
+per-role bounds; then ``stepSize`` instances of the source role (least in flight first) are drained, and
+flipped once drained or after ``drainTimeoutSeconds``. After every change — and every cycle, since the mix
+moves — ``t_min`` is re-optimised for the counts (Eq. 7) and published with the decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ..api.common import DecisionAction
+from ..api.pd_cluster import PDClusterSpec
+from ..plan_inputs import PlanInputs
+from ..planner import compute_balanced_threshold, evaluate, split_lengths
+from ..workload import LengthDistribution
+
+Role = Literal["prefill", "decode"]
+Verdict = Literal["decode-bound", "prefill-bound"]
+
+
+@dataclass(frozen=True)
+class RolePolicyParams:
+    """The knobs of PDCluster.spec.policy and spec.roles, in the core's units."""
+
+    period_s: float = 60.0
+    hysteresis_cycles: int = 2
+    cooldown_s: float = 300.0
+    drain_timeout_s: float = 120.0
+    step_size: int = 1
+    flip_to_decode_ratio: float = 1.25
+    flip_to_prefill_ratio: float = 0.8
+    prefill_min: int = 1
+    prefill_max: int = 1024
+    decode_min: int = 1
+    decode_max: int = 1024
+    queue_per_instance: float = 2.0
+    drain_poll_s: float = 5.0
+    suspend: bool = False
+    dry_run: bool = False
+    """Decide and record, act on nothing (the loop skips the actuator and forgets pending drains)."""
+    override_prefill: int | None = None
+    """Pinned prefill count: the loop drains and flips toward it, step by step, and decides nothing else."""
+    override_threshold: int | None = None
+    """Pinned ``t``: published as both bounds, so routers stop adapting it."""
+
+    @classmethod
+    def from_spec(cls, spec: PDClusterSpec) -> RolePolicyParams:
+        p = spec.policy
+        return cls(
+            period_s=float(p.period_seconds),
+            hysteresis_cycles=p.hysteresis_cycles,
+            cooldown_s=float(p.cooldown_seconds),
+            drain_timeout_s=float(p.drain_timeout_seconds),
+            step_size=p.step_size,
+            flip_to_decode_ratio=p.flip_to_decode_ratio,
+            flip_to_prefill_ratio=p.flip_to_prefill_ratio,
+            prefill_min=spec.roles.prefill.min,
+            prefill_max=spec.roles.prefill.max,
+            decode_min=spec.roles.decode.min,
+            decode_max=spec.roles.decode.max,
+            suspend=p.suspend,
+            dry_run=p.dry_run,
+            override_prefill=spec.overrides.prefill_instances,
+            override_threshold=spec.overrides.threshold_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class InstanceState:
+    """One PD instance as observed: its role label, work in flight, whether it drains."""
+
+    name: str
+    role: Role
+    in_flight: int = 0
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    queue_depth: float = 0.0
+    utilization: float = 0.0
+
+
+@dataclass(frozen=True)
+class RoleObservation:
+    """What one cycle observed (the operator from Prometheus, the simulator from its queues)."""
+
+    instances: tuple[InstanceState, ...]
+    prefill: StageLoad = StageLoad()
+    decode: StageLoad = StageLoad()
+    prfaas: StageLoad = StageLoad()
+    n_prfaas_ready: int | None = None
+    lengths: LengthDistribution | None = None
+    """Observed uncached-length mix (None: the declared workload)."""
+    output_tokens: float | None = None
+    arrival_rate_rps: float | None = None
+
+    def count(self, role: Role) -> int:
+        return sum(1 for i in self.instances if i.role == role)
+
+
+@dataclass(frozen=True)
+class PendingFlip:
+    direction: Literal["FlipToDecode", "FlipToPrefill"]
+    instances: tuple[str, ...]
+    drain_started_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """Memory between cycles (kept by the loop; written to status by the shells)."""
+
+    verdict: Verdict | None = None
+    streak: int = 0
+    last_flip_s: float | None = None
+    pending: PendingFlip | None = None
+    threshold_min_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RoleDecision:
+    """Inputs in, effects out, reason attached."""
+
+    action: DecisionAction
+    reason: str
+    prefill_from: int
+    decode_from: int
+    prefill_to: int
+    decode_to: int
+    state: RoleState
+    drain: tuple[str, ...] = ()
+    """Instances to start draining (routers stop sending them new work)."""
+    flip: tuple[tuple[str, Role], ...] = ()
+    """Instances to give a new role now (and stop draining)."""
+    threshold_min_tokens: int | None = None
+    ratio: float | None = None
+
+
+def _inputs_for(base: PlanInputs, obs: RoleObservation) -> PlanInputs:
+    changes: dict[str, object] = {}
+    if obs.lengths is not None:
+        changes["lengths"] = obs.lengths
+    if obs.output_tokens is not None and obs.output_tokens > 0:
+        changes["output_tokens"] = obs.output_tokens
+    if obs.n_prfaas_ready is not None:
+        changes["n_prfaas"] = obs.n_prfaas_ready
+    return replace(base, **changes) if changes else base  # type: ignore[arg-type]  # fields vary by name
+
+
+def _t_min(inputs: PlanInputs, n_prefill: int, fallback: int | None) -> int | None:
+    t = compute_balanced_threshold(inputs, n_prefill)
+    return t if t is not None else fallback
+
+
+def _lambda(inputs: PlanInputs, n_p: int, n_d: int, t: float) -> float:
+    return evaluate(inputs, split_lengths(inputs, t), inputs.n_prfaas, n_p, n_d).throughput_rps
+
+
+def classify(
+    obs: RoleObservation, inputs: PlanInputs, params: RolePolicyParams, threshold_tokens: float
+) -> tuple[Verdict | None, str, float]:
+    """The cycle's verdict, its reason, and the model ratio ``r``."""
+    n_p, n_d = obs.count("prefill"), obs.count("decode")
+    n_prfaas = inputs.n_prfaas
+    point = evaluate(inputs, split_lengths(inputs, threshold_tokens), n_prfaas, n_p, n_d)
+    producers = point.theta_prfaas + point.theta_pd_p
+    ratio = producers / point.theta_pd_d if point.theta_pd_d > 0 else math.inf
+    q = params.queue_per_instance
+    pre_q, prf_q, dec_q = obs.prefill.queue_depth, obs.prfaas.queue_depth, obs.decode.queue_depth
+    prefill_standing = pre_q > q * max(n_p, 1) or (n_prfaas > 0 and prf_q > q * n_prfaas)
+    decode_standing = dec_q > q * max(n_d, 1)
+    queues = f"queues: PD-P {pre_q:.0f}, PrFaaS {prf_q:.0f}, PD-D {dec_q:.0f}"
+    model = f"(Θ_prfaas+Θ_pd-p)/Θ_pd-d = {producers:.2f}/{point.theta_pd_d:.2f} = {ratio:.2f}"
+    if prefill_standing and decode_standing:
+        return None, f"both stages queue ({queues}): flipping cannot help, more hardware is needed", ratio
+    if decode_standing:
+        return "decode-bound", f"decode-bound: {queues} (> {q:g} per decode instance)", ratio
+    if prefill_standing:
+        return "prefill-bound", f"prefill-bound: {queues} (> {q:g} per prefill instance)", ratio
+    t_now = threshold_tokens
+    if ratio > params.flip_to_decode_ratio and n_p > 1:
+        gain = _lambda(inputs, n_p - 1, n_d + 1, t_now) > point.throughput_rps
+        if gain:
+            return "decode-bound", f"decode-bound by the model: {model} > {params.flip_to_decode_ratio:g}", ratio
+    if ratio < params.flip_to_prefill_ratio and n_d > 1:
+        t_next = _t_min(inputs, n_p + 1, None) or t_now
+        gain = _lambda(inputs, n_p + 1, n_d - 1, t_next) > point.throughput_rps
+        if gain:
+            return "prefill-bound", f"prefill-bound by the model: {model} < {params.flip_to_prefill_ratio:g}", ratio
+    return None, f"balanced: {model}, no standing queue", ratio
+
+
+def _pick(obs: RoleObservation, role: Role, k: int) -> tuple[str, ...]:
+    candidates = sorted(
+        (i for i in obs.instances if i.role == role and not i.draining), key=lambda i: (i.in_flight, i.name)
+    )
+    return tuple(i.name for i in candidates[:k])
+
+
+def decide_roles(
+    state: RoleState,
+    obs: RoleObservation,
+    params: RolePolicyParams,
+    base_inputs: PlanInputs,
+    threshold_tokens: float,
+    now_s: float,
+) -> RoleDecision:
+    """One cycle of the long-term policy. Pure: the next state travels inside the decision."""
+    inputs = _inputs_for(base_inputs, obs)
+    n_p, n_d = obs.count("prefill"), obs.count("decode")
+
+    def decision(
+        action: DecisionAction,
+        reason: str,
+        new_state: RoleState,
+        p_to: int = n_p,
+        d_to: int = n_d,
+        ratio: float | None = None,
+        drain: tuple[str, ...] = (),
+        flip: tuple[tuple[str, Role], ...] = (),
+    ) -> RoleDecision:
+        if params.override_threshold is not None:
+            t_min: int | None = params.override_threshold
+        else:
+            t_min = _t_min(inputs, p_to, state.threshold_min_tokens)
+        new_state = replace(new_state, threshold_min_tokens=t_min)
+        return RoleDecision(
+            action, reason, n_p, n_d, p_to, d_to, new_state, drain, flip, threshold_min_tokens=t_min, ratio=ratio
+        )
+
+    if params.suspend:
+        return decision("Suspended", "policy.suspend is true: observing only, no flips", replace(state, pending=None))
+
+    pending = state.pending
+    if pending is not None:
+        by_name = {i.name: i for i in obs.instances}
+        from_role: Role = "prefill" if pending.direction == "FlipToDecode" else "decode"
+        target: Role = "decode" if from_role == "prefill" else "prefill"
+        present = [by_name[n] for n in pending.instances if n in by_name and by_name[n].role == from_role]
+        if not present:
+            return decision(
+                "Hold",
+                "pending flip abandoned: its instances are gone or already flipped",
+                replace(state, pending=None),
+            )
+        in_flight = sum(i.in_flight for i in present)
+        waited = now_s - pending.drain_started_s
+        if in_flight > 0 and waited < params.drain_timeout_s:
+            return decision(
+                "Drain",
+                f"draining {', '.join(i.name for i in present)}: {in_flight} in flight "
+                f"({waited:.0f} s of {params.drain_timeout_s:.0f} s)",
+                state,
+            )
+        how = "drained" if in_flight == 0 else f"drain timeout after {waited:.0f} s with {in_flight} in flight"
+        k = len(present)
+        p_to, d_to = (n_p - k, n_d + k) if target == "decode" else (n_p + k, n_d - k)
+        flip = tuple((i.name, target) for i in present)
+        return decision(
+            pending.direction,
+            f"{pending.reason}; {how}: {', '.join(i.name for i in present)} -> {target}",
+            RoleState(None, 0, now_s, None, state.threshold_min_tokens),
+            p_to,
+            d_to,
+            flip=flip,
+        )
+
+    if params.override_prefill is not None:
+        return _toward_override(params.override_prefill, obs, params, now_s, n_p, decision)
+
+    verdict, why, ratio = classify(obs, inputs, params, threshold_tokens)
+    streak = state.streak + 1 if verdict is not None and verdict == state.verdict else (1 if verdict else 0)
+    held = RoleState(verdict, streak, state.last_flip_s, None, state.threshold_min_tokens)
+    if verdict is None:
+        return decision("Hold", why, held, ratio=ratio)
+    if streak < params.hysteresis_cycles:
+        return decision("Hold", f"{why} ({streak} of {params.hysteresis_cycles} cycles)", held, ratio=ratio)
+    if state.last_flip_s is not None and now_s - state.last_flip_s < params.cooldown_s:
+        since = now_s - state.last_flip_s
+        return decision(
+            "Hold", f"{why}; cooldown: last flip {since:.0f} s ago < {params.cooldown_s:.0f} s", held, ratio=ratio
+        )
+    source: Role
+    direction: Literal["FlipToDecode", "FlipToPrefill"]
+    if verdict == "decode-bound":
+        k = min(params.step_size, n_p - params.prefill_min, params.decode_max - n_d)
+        source, direction, bound = "prefill", "FlipToDecode", "prefill at its minimum or decode at its maximum"
+    else:
+        k = min(params.step_size, n_d - params.decode_min, params.prefill_max - n_p)
+        source, direction, bound = "decode", "FlipToPrefill", "decode at its minimum or prefill at its maximum"
+    if k <= 0:
+        return decision("Hold", f"{why}; {bound}", held, ratio=ratio)
+    names = _pick(obs, source, k)
+    if not names:
+        return decision("Hold", f"{why}; no {source} instance free to drain", held, ratio=ratio)
+    reason = f"{why} for {streak} cycles"
+    new_pending = PendingFlip(direction, names, now_s, reason)
+    return decision(
+        "Drain",
+        f"{reason}: draining {', '.join(names)} before the flip",
+        replace(held, pending=new_pending),
+        ratio=ratio,
+        drain=names,
+    )
+
+
+def _toward_override(
+    target_p: int,
+    obs: RoleObservation,
+    params: RolePolicyParams,
+    now_s: float,
+    n_p: int,
+    decision: Callable[..., RoleDecision],
+) -> RoleDecision:
+    """A pinned split: drain ``stepSize`` instances toward it each step (drain still applies)."""
+    pinned = f"manual override: prefill pinned to {target_p}"
+    if n_p == target_p:
+        return decision("Hold", f"{pinned}; in place", RoleState())
+    source: Role = "prefill" if n_p > target_p else "decode"
+    k = min(params.step_size, abs(n_p - target_p))
+    names = _pick(obs, source, k)
+    if not names:
+        return decision("Hold", f"{pinned}; no {source} instance free to drain", RoleState())
+    direction: Literal["FlipToDecode", "FlipToPrefill"] = "FlipToDecode" if source == "prefill" else "FlipToPrefill"
+    pending = PendingFlip(direction, names, now_s, pinned)
+    return decision("Drain", f"{pinned}: draining {', '.join(names)}", RoleState(pending=pending), drain=names)

@@ -1,0 +1,159 @@
+"""Per-request routing (paper §3.4.3): remote (PrFaaS) iff the uncached length exceeds ``t``; which
+prefix counts depends on the link's mode; admission under the link's cap; the instance inside a cluster.
+
+The cache-aware rule (paper-spec §2.5)::
+
+    scarce:    l = l_total - l_pd                   # caches per cluster, no cross-cluster cache moves
+    abundant:  l = l_total - max(l_prfaas, l_pd)    # the longer prefix counts; move it if it sits elsewhere
+    target = PrFaaS if l > t else PD-P
+
+Then: PrFaaS unavailable (breaker open, no ready instance) -> local; remote but projected egress over the
+cap -> local (admission). Every decision carries its reason; the hot path does arithmetic only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ..kv import KvModel
+from ..names import GBPS_BITS
+from .link import LinkMode, LinkParams, admit
+
+Target = Literal["local", "remote"]
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What the router knows about one request before sending it anywhere."""
+
+    total_tokens: int
+    pd_cached_tokens: int = 0
+    """Prefix already cached in the PD cluster (best instance)."""
+    prfaas_cached_tokens: int = 0
+    """Prefix already cached in the PrFaaS cluster."""
+
+
+@dataclass(frozen=True)
+class RoutingView:
+    """The immutable snapshot one decision reads (refreshed off the hot path)."""
+
+    threshold_tokens: int
+    link_mode: LinkMode
+    egress_estimate_gbps: float
+    link: LinkParams | None
+    remote_available: bool
+    remote_unavailable_reason: str = ""
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    target: Target
+    uncached_tokens: int
+    """Tokens the chosen cluster must prefill."""
+    transfer_bytes: float
+    """KV bytes that cross the link (remote only)."""
+    egress_gbps: float
+    """This request's egress rate while its KV streams (remote only)."""
+    reason: str
+    cache_transfer_tokens: int = 0
+    """Cached prefix tokens to move between clusters first (abundant mode only)."""
+
+
+def transfer_bytes(kv: KvModel, total_tokens: int, cached_at_decode_tokens: int) -> float:
+    """KV bytes the decode side still needs: the uncached tail's KV plus the fixed (linear/SWA) state."""
+    if cached_at_decode_tokens <= 0:
+        return kv.kv_bytes(total_tokens)
+    cached_growing = max(0.0, kv.kv_bytes(cached_at_decode_tokens) - kv.fixed_bytes)
+    return max(kv.fixed_bytes, kv.kv_bytes(total_tokens) - cached_growing)
+
+
+def decide_route(
+    req: RouteRequest,
+    view: RoutingView,
+    kv: KvModel,
+    prfaas_prefill_seconds: Callable[[float], float],
+) -> RouteDecision:
+    """The paper's rule, then availability and admission. Pure; O(1)."""
+    t = view.threshold_tokens
+    l_pd = min(req.pd_cached_tokens, req.total_tokens)
+    l_prfaas = min(req.prfaas_cached_tokens, req.total_tokens)
+    if view.link_mode == "scarce":
+        uncached_local = uncached_remote = req.total_tokens - l_pd
+        length = uncached_local
+        basis = f"scarce: uncached {length} = total {req.total_tokens} - PD prefix {l_pd}"
+        move_to_pd = move_to_prfaas = 0
+    else:
+        best = max(l_prfaas, l_pd)
+        length = req.total_tokens - best
+        basis = f"abundant: uncached {length} = total {req.total_tokens} - best prefix {best}"
+        # the longer prefix counts; if it sits in the other cluster it is moved there first
+        uncached_local = uncached_remote = length
+        move_to_pd = best - l_pd
+        move_to_prfaas = best - l_prfaas
+    if length <= t:
+        return RouteDecision("local", uncached_local, 0.0, 0.0, f"{basis} <= t {t}: local prefill", move_to_pd)
+    if not view.remote_available or view.link is None:
+        why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
+        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, f"{basis} > t {t} but {why}: local")
+    nbytes = transfer_bytes(kv, req.total_tokens, l_pd)
+    seconds = max(prfaas_prefill_seconds(float(uncached_remote)), 1e-6)
+    rate = nbytes * 8.0 / seconds / GBPS_BITS
+    verdict = admit(view.egress_estimate_gbps, rate, view.link)
+    if not verdict.admitted:
+        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, f"{basis} > t {t} but {verdict.reason}")
+    return RouteDecision(
+        "remote", uncached_remote, nbytes, rate, f"{basis} > t {t}: remote prefill; {verdict.reason}", move_to_prfaas
+    )
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """One engine instance as the picker sees it."""
+
+    name: str
+    queued_prefill_s: float = 0.0
+    """Predicted prefill work already queued on it, seconds."""
+    cached_prefix_tokens: int = 0
+    """Prefix of this request it already holds."""
+    active_decodes: int = 0
+    decode_slots: int = 1
+    healthy: bool = True
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class InstancePick:
+    name: str | None
+    predicted_s: float
+    reason: str
+
+
+def _eligible(instances: Sequence[InstanceView]) -> list[InstanceView]:
+    return [i for i in instances if i.healthy and not i.draining]
+
+
+def pick_prefill_instance(
+    instances: Sequence[InstanceView], total_tokens: int, prefill_seconds: Callable[[float], float]
+) -> InstancePick:
+    """Least predicted TTFT = queued work + prefill of what it does not hold (cache-affine, Mooncake-style)."""
+    best: tuple[float, str, int] | None = None
+    for inst in _eligible(instances):
+        uncached = max(0, total_tokens - inst.cached_prefix_tokens)
+        ttft = inst.queued_prefill_s + prefill_seconds(float(uncached))
+        if best is None or (ttft, inst.name) < (best[0], best[1]):
+            best = (ttft, inst.name, inst.cached_prefix_tokens)
+    if best is None:
+        return InstancePick(None, 0.0, "no healthy, non-draining prefill instance")
+    return InstancePick(best[1], best[0], f"least predicted TTFT {best[0]:.3f} s (cached prefix {best[2]})")
+
+
+def pick_decode_instance(instances: Sequence[InstanceView]) -> InstancePick:
+    """Least loaded by occupied decode slots; ties by name (deterministic)."""
+    candidates = _eligible(instances)
+    if not candidates:
+        return InstancePick(None, 0.0, "no healthy, non-draining decode instance")
+    inst = min(candidates, key=lambda i: (i.active_decodes / max(i.decode_slots, 1), i.name))
+    load = inst.active_decodes / max(inst.decode_slots, 1)
+    return InstancePick(inst.name, load, f"least loaded decode instance ({inst.active_decodes}/{inst.decode_slots})")

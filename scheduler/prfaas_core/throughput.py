@@ -1,0 +1,226 @@
+"""The throughput model of paper §3.4.1 at one configuration: Eqs. 2–6, the two threshold bounds of
+paper-spec §2.4, and TTFT over the length distribution. :mod:`prfaas_core.planner` searches over it; the
+long-term role policy and the threshold policy call the same functions (one implementation of each).
+
+For a threshold ``t`` the workload splits into ``p = P(L > t)``, ``l_long = E[L | L > t]`` and
+``l_short = E[L | L ≤ t]`` (Table 4). Then::
+
+    (3)  Θ_prfaas = min(N_prfaas / T_prf(l_long),  B_out / S̄_kv)         # compute vs egress
+    (4)  Θ_pd-p   = N_p / T_pdp(l_short)
+    (5)  Θ_pd-d   = N_d · BS_max / (T_decode · L_out)
+    (6)  Λ_max    = min(Θ_prfaas / p,  Θ_pd-p / (1 − p),  Θ_pd-d)
+
+``B_out`` is the link's *usable* bandwidth, capacity × ``maxUtilization`` (the cap admission enforces), and
+``S̄_kv = E[S_kv(L) | L > t]`` — equal to the paper's ``S_kv(l_long)`` when ``S_kv`` is affine, and exact
+otherwise. With this ``S̄_kv`` the egress at ``Λ_max``, ``Λ·p·S̄_kv`` (Eq. 2 over the offloaded requests),
+never exceeds ``B_out``.
+
+TTFT follows the reading that reproduces Table 6 (paper-spec §3.6): ``TTFT = T_prefill(L)`` on the hardware
+the request is routed to, no queueing, over the length distribution; the KV transfer is hidden by
+layer-wise pipelining. Pure functions over frozen inputs; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .curves import PiecewisePolynomial
+from .kv import KvModel
+from .names import GBPS_BITS
+from .plan_inputs import PlanInputs
+from .workload import LengthDistribution, expect, mean
+
+PRFAAS_COMPUTE = "prfaas-compute"
+PRFAAS_EGRESS = "prfaas-egress"
+PD_PREFILL = "pd-prefill"
+DECODE = "decode"
+
+Route = tuple[float, float, PiecewisePolynomial]
+"""Requests with ``lo < L ≤ hi`` are prefilled with latency curve ``T``."""
+
+
+@dataclass(frozen=True)
+class LengthSplit:
+    """The workload at threshold ``t`` (Table 4): ``p``, ``l_long``, ``l_short``, and ``S̄_kv = E[S_kv | L > t]``."""
+
+    threshold_tokens: float
+    offload_fraction: float
+    l_long_tokens: float
+    l_short_tokens: float
+    kv_long_bytes: float
+
+
+def split_lengths(inputs: PlanInputs, threshold_tokens: float) -> LengthSplit:
+    """``p(t)``, ``l_long(t) = PE(t)/p`` and ``l_short(t) = (E[L] − PE(t))/(1 − p)`` (paper-spec §2.4).
+
+    At the ends, where a side is empty, its mean is the limit (the support's bound).
+    """
+    dist, t = inputs.lengths, threshold_tokens
+    lo, hi = dist.support()
+    p = 1.0 - dist.cdf(t)
+    p = 0.0 if p < 1e-12 else 1.0 if p > 1.0 - 1e-12 else p  # rounding at the ends of the support
+    pe = dist.partial_moment(1, t, math.inf)
+    l_long = pe / p if p > 0 else hi
+    l_short = (mean(dist) - pe) / (1.0 - p) if p < 1 else lo
+    kv_long = expect(dist, inputs.kv.curve, t, math.inf) / p if p > 0 else inputs.kv.kv_bytes(hi)
+    return LengthSplit(t, p, l_long, l_short, kv_long)
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Eqs. 3–6 at one ``(t, N_prfaas, N_p, N_d)``, with the binding constraint and the egress at ``Λ_max``."""
+
+    split: LengthSplit
+    n_prfaas: int
+    n_prefill: int
+    n_decode: int
+    theta_prfaas_compute: float
+    theta_prfaas_egress: float
+    theta_pd_p: float
+    theta_pd_d: float
+    throughput_rps: float
+    binding: str
+    egress_gbps: float
+
+    @property
+    def theta_prfaas(self) -> float:
+        return min(self.theta_prfaas_compute, self.theta_prfaas_egress)
+
+    @property
+    def prfaas_rate(self) -> float:
+        """``Θ_prfaas / p``: the arrival rate the PrFaaS stage can carry (inf when nothing is offloaded)."""
+        p = self.split.offload_fraction
+        return self.theta_prfaas / p if p > 0 else math.inf
+
+    @property
+    def pd_prefill_rate(self) -> float:
+        """``Θ_pd-p / (1 − p)``: the arrival rate PD-P can carry (inf when everything is offloaded)."""
+        p = self.split.offload_fraction
+        return self.theta_pd_p / (1.0 - p) if p < 1 else math.inf
+
+    def rates(self) -> dict[str, float]:
+        """Each constraint's arrival-rate ceiling, keyed by its name (the binding one is the minimum)."""
+        prfaas = PRFAAS_EGRESS if self.theta_prfaas_egress < self.theta_prfaas_compute else PRFAAS_COMPUTE
+        return {prfaas: self.prfaas_rate, PD_PREFILL: self.pd_prefill_rate, DECODE: self.theta_pd_d}
+
+
+def evaluate(inputs: PlanInputs, split: LengthSplit, n_prfaas: int, n_prefill: int, n_decode: int) -> OperatingPoint:
+    """Eqs. 3–6 (and the egress of Eq. 2 over the offloaded requests) at one configuration."""
+    t_prf = inputs.prfaas_hardware.prefill_seconds(split.l_long_tokens)
+    t_pdp = inputs.pd_hardware.prefill_seconds(split.l_short_tokens)
+    compute = n_prfaas / t_prf
+    egress = inputs.usable_egress_bytes_per_s / split.kv_long_bytes if split.kv_long_bytes > 0 else math.inf
+    theta_pd_p = n_prefill / t_pdp
+    theta_pd_d = n_decode * inputs.decode_requests_per_second()
+    partial = OperatingPoint(
+        split, n_prfaas, n_prefill, n_decode, compute, egress, theta_pd_p, theta_pd_d, 0.0, "", 0.0
+    )
+    rates = partial.rates()
+    binding = min(rates, key=lambda k: rates[k])
+    lam = rates[binding]
+    egress_gbps = lam * split.offload_fraction * split.kv_long_bytes * 8.0 / GBPS_BITS
+    return OperatingPoint(
+        split, n_prfaas, n_prefill, n_decode, compute, egress, theta_pd_p, theta_pd_d, lam, binding, egress_gbps
+    )
+
+
+def threshold_grid(dist: LengthDistribution, step_tokens: int = 100, max_points: int = 20_000) -> list[float]:
+    """Candidate thresholds: 0 (offload everything), every ``step_tokens`` (coarser when the support is long,
+    at most ``max_points``), and the top of the support (offload nothing)."""
+    hi = dist.support()[1]
+    step = max(step_tokens, math.ceil(hi / max_points))
+    return [0.0, *(float(k * step) for k in range(1, math.ceil(hi / step))), hi]
+
+
+def compute_balanced_threshold(inputs: PlanInputs, n_prefill: int, step_tokens: int = 100) -> int | None:
+    """``t_bal``: where ``N_prfaas/(p·T_prf(l_long)) = N_p/((1 − p)·T_pdp(l_short))`` (Eq. 7, compute only).
+
+    The smallest integer ``t`` where the PrFaaS ceiling reaches PD-P's: the first sign change on the grid,
+    then an integer bisection. None when the curves never cross (e.g. no PrFaaS or no PD-P instances).
+    """
+
+    def gap(t: float) -> float:
+        s = split_lengths(inputs, t)
+        if s.offload_fraction <= 0:
+            return math.inf
+        if s.offload_fraction >= 1:
+            return -math.inf
+        prf = inputs.n_prfaas / (s.offload_fraction * inputs.prfaas_hardware.prefill_seconds(s.l_long_tokens))
+        pdp = n_prefill / ((1 - s.offload_fraction) * inputs.pd_hardware.prefill_seconds(s.l_short_tokens))
+        return prf - pdp
+
+    if inputs.n_prfaas == 0 or n_prefill == 0:
+        return None
+    grid = threshold_grid(inputs.lengths, step_tokens)  # gap(0) < 0: everything offloaded
+    for prev, t in itertools.pairwise(grid):
+        if gap(t) >= 0:
+            below, above = math.floor(prev), math.ceil(t)
+            while above - below > 1:
+                mid = (below + above) // 2
+                below, above = (below, mid) if gap(mid) >= 0 else (mid, above)
+            return above
+    return None
+
+
+def egress_floor_threshold(
+    dist: LengthDistribution, kv: KvModel, arrival_rate_per_second: float, budget_gbps: float
+) -> int:
+    """``t_bw``: the smallest integer ``t`` with ``Λ·E[S_kv(L)·1{L > t}] ≤ budget`` (paper-spec §2.4).
+
+    Egress falls as ``t`` grows, so this is an integer bisection; 0 when even offloading everything fits.
+    The one implementation of the bandwidth bound: the planner calls it at ``Λ_max``, the threshold policy
+    at the recent arrival rate and lengths.
+    """
+    budget_bytes = budget_gbps * GBPS_BITS / 8.0
+
+    def fits(t: int) -> bool:
+        return arrival_rate_per_second * expect(dist, kv.curve, t, math.inf) <= budget_bytes
+
+    if fits(0):
+        return 0
+    bad, good = 0, math.ceil(dist.support()[1])  # nothing is offloaded at the top of the support
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        bad, good = (bad, mid) if fits(mid) else (mid, good)
+    return good
+
+
+def ttft_stats(dist: LengthDistribution, routes: Sequence[Route], quantile: float = 0.9) -> tuple[float, float]:
+    """Mean and ``quantile`` of ``TTFT = T(L)`` with ``T`` chosen per route (no queueing; paper-spec §3.6).
+
+    The mean is exact (partial moments); the quantile bisects the TTFT's CDF, where each route contributes
+    ``P(lo < L ≤ min(hi, T⁻¹(x)))`` (latency curves never decrease with length).
+    """
+    support_lo, support_hi = dist.support()
+    mean_s = sum(expect(dist, curve, lo, hi) for lo, hi, curve in routes)
+    live = [(lo, hi, c, max(lo, support_lo), min(hi, support_hi)) for lo, hi, c in routes]
+    live = [r for r in live if r[3] <= r[4]]
+
+    def cdf(x: float) -> float:
+        total = 0.0
+        for lo, _, curve, a, b in live:
+            if curve(a) <= x:
+                total += dist.cdf(curve.inverse(x, a, b)) - (dist.cdf(lo) if lo > -math.inf else 0.0)
+        return total
+
+    x_lo = min(curve(a) for _, _, curve, a, _ in live)
+    x_hi = max(curve(b) for _, _, curve, _, b in live)
+    for _ in range(100):
+        mid = 0.5 * (x_lo + x_hi)
+        if cdf(mid) >= quantile - 1e-12:
+            x_hi = mid
+        else:
+            x_lo = mid
+        if x_hi - x_lo < 1e-9:
+            break
+    return mean_s, x_hi
+
+
+def sweep_thresholds(
+    inputs: PlanInputs, n_prefill: int, n_decode: int, thresholds: Sequence[float]
+) -> tuple[OperatingPoint, ...]:
+    """Eqs. 3–6 along ``t`` at a fixed split (paper Fig. 5b)."""
+    return tuple(evaluate(inputs, split_lengths(inputs, t), inputs.n_prfaas, n_prefill, n_decode) for t in thresholds)

@@ -1,0 +1,176 @@
+"""Token estimates and prefix-block hashing shared by the engines (emulated) and the router.
+
+The router estimates a request's *uncached* length before sending it anywhere, so it must count tokens and
+hash prefix blocks exactly as the engines do. Both use this module (never two implementations).
+
+* ``chars4`` (default): one token per 4 characters (the common rule of thumb for English BPE tokenizers); ids
+  are a stable hash of each 4-character chunk, so the same text always gives the same ids and repeated
+  prefixes hit prefix caches.
+* ``whitespace``: one token per whitespace-separated word (ids hashed the same way).
+
+Chat messages are rendered with a minimal template (``<|role|>\\ncontent\\n`` per message, then
+``<|assistant|>\\n``), so the system prompt and earlier turns form a shared prefix like a real chat template.
+Block hashes chain the parent's hash with the block's ids (vLLM's automatic prefix caching): block ``i``
+matches only when the whole prefix up to it matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+VOCAB_SIZE = 151_936
+"""Ids fall in [0, VOCAB_SIZE) (Qwen's vocabulary size; any size works)."""
+
+OUTPUT_WORDS = (" the", " and", " for", " you", " are", " was", " but", " not", " all", " can", " one", " out")
+"""Generated tokens cycle through these: each is 4 characters, so ``chars4`` counts one token per word."""
+
+TOKENIZERS = ("chars4", "whitespace")
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+def _token_id(piece: str) -> int:
+    return zlib.crc32(piece.encode("utf-8")) % VOCAB_SIZE
+
+
+class CharEstimateTokenizer:
+    """One token per ``chars_per_token`` characters (the last chunk may be shorter)."""
+
+    def __init__(self, chars_per_token: int = 4) -> None:
+        if chars_per_token < 1:
+            raise ValueError("chars_per_token must be >= 1")
+        self.chars_per_token = chars_per_token
+        self.name = f"chars{chars_per_token}"
+
+    def encode(self, text: str) -> list[int]:
+        n = self.chars_per_token
+        return [_token_id(text[i : i + n]) for i in range(0, len(text), n)]
+
+
+class WhitespaceTokenizer:
+    """One token per whitespace-separated word."""
+
+    name = "whitespace"
+    _word = re.compile(r"\S+")
+
+    def encode(self, text: str) -> list[int]:
+        return [_token_id(m.group()) for m in self._word.finditer(text)]
+
+
+def build_tokenizer(name: str) -> Tokenizer:
+    if name == "chars4":
+        return CharEstimateTokenizer(4)
+    if name == "whitespace":
+        return WhitespaceTokenizer()
+    raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {name!r}")
+
+
+def message_text(content: Any) -> str:
+    """The text of a chat message's content: a string, or a list of parts whose text parts are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise ValueError("a content part must be an object")
+            if part.get("type") == "text":
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise ValueError("a text content part needs a string 'text'")
+                texts.append(text)
+        return "".join(texts)
+    raise ValueError("message content must be a string or a list of content parts")
+
+
+def render_chat(messages: Sequence[dict[str, Any]]) -> str:
+    """The prompt text of a chat conversation (minimal template, generation prompt appended)."""
+    out = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise ValueError("every message must be an object")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise ValueError("every message needs a string 'role'")
+        out.append(f"<|{role}|>\n{message_text(message.get('content'))}\n")
+    out.append("<|assistant|>\n")
+    return "".join(out)
+
+
+def output_token(index: int) -> tuple[int, str]:
+    """The ``index``-th generated token: (id, text)."""
+    word = OUTPUT_WORDS[index % len(OUTPUT_WORDS)]
+    return _token_id(word), word
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none)."""
+    hashes: list[bytes] = []
+    parent = b""
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        block = token_ids[start : start + block_size]
+        digest = hashlib.blake2b(parent, digest_size=16)
+        digest.update(b"".join(t.to_bytes(4, "little", signed=False) for t in block))
+        parent = digest.digest()
+        hashes.append(parent)
+    return hashes
+
+
+class PrefixIndex:
+    """Which instances of one cluster hold which prefix blocks (LRU over blocks), as the router learns it from
+    what it routed. ``match`` returns, per instance, the tokens of the longest cached leading prefix."""
+
+    def __init__(self, capacity_blocks: int, block_size: int) -> None:
+        self.capacity_blocks = capacity_blocks
+        self.block_size = block_size
+        self._holders: OrderedDict[bytes, set[str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._holders)
+
+    def match(self, hashes: Sequence[bytes]) -> dict[str, int]:
+        """Instance -> cached prefix tokens (leading blocks only)."""
+        alive: set[str] | None = None
+        out: dict[str, int] = {}
+        for i, h in enumerate(hashes):
+            holders = self._holders.get(h)
+            if not holders:
+                break
+            alive = set(holders) if alive is None else alive & holders
+            if not alive:
+                break
+            for name in alive:
+                out[name] = (i + 1) * self.block_size
+        return out
+
+    def insert(self, hashes: Sequence[bytes], instance: str) -> None:
+        if self.capacity_blocks <= 0:
+            return
+        for h in hashes:
+            holders = self._holders.get(h)
+            if holders is None:
+                self._holders[h] = {instance}
+            else:
+                holders.add(instance)
+                self._holders.move_to_end(h)
+        while len(self._holders) > self.capacity_blocks:
+            self._holders.popitem(last=False)
+
+    def forget(self, instances: Iterable[str]) -> None:
+        """Drop instances that left the cluster (or changed role)."""
+        gone = set(instances)
+        for h in list(self._holders):
+            self._holders[h] -= gone
+            if not self._holders[h]:
+                del self._holders[h]

@@ -1,0 +1,97 @@
+"""The paper's cache-aware routing rule, availability, admission and the in-cluster pick."""
+
+from __future__ import annotations
+
+import pytest
+
+from prfaas_core.plan_inputs import case_study_inputs
+from prfaas_core.policy.link import LinkParams
+from prfaas_core.policy.routing import (
+    InstanceView,
+    RouteRequest,
+    RoutingView,
+    decide_route,
+    pick_decode_instance,
+    pick_prefill_instance,
+    transfer_bytes,
+)
+
+INPUTS = case_study_inputs()
+KV = INPUTS.kv
+PRF = INPUTS.prfaas_hardware.prefill_seconds
+LINK = LinkParams("a-to-b", 100.0)
+
+
+def view(mode: str = "abundant", t: int = 19_400, egress: float = 0.0, available: bool = True) -> RoutingView:
+    return RoutingView(t, mode, egress, LINK, available, "" if available else "PrFaaS breaker open")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("mode", "total", "pd", "prfaas", "target", "uncached"),
+    [
+        ("abundant", 10_000, 0, 0, "local", 10_000),
+        ("abundant", 40_000, 0, 0, "remote", 40_000),
+        ("abundant", 19_400, 0, 0, "local", 19_400),  # l <= t stays local
+        ("abundant", 19_401, 0, 0, "remote", 19_401),
+        # abundant: the longer prefix counts, wherever it sits
+        ("abundant", 40_000, 0, 30_000, "local", 10_000),
+        ("abundant", 40_000, 30_000, 0, "local", 10_000),
+        # scarce: only the PD cluster's own prefix counts (no cross-cluster cache moves)
+        ("scarce", 40_000, 0, 30_000, "remote", 40_000),
+        ("scarce", 40_000, 30_000, 0, "local", 10_000),
+    ],
+)
+def test_paper_rule(mode: str, total: int, pd: int, prfaas: int, target: str, uncached: int) -> None:
+    d = decide_route(RouteRequest(total, pd, prfaas), view(mode), KV, PRF)
+    assert d.target == target and d.uncached_tokens == uncached, d.reason
+    assert d.reason
+
+
+def test_abundant_prefix_held_by_the_other_cluster_is_moved() -> None:
+    d = decide_route(RouteRequest(40_000, 0, 30_000), view("abundant"), KV, PRF)
+    assert d.target == "local" and d.cache_transfer_tokens == 30_000
+
+
+def test_remote_carries_transfer_bytes_and_rate() -> None:
+    d = decide_route(RouteRequest(32_768), view(), KV, PRF)
+    assert d.target == "remote"
+    assert d.transfer_bytes == pytest.approx(KV.kv_bytes(32_768))
+    assert d.egress_gbps == pytest.approx(KV.kv_throughput_gbps(32_768, PRF(32_768)))
+    assert 2.5 < d.egress_gbps < 4.0  # Table 5: 3.19 Gbps at 32K
+
+
+def test_unavailable_remote_falls_back_to_local_with_reason() -> None:
+    d = decide_route(RouteRequest(60_000), view(available=False), KV, PRF)
+    assert d.target == "local" and "breaker open" in d.reason
+
+
+def test_admission_sends_long_request_local_when_cap_would_be_exceeded() -> None:
+    d = decide_route(RouteRequest(60_000), view(egress=79.0), KV, PRF)
+    assert d.target == "local" and "exceed the cap" in d.reason
+    assert decide_route(RouteRequest(60_000), view(egress=70.0), KV, PRF).target == "remote"
+
+
+def test_transfer_bytes_skip_what_decode_already_holds() -> None:
+    full = transfer_bytes(KV, 40_000, 0)
+    partial = transfer_bytes(KV, 40_000, 30_000)
+    assert partial < full
+    assert partial >= KV.fixed_bytes  # the linear state always crosses
+
+
+def test_prefill_pick_is_cache_affine_but_load_aware() -> None:
+    t = INPUTS.pd_hardware.prefill_seconds
+    a = InstanceView("a", queued_prefill_s=0.0, cached_prefix_tokens=0)
+    b = InstanceView("b", queued_prefill_s=0.5, cached_prefix_tokens=15_000)
+    assert pick_prefill_instance([a, b], 16_000, t).name == "b"  # prefix worth more than its queue
+    b_busy = InstanceView("b", queued_prefill_s=10.0, cached_prefix_tokens=15_000)
+    assert pick_prefill_instance([a, b_busy], 16_000, t).name == "a"
+    assert pick_prefill_instance([InstanceView("x", draining=True)], 100, t).name is None
+
+
+def test_decode_pick_least_loaded_and_skips_unhealthy() -> None:
+    insts = [
+        InstanceView("d0", active_decodes=10, decode_slots=20),
+        InstanceView("d1", active_decodes=3, decode_slots=20),
+        InstanceView("d2", active_decodes=0, decode_slots=20, healthy=False),
+    ]
+    assert pick_decode_instance(insts).name == "d1"
