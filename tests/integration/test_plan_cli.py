@@ -187,9 +187,23 @@ def test_missing_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "need exactly one PrefillCluster, found 0" in err
 
 
-def test_two_regions_at_once_are_ambiguous(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _fails(capsys, tmp_path, *REGION_B, str(EX / "region-a"))
-    assert "duplicate PrefillCluster" in err
+def test_both_regions_at_once_plan_from_region_b_view(capsys: pytest.CaptureFixture[str]) -> None:
+    # region A's Managed PrefillCluster and region B's Remote description are one cluster seen from two API
+    # servers: planning both folders equals planning region B's
+    assert main(["plan", "--output", "json", *REGION_B]) == 0
+    region_b = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--output", "json", str(EX)]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both == region_b
+
+
+def test_regions_that_disagree_on_the_prefill_cluster_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = (EX / "region-b" / "prefill-cluster-remote.yaml").read_text().replace("instances: 4", "instances: 6")
+    (tmp_path / "remote.yaml").write_text(remote)
+    files = [str(EX / "common"), str(EX / "region-a"), str(tmp_path / "remote.yaml")]
+    files += [str(EX / "region-b" / f) for f in ("pd-cluster.yaml", "inter-dc-link.yaml")]
+    err = _fails(capsys, tmp_path, *files)
+    assert "different instances or hardware" in err
 
 
 def test_bad_workload_yaml_names_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

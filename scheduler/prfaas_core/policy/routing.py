@@ -22,6 +22,8 @@ from ..names import GBPS_BITS
 from .link import LinkMode, LinkParams, admit
 
 Target = Literal["local", "remote"]
+DecisionKind = Literal["threshold", "unavailable", "admission"]
+"""Why, in one word (a metric label): the length vs ``t``; the remote side unavailable; the cap's admission."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class RouteDecision:
     reason: str
     cache_transfer_tokens: int = 0
     """Cached prefix tokens to move between clusters first (abundant mode only)."""
+    kind: DecisionKind = "threshold"
 
 
 def transfer_bytes(kv: KvModel, total_tokens: int, cached_at_decode_tokens: int) -> float:
@@ -96,13 +99,15 @@ def decide_route(
         return RouteDecision("local", uncached_local, 0.0, 0.0, f"{basis} <= t {t}: local prefill", move_to_pd)
     if not view.remote_available or view.link is None:
         why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
-        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, f"{basis} > t {t} but {why}: local")
+        reason = f"{basis} > t {t} but {why}: local"
+        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="unavailable")
     nbytes = transfer_bytes(kv, req.total_tokens, l_pd)
     seconds = max(prfaas_prefill_seconds(float(uncached_remote)), 1e-6)
     rate = nbytes * 8.0 / seconds / GBPS_BITS
     verdict = admit(view.egress_estimate_gbps, rate, view.link)
     if not verdict.admitted:
-        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, f"{basis} > t {t} but {verdict.reason}")
+        reason = f"{basis} > t {t} but {verdict.reason}"
+        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="admission")
     return RouteDecision(
         "remote", uncached_remote, nbytes, rate, f"{basis} > t {t}: remote prefill; {verdict.reason}", move_to_prfaas
     )

@@ -49,6 +49,8 @@ def decide_threshold(
     """``t = clamp(max(t_min, t_bw(window, budget(mode))))``."""
     watermark = link.abundant_watermark if mode == "scarce" else link.scarce_watermark
     budget_gbps = link.cap_gbps * watermark
+    # a fully cached request puts nothing on the link
+    recent_uncached_lengths = [n for n in recent_uncached_lengths if n > 0]
     if not recent_uncached_lengths or window_s <= 0:
         return ThresholdDecision(bounds.min_tokens, 0, f"no recent requests: t = t_min = {bounds.min_tokens}")
     dist = EmpiricalDistribution.from_lengths(recent_uncached_lengths)
