@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 full=0
 if [ "${1:-}" = "--full" ]; then full=1; shift; fi
 scripts/setup.sh
+scripts/system-deps.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
 step() { printf '\n== %s\n' "$*"; }

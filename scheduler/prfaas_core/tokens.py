@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -115,14 +116,17 @@ def output_token(index: int) -> tuple[int, str]:
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
-    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none)."""
+    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none): block ``i``'s
+    hash is BLAKE2b-128 of block ``i-1``'s hash followed by its ids as 4-byte little-endian integers."""
+    n_full = len(token_ids) // block_size
+    if n_full == 0:
+        return []
+    data = struct.pack(f"<{n_full * block_size}I", *token_ids[: n_full * block_size])
+    width = block_size * 4
     hashes: list[bytes] = []
     parent = b""
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = token_ids[start : start + block_size]
-        digest = hashlib.blake2b(parent, digest_size=16)
-        digest.update(b"".join(t.to_bytes(4, "little", signed=False) for t in block))
-        parent = digest.digest()
+    for start in range(0, n_full * width, width):
+        parent = hashlib.blake2b(parent + data[start : start + width], digest_size=16).digest()
         hashes.append(parent)
     return hashes
 
@@ -140,18 +144,26 @@ class PrefixIndex:
         return len(self._holders)
 
     def match(self, hashes: Sequence[bytes]) -> dict[str, int]:
-        """Instance -> cached prefix tokens (leading blocks only)."""
-        alive: set[str] | None = None
+        """Instance -> cached prefix tokens (leading blocks only). O(blocks): an instance's match ends at the
+        first block it does not hold."""
         out: dict[str, int] = {}
+        alive: set[str] = set()
+        matched = 0
         for i, h in enumerate(hashes):
             holders = self._holders.get(h)
             if not holders:
                 break
-            alive = set(holders) if alive is None else alive & holders
-            if not alive:
-                break
-            for name in alive:
-                out[name] = (i + 1) * self.block_size
+            if i == 0:
+                alive = set(holders)
+            elif not holders >= alive:
+                for name in alive - holders:
+                    out[name] = i * self.block_size
+                alive &= holders
+                if not alive:
+                    break
+            matched = i + 1
+        for name in alive:
+            out[name] = matched * self.block_size
         return out
 
     def insert(self, hashes: Sequence[bytes], instance: str) -> None:
@@ -174,3 +186,29 @@ class PrefixIndex:
             self._holders[h] -= gone
             if not self._holders[h]:
                 del self._holders[h]
+
+
+def prompt_token_ids(body: dict[str, Any], chat: bool, tokenizer: Tokenizer) -> list[int]:
+    """The prompt's token ids as an OpenAI-compatible server counts them: a chat is rendered by the template
+    and tokenized; a completion prompt is a string, a one-element list of strings, or token ids (kept as
+    given). ValueError names the field."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("'messages' must be a non-empty list")
+        ids = tokenizer.encode(render_chat(messages))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError("'prompt' must be a string, a list with one string, or a list of token ids")
+    if not ids:
+        raise ValueError("'prompt' cannot be empty")
+    if any(t < 0 for t in ids):
+        raise ValueError("'prompt' token ids must be non-negative")
+    return ids

@@ -36,7 +36,8 @@ def obs(n_p: int = 3, n_d: int = 5, pq: float = 0, dq: float = 0, fq: float = 0,
 
 
 def test_paper_split_with_no_queues_holds_as_balanced() -> None:
-    d = decide_roles(RoleState(), obs(), PARAMS, INPUTS, T, 0.0)
+    o = RoleObservation(instances(3, 5), arrival_rate_rps=2.5)
+    d = decide_roles(RoleState(), o, PARAMS, INPUTS, T, 0.0)
     assert d.action == "Hold" and d.reason.startswith("balanced")
     assert d.prefill_to == 3 and d.decode_to == 5
     assert d.ratio == pytest.approx(3.25 / 3.91, rel=0.05)
@@ -98,10 +99,17 @@ def test_suspend_only_observes() -> None:
 
 def test_model_verdict_on_a_short_mix_moves_toward_decode() -> None:
     short = EmpiricalDistribution.from_lengths([1500, 2000, 2500, 3000] * 25)
-    o = RoleObservation(instances(3, 5), lengths=short)
+    o = RoleObservation(instances(3, 5), lengths=short, arrival_rate_rps=3.0)
     d = decide_roles(RoleState(verdict="decode-bound", streak=1), o, PARAMS, INPUTS, 1000, 0.0)
     assert d.action == "Drain", d.reason
     assert "by the model" in d.reason and d.ratio is not None and d.ratio > PARAMS.flip_to_decode_ratio
+
+
+def test_the_model_alone_flips_nothing_without_an_observed_arrival_rate() -> None:
+    short = EmpiricalDistribution.from_lengths([1500, 2000, 2500, 3000] * 25)
+    o = RoleObservation(instances(3, 5), lengths=short)
+    d = decide_roles(RoleState(verdict="decode-bound", streak=1), o, PARAMS, INPUTS, 1000, 0.0)
+    assert d.action == "Hold" and "arrival rate unknown" in d.reason
 
 
 def test_a_verdict_that_changes_resets_the_streak() -> None:

@@ -60,6 +60,13 @@ class RouterTimeouts(ApiModel):
 
     connect_seconds: float = Field(default=5.0, gt=0, le=600, description="Connecting to an engine or gateway.")
     prefill_seconds: float = Field(default=120.0, gt=0, le=86_400, description="The whole prefill leg.")
+    kv_pull_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Longest wait for a decode leg to start when its KV crosses the link (the pull); past it the "
+        "request is prefilled locally and the remote counts one failure (a cut or collapsed link).",
+    )
     decode_idle_seconds: float = Field(
         default=60.0, gt=0, le=86_400, description="Longest silence between two chunks of the decode stream."
     )

@@ -192,15 +192,20 @@ def classify(
         return "decode-bound", f"decode-bound: {queues} (> {q:g} per decode instance)", ratio
     if prefill_standing:
         return "prefill-bound", f"prefill-bound: {queues} (> {q:g} per prefill instance)", ratio
+    # without queues, the model (Eq. 8) may move the split ahead of load — only when the observed arrival rate
+    # is known and the new split carries it with more headroom than the current one (so a model that
+    # disagrees with what the engines measure never flips against them)
+    lam = obs.arrival_rate_rps
+    if lam is None:
+        return None, f"no standing queue; {model} (arrival rate unknown: the model alone flips nothing)", ratio
     t_now = threshold_tokens
     if ratio > params.flip_to_decode_ratio and n_p > 1:
-        gain = _lambda(inputs, n_p - 1, n_d + 1, t_now) > point.throughput_rps
-        if gain:
+        after = _lambda(inputs, n_p - 1, n_d + 1, _t_min(inputs, n_p - 1, None) or t_now)
+        if after > point.throughput_rps and after >= lam:
             return "decode-bound", f"decode-bound by the model: {model} > {params.flip_to_decode_ratio:g}", ratio
     if ratio < params.flip_to_prefill_ratio and n_d > 1:
-        t_next = _t_min(inputs, n_p + 1, None) or t_now
-        gain = _lambda(inputs, n_p + 1, n_d - 1, t_next) > point.throughput_rps
-        if gain:
+        after = _lambda(inputs, n_p + 1, n_d - 1, _t_min(inputs, n_p + 1, None) or t_now)
+        if after > point.throughput_rps and after >= lam:
             return "prefill-bound", f"prefill-bound by the model: {model} < {params.flip_to_prefill_ratio:g}", ratio
     return None, f"balanced: {model}, no standing queue", ratio
 

@@ -1,0 +1,138 @@
+"""The core's long-term loop on one machine (``prfaas up``): an observer that reads the emulated engines'
+admin state and the gateway's status, and an actuator that drains and flips engines through their admin API
+and publishes the routers' configuration file — the same RouterConfig the operator publishes as a
+ConfigMap. The loop itself (prfaas_core.policy.loop) is unchanged; only these two differ from the
+operator's."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from prfaas_core.api import RouterConfig, RouterEndpoint
+from prfaas_core.names import METRIC_ROUTER_ROUTE_DECISIONS
+from prfaas_core.policy.roles import InstanceState, Role, RoleDecision, RoleObservation, StageLoad
+
+
+def write_router_config(path: Path, config: RouterConfig) -> None:
+    """Atomically (a reader sees the old file or the new one, never half of one)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(config.model_dump_json(by_alias=True, exclude_none=True, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class LocalCluster:
+    """Observer and Actuator over the emulated PD engines; the one writer of the router config file."""
+
+    config_path: Path
+    config: RouterConfig
+    gateway_status_url: str | None = None
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=5.0))
+    router_url: str | None = None
+    time_scale: float = 1.0
+    decisions: list[RoleDecision] = field(default_factory=list)
+    last_observation: RoleObservation | None = None
+    _requests: tuple[float, float] | None = None
+
+    def _arrival_rate(self, now_s: float) -> float | None:
+        """Requests per model second at the router since the last observation (its own counter)."""
+        if self.router_url is None:
+            return None
+        try:
+            text = self.http.get(f"{self.router_url}/metrics").text
+        except httpx.HTTPError:
+            return None
+        total = 0.0
+        for fam in text_string_to_metric_families(text):
+            for sample in fam.samples:
+                if sample.name == METRIC_ROUTER_ROUTE_DECISIONS:
+                    total += sample.value
+        prev, self._requests = self._requests, (now_s, total)
+        if prev is None or now_s <= prev[0] or total < prev[1]:
+            return None
+        return (total - prev[1]) / (now_s - prev[0])
+
+    def _state(self, url: str) -> dict[str, Any]:
+        resp = self.http.get(f"{url}/admin/state")
+        resp.raise_for_status()
+        return dict(resp.json())
+
+    def observe(self, now_s: float) -> RoleObservation:
+        instances: list[InstanceState] = []
+        queue = {"prefill": 0.0, "decode": 0.0}
+        for ep in self.config.endpoints:
+            st = self._state(ep.url)
+            role: Role = "prefill" if ep.role == "prefill" else "decode"
+            in_flight = int(st["running"]) + int(st["waiting"]) + int(st.get("loading_kv", 0))
+            instances.append(InstanceState(ep.name, role, in_flight, ep.name in self.config.draining))
+            queue[role] += float(st["waiting"])
+        prfaas = StageLoad()
+        ready: int | None = None
+        if self.gateway_status_url:
+            try:
+                g = self.http.get(self.gateway_status_url).json()
+                prfaas, ready = StageLoad(float(g["queueDepth"])), int(g["readyInstances"])
+            except (httpx.HTTPError, KeyError, ValueError):
+                ready = 0
+        obs = RoleObservation(
+            tuple(instances),
+            StageLoad(queue["prefill"]),
+            StageLoad(queue["decode"]),
+            prfaas,
+            n_prfaas_ready=ready,
+            arrival_rate_rps=self._arrival_rate(now_s),
+        )
+        self.last_observation = obs
+        return obs
+
+    def apply(self, decision: RoleDecision, now_s: float) -> None:
+        self.decisions.append(decision)
+        by_name = {e.name: e for e in self.config.endpoints}
+        draining = set(self.config.draining)
+        for name in decision.drain:
+            self.http.post(f"{by_name[name].url}/admin/drain", json={"drain": True}).raise_for_status()
+            draining.add(name)
+        endpoints = list(self.config.endpoints)
+        for name, role in decision.flip:
+            url = by_name[name].url
+            self.http.post(f"{url}/admin/role", json={"role": role}).raise_for_status()
+            self.http.post(f"{url}/admin/drain", json={"drain": False}).raise_for_status()
+            draining.discard(name)
+            endpoints = [RouterEndpoint(name=e.name, url=e.url, role=role) if e.name == name else e for e in endpoints]
+        t_min = decision.threshold_min_tokens
+        new = self.config.model_copy(
+            update={
+                "endpoints": endpoints,
+                "draining": sorted(draining),
+                "threshold_min_tokens": t_min if t_min is not None else self.config.threshold_min_tokens,
+            }
+        )
+        if new != self.config:
+            self.config = new
+            write_router_config(self.config_path, new)
+
+    def counts(self) -> tuple[int, int]:
+        p = sum(1 for e in self.config.endpoints if e.role == "prefill")
+        return p, len(self.config.endpoints) - p
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def decision_json(d: RoleDecision) -> dict[str, Any]:
+    return {
+        "action": d.action,
+        "reason": d.reason,
+        "prefill": [d.prefill_from, d.prefill_to],
+        "decode": [d.decode_from, d.decode_to],
+        "threshold_min_tokens": d.threshold_min_tokens,
+    }
+
+
+__all__ = ["LocalCluster", "decision_json", "write_router_config"]

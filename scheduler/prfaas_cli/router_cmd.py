@@ -1,0 +1,58 @@
+"""``prfaas router --config FILE``: the sidecar router in front of a PD cluster, or (``mode: gateway`` in the
+file) the prefill gateway in front of a PrFaaS cluster. The file is a RouterConfig (JSON or YAML; schema in
+``crds/router-config.schema.json``), reloaded when it changes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+
+def configure_logging(level: str = "info") -> None:
+    """JSON logs (structlog) on stderr, one object per line."""
+    logging.basicConfig(format="%(message)s", stream=sys.stderr, level=getattr(logging, level.upper()))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("router", help="run the router (or, by its config, the prefill gateway)", description=__doc__)
+    p.add_argument("--config", required=True, metavar="FILE", help="RouterConfig file (JSON or YAML)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from prfaas_router.app import serve
+    from prfaas_router.config import ConfigError, load_config
+
+    configure_logging(args.log_level)
+    try:
+        load_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(Path(args.config), args.host, args.port))
+    except KeyboardInterrupt:
+        return 0
+    return 0

@@ -1,0 +1,238 @@
+"""The local two-datacenter stack as real processes on 127.0.0.1 (``prfaas up``, benchmarks):
+
+region A — PrFaaS engines (H200), each with its KV server behind a link emulator relay, and the prefill
+gateway (the router binary in gateway mode); region B — PD engines (H20) and the router. KV bytes really
+cross the shaped relays. The link's capacity is split evenly over the relays (one per PrFaaS engine; the
+emulator relays to one target each), so the total never exceeds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from prfaas_core.api import RouterConfig
+from prfaas_core.profiles import builtin_model_profiles
+
+from .local_loop import write_router_config
+
+PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    n_prfaas: int = 2
+    n_pd: int = 4
+    initial_prefill: int = 1
+    link_gbps: float = 100.0
+    link_max_utilization: float = 0.8
+    rtt_ms: float = 5.0
+    time_scale: float = 4.0
+    byte_scale: float = 1e-3
+    threshold_min_tokens: int = 19_634
+    model_profile: str = "internal-1t"
+    with_gateway_token: bool = True
+
+
+@dataclass
+class LocalStack:
+    spec: StackSpec
+    work_dir: Path
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    urls: dict[str, str] = field(default_factory=dict)
+    router_config: RouterConfig | None = None
+    link_metric_urls: list[str] = field(default_factory=list)
+
+    @property
+    def config_path(self) -> Path:
+        return self.work_dir / "router.json"
+
+    def _start(self, name: str, args: list[str]) -> None:
+        log = open(self.work_dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 - the child keeps its descriptor
+        proc = subprocess.Popen([*PRFAAS, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self.procs.append((name, proc))
+
+    def start(self) -> None:
+        s = self.spec
+        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+        scale = ["--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale)]
+        model = builtin_model_profiles()[s.model_profile]
+        model_json = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+        per_relay_gbps = s.link_gbps / s.n_prfaas
+        prfaas_eps, link_metrics = [], []
+        for i in range(s.n_prfaas):
+            port, kv, relay, admin = free_port(), free_port(), free_port(), free_port()
+            self._start(
+                f"prfaas-{i}",
+                [
+                    "engine",
+                    "--role",
+                    "prefill",
+                    "--hardware",
+                    "H200",
+                    "--port",
+                    str(port),
+                    "--kv-listen",
+                    f"127.0.0.1:{kv}",
+                    "--kv-advertise",
+                    f"127.0.0.1:{relay}",
+                    "--engine-id",
+                    f"prfaas-{i}",
+                    "--model-profile",
+                    s.model_profile,
+                    *scale,
+                ],
+            )
+            self._start(
+                f"link-{i}",
+                [
+                    "link",
+                    "--listen",
+                    f"127.0.0.1:{relay}",
+                    "--target",
+                    f"127.0.0.1:{kv}",
+                    "--capacity-gbps",
+                    str(per_relay_gbps),
+                    "--rtt-ms",
+                    str(s.rtt_ms),
+                    "--name",
+                    "a-to-b",
+                    "--metrics-port",
+                    str(admin),
+                    *scale,
+                ],
+            )
+            self.urls[f"prfaas-{i}"] = f"http://127.0.0.1:{port}"
+            self.urls[f"link-{i}"] = f"http://127.0.0.1:{admin}"
+            self.link_metric_urls.append(f"http://127.0.0.1:{admin}/metrics")
+            prfaas_eps.append({"name": f"prfaas-{i}", "url": f"http://127.0.0.1:{port}", "role": "prefill"})
+            link_metrics.append(f"http://127.0.0.1:{admin}/metrics")
+        pd_eps = []
+        for i in range(s.n_pd):
+            port = free_port()
+            role = "prefill" if i < s.initial_prefill else "decode"
+            self._start(
+                f"pd-{i}",
+                [
+                    "engine",
+                    "--role",
+                    role,
+                    "--hardware",
+                    "H20",
+                    "--port",
+                    str(port),
+                    "--kv-listen",
+                    f"127.0.0.1:{free_port()}",
+                    "--engine-id",
+                    f"pd-{i}",
+                    "--model-profile",
+                    s.model_profile,
+                    *scale,
+                ],
+            )
+            self.urls[f"pd-{i}"] = f"http://127.0.0.1:{port}"
+            pd_eps.append({"name": f"pd-{i}", "url": f"http://127.0.0.1:{port}", "role": role})
+        token = self.work_dir / "gateway-token"
+        token.write_text(os.urandom(16).hex())
+        scale_cfg = {"timeScale": s.time_scale, "byteScale": s.byte_scale}
+        gw_port, router_port = free_port(), free_port()
+        gateway = {
+            "pdCluster": "prfaas-h200",
+            "mode": "gateway",
+            "thresholdMinTokens": 0,
+            "model": model_json,
+            "endpoints": prfaas_eps,
+            "gateway": {"prefillCluster": "prfaas-h200", "tokenFile": str(token)},
+            "prfaasHardware": {"accelerator": "H200"},
+            "scale": scale_cfg,
+        }
+        (self.work_dir / "gateway.json").write_text(json.dumps(gateway, indent=2))
+        gw_url = f"http://127.0.0.1:{gw_port}"
+        self.urls["gateway"], self.urls["router"] = gw_url, f"http://127.0.0.1:{router_port}"
+        # one logical link (total capacity) made of one relay per PrFaaS engine; the router's own in-flight
+        # egress covers all of them, its measured correction reads the first relay
+        self.router_config = RouterConfig.model_validate(
+            {
+                "pdCluster": "pd-h20",
+                "thresholdMinTokens": s.threshold_min_tokens,
+                "model": model_json,
+                "endpoints": pd_eps,
+                "remotes": [
+                    {
+                        "name": "prfaas-h200",
+                        "url": gw_url,
+                        "statusUrl": gw_url + "/status",
+                        "tokenFile": str(token),
+                        "link": "a-to-b",
+                    }
+                ],
+                "links": [
+                    {
+                        "name": "a-to-b",
+                        "capacityGbps": per_relay_gbps,
+                        "maxUtilization": s.link_max_utilization,
+                        "metricsUrl": link_metrics[0],
+                    }
+                ],
+                "pdHardware": {"accelerator": "H20"},
+                "prfaasHardware": {"accelerator": "H200"},
+                "scale": scale_cfg,
+                "routing": {"refreshIntervalSeconds": 0.5},
+            }
+        )
+        write_router_config(self.config_path, self.router_config)
+        self._start("gateway", ["router", "--config", str(self.work_dir / "gateway.json"), "--port", str(gw_port)])
+        self._start("router", ["router", "--config", str(self.config_path), "--port", str(router_port)])
+        self.wait_ready()
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                log = (self.work_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with status {proc.returncode}:\n{log}")
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                try:
+                    r = client.get(self.urls["router"] + "/ready")
+                    g = client.get(self.urls["gateway"] + "/status")
+                    if (
+                        r.status_code == 200
+                        and r.json()["healthy_engines"] == self.spec.n_pd
+                        and g.json()["readyInstances"] == self.spec.n_prfaas
+                    ):
+                        return
+                except (httpx.HTTPError, KeyError, ValueError):
+                    pass
+                time.sleep(0.2)
+        raise RuntimeError(f"the stack was not ready after {timeout_s:.0f} s (logs in {self.work_dir / 'logs'})")
+
+    def stop(self) -> None:
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)

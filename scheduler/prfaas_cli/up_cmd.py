@@ -1,0 +1,281 @@
+"""``prfaas up``: the whole system on one machine, no cluster — emulated PrFaaS engines behind the prefill
+gateway, PD engines, the shaped link (KV bytes really cross it), the router, and the core's long-term loop
+with a local observer and actuator (the operator plugs in Kubernetes ones); then replays traffic (the paper's
+input lengths, Poisson arrivals at a fraction of the planner's Λ_max, time-scaled) with a live view, and
+prints a summary (SLO attainment, TTFT by route, egress vs cap, role flips, t)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from prfaas_core.plan_inputs import case_study_inputs
+from prfaas_core.planner import plan
+from prfaas_core.policy.loop import LongTermLoop
+from prfaas_core.policy.roles import RolePolicyParams
+from prfaas_core.trace import TraceRecord, parse_trace
+
+from .load import Result, Slo, replay, summarize
+from .local_loop import LocalCluster, decision_json
+from .stack import LocalStack, StackSpec
+
+EGRESS = "prfaas_link_egress_bytes_total"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "up", help="run the whole system locally (emulated engines, link, router, loop)", description=__doc__
+    )
+    p.add_argument("--prfaas", type=int, default=2, help="PrFaaS (H200) engines (default 2)")
+    p.add_argument("--pd", type=int, default=4, help="PD (H20) engines (default 4)")
+    p.add_argument("--link-gbps", type=float, default=100.0, help="link capacity, model Gbps (default 100)")
+    p.add_argument("--load", type=float, default=0.8, help="arrival rate as a fraction of the planner's Λ_max")
+    p.add_argument("--duration", type=float, default=240.0, help="model seconds of traffic (default 240)")
+    p.add_argument("--time-scale", type=float, default=8.0, help="model seconds per wall second (default 8)")
+    p.add_argument("--output-tokens", type=int, default=128, help="output tokens per request (default 128)")
+    p.add_argument("--trace", help="replay this trace (JSONL, prfaas_core.trace) instead of generating one")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--work-dir", help="where configs, logs and summary.json go (default: a temp dir)")
+    p.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    p.set_defaults(handler=run)
+
+
+def generate_trace(rate_rps: float, duration_s: float, output_tokens: int, seed: int) -> list[TraceRecord]:
+    """Poisson arrivals, the paper's truncated log-normal input lengths, single-turn sessions."""
+    rng = random.Random(seed)
+    dist = case_study_inputs().lengths
+    out: list[TraceRecord] = []
+    t, i = 0.0, 0
+    while True:
+        t += rng.expovariate(rate_rps)
+        if t > duration_s:
+            return out
+        out.append(
+            TraceRecord(
+                arrival_s=t,
+                input_tokens=dist.sample(rng),
+                output_tokens=output_tokens,
+                session_id=f"s{i}",
+                shared_prefix_tokens=0,
+            )
+        )
+        i += 1
+
+
+async def _egress_sampler(urls: list[str], scale: float, stop: asyncio.Event, samples: list[float]) -> None:
+    """Link egress per 1-second (model) window, summed over the relays."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        last: tuple[float, float] | None = None
+        while not stop.is_set():
+            total = 0.0
+            for url in urls:
+                try:
+                    text = (await client.get(url)).text
+                except httpx.HTTPError:
+                    continue
+                for fam in text_string_to_metric_families(text):
+                    for s in fam.samples:
+                        if s.name == EGRESS:
+                            total += s.value
+            now = time.perf_counter()
+            if last is not None and now > last[0]:
+                samples.append((total - last[1]) * 8 / 1e9 / ((now - last[0]) * scale))
+            last = (now, total)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0 / scale)
+
+
+def _view(
+    stack: LocalStack,
+    cluster: LocalCluster,
+    results: list[Result],
+    total: int,
+    egress: list[float],
+    cap: float,
+    start: float,
+) -> str:
+    p, d = cluster.counts()
+    done = len(results)
+    routes: dict[str, int] = {}
+    for r in results:
+        routes[r.route] = routes.get(r.route, 0) + 1
+    last = cluster.decisions[-1].reason if cluster.decisions else "-"
+    eg = egress[-1] if egress else 0.0
+    return (
+        f"[{time.perf_counter() - start:6.1f}s] roles P/D {p}/{d} | t {cluster.config.threshold_min_tokens} | "
+        f"egress {eg:5.1f}/{cap:.0f} Gbps | done {done}/{total} {routes} | last: {last[:70]}"
+    )
+
+
+async def _run(
+    args: argparse.Namespace,
+    stack: LocalStack,
+    records: list[TraceRecord],
+    params: RolePolicyParams,
+    inputs: Any,
+    slo: Slo,
+) -> dict[str, Any]:
+    assert stack.router_config is not None
+    cluster = LocalCluster(
+        stack.config_path,
+        stack.router_config,
+        stack.urls["gateway"] + "/status",
+        router_url=stack.urls["router"],
+        time_scale=stack.spec.time_scale,
+    )
+    loop = LongTermLoop(params, inputs, cluster, cluster, lambda: float(cluster.config.threshold_min_tokens))
+    scale = stack.spec.time_scale
+    results: list[Result] = []
+    egress: list[float] = []
+    stop = asyncio.Event()
+    start = time.perf_counter()
+    cap = stack.spec.link_gbps * stack.spec.link_max_utilization
+    tty = sys.stderr.isatty()
+
+    async def driver() -> None:
+        while not stop.is_set():
+            model_now = (time.perf_counter() - start) * scale
+            if model_now >= loop.next_due_s():
+                try:
+                    await asyncio.to_thread(loop.run_once, model_now)
+                except (httpx.HTTPError, RuntimeError) as exc:
+                    print(f"long-term loop: cycle failed, will retry: {exc}", file=sys.stderr)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
+
+    async def viewer() -> None:
+        while not stop.is_set():
+            line = _view(stack, cluster, results, len(records), egress, cap, start)
+            print(("\r" + line[:150].ljust(150)) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0 if tty else 10.0)
+
+    tasks = [
+        asyncio.create_task(driver()),
+        asyncio.create_task(viewer()),
+        asyncio.create_task(_egress_sampler(stack.link_metric_urls, scale, stop, egress)),
+    ]
+    try:
+        await replay(stack.urls["router"], records, scale, seed=args.seed, on_result=results.append)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        cluster.close()
+    if tty:
+        print(file=sys.stderr)
+    summary = summarize(results, slo)
+    by_route: dict[str, dict[str, Any]] = {}
+    for route in sorted({r.route for r in results}):
+        sub = [r for r in results if r.route == route]
+        by_route[route] = summarize(sub, slo).as_json()
+    flips = [decision_json(d) for d in cluster.decisions if d.action in ("FlipToDecode", "FlipToPrefill")]
+    return {
+        "requests": summary.as_json(),
+        "by_route": by_route,
+        "egress_mean_gbps": round(sum(egress) / len(egress), 3) if egress else 0.0,
+        "egress_peak_gbps": round(max(egress), 3) if egress else 0.0,
+        "link_cap_gbps": cap,
+        "role_flips": flips,
+        "final_roles": dict(zip(("prefill", "decode"), cluster.counts(), strict=True)),
+        "threshold_tokens": cluster.config.threshold_min_tokens,
+        "last_decisions": [decision_json(d) for d in cluster.decisions[-5:]],
+        "errors": sorted({f"{r.status}: {r.error}" for r in results if r.status != 200})[:5],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.prfaas < 1 or args.pd < 2 or args.load <= 0 or args.duration <= 0 or args.time_scale <= 0:
+        print("error: need --prfaas >= 1, --pd >= 2 and positive --load, --duration, --time-scale", file=sys.stderr)
+        return 2
+    base = replace(
+        case_study_inputs(),
+        n_prfaas=args.prfaas,
+        n_pd=args.pd,
+        output_tokens=float(args.output_tokens),
+        link_capacity_gbps=args.link_gbps,
+    )
+    p = plan(base)
+    best = p.prfaas_pd.point
+    t_best = round(best.split.threshold_tokens)
+    if args.trace:
+        try:
+            records = list(parse_trace(Path(args.trace).read_text().splitlines(), args.trace))
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        records = generate_trace(args.load * best.throughput_rps, args.duration, args.output_tokens, args.seed)
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-up-"))
+    work.mkdir(parents=True, exist_ok=True)
+    spec = StackSpec(
+        n_prfaas=args.prfaas,
+        n_pd=args.pd,
+        initial_prefill=best.n_prefill,
+        link_gbps=args.link_gbps,
+        time_scale=args.time_scale,
+        threshold_min_tokens=int(t_best),
+    )
+    params = RolePolicyParams(
+        period_s=20.0,
+        hysteresis_cycles=2,
+        cooldown_s=60.0,
+        drain_timeout_s=30.0,
+        drain_poll_s=2.0,
+        prefill_min=1,
+        decode_min=1,
+    )
+    print(
+        f"plan for {args.prfaas} PrFaaS + {args.pd} PD: t = {t_best}, "
+        f"{best.n_prefill}P/{best.n_decode}D, Λ_max {best.throughput_rps:.2f} req/s; replaying {len(records)} "
+        f"requests at x{args.time_scale:g} speed; logs in {work / 'logs'}",
+        file=sys.stderr,
+    )
+    stack = LocalStack(spec, work)
+    try:
+        stack.start()
+        out = asyncio.run(_run(args, stack, records, params, base, Slo()))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stack.stop()
+    out["plan"] = {
+        "threshold_tokens": t_best,
+        "n_prefill": best.n_prefill,
+        "n_decode": best.n_decode,
+        "throughput_rps": round(best.throughput_rps, 3),
+    }
+    (work / "summary.json").write_text(json.dumps(out, indent=2))
+    if args.output == "json":
+        print(json.dumps(out, indent=2))
+    else:
+        r = out["requests"]
+        print(
+            f"requests {r['requests']}, ok {r['ok']}, within SLO {r['meets_slo']} ({r['slo_attainment']:.1%}); "
+            f"TTFT p50/p90 {r['ttft_p50_s']}/{r['ttft_p90_s']} s (model)"
+        )
+        for route, s in out["by_route"].items():
+            print(
+                f"  {route:9s} {s['requests']:5d} requests, TTFT p50/p90 {s['ttft_p50_s']}/{s['ttft_p90_s']} s, "
+                f"SLO {s['slo_attainment']:.1%}"
+            )
+        print(
+            f"egress mean/peak {out['egress_mean_gbps']}/{out['egress_peak_gbps']} Gbps vs cap "
+            f"{out['link_cap_gbps']:g}; roles now {out['final_roles']}; t {out['threshold_tokens']}; "
+            f"flips {len(out['role_flips'])}"
+        )
+        print(f"summary: {work / 'summary.json'}")
+    return 0

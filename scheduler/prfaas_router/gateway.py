@@ -1,0 +1,140 @@
+"""Gateway mode: the router binary in front of a PrFaaS cluster (region A), exported to region B.
+
+One endpoint, TLS and a bearer token (never logged): it accepts prefill legs only (``kv_transfer_params``
+asking for a remote decode), picks the PrFaaS instance (least predicted prefill time, cache-affine) and
+returns the engine's answer, whose ``kv_transfer_params`` carry the KV address region B's decode pulls from.
+``/status`` serves :class:`prfaas_core.api.GatewayStatus` (ready instances, queue depth, measured egress and
+prefill throughput over the last window), which region B's routers and operator read.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections import deque
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+from prfaas_core.api import GatewayStatus
+from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.routing import InstanceView, pick_prefill_instance
+from prfaas_core.tokens import block_hashes, prompt_token_ids
+
+from .proxy import is_chat, json_error, read_token
+from .runtime import EngineLoad, Runtime
+
+WINDOW_S = 10.0
+
+
+class Gateway:
+    def __init__(self, runtime: Runtime, http: httpx.AsyncClient) -> None:
+        self.rt = runtime
+        self.http = http
+        self.served: deque[tuple[float, int, float]] = deque()  # (model time, tokens, kv bytes)
+        self.token: str | None = None
+        self.reload_secrets()
+
+    def reload_secrets(self) -> None:
+        gw = self.rt.compiled.config.gateway
+        self.token = read_token(gw.token_file) if gw is not None else None
+
+    def _authorized(self, request: web.Request) -> bool:
+        if self.token is None:
+            return True
+        got = request.headers.get("Authorization", "")
+        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
+
+    async def prefill(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return json_error(401, "missing or wrong bearer token", "authentication_error")
+        try:
+            body = json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return json_error(400, f"request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return json_error(400, "request body must be a JSON object")
+        params = body.get("kv_transfer_params")
+        if not isinstance(params, dict) or not params.get("do_remote_decode"):
+            return json_error(400, "the gateway serves prefill legs only: kv_transfer_params.do_remote_decode")
+        rt = self.rt
+        c = rt.compiled
+        try:
+            ids = prompt_token_ids(body, is_chat(request.path), c.tokenizer)
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
+        hits = rt.pd_index.match(hashes)
+        tried: set[str] = set()
+        last_error = "no healthy PrFaaS instance"
+        for _ in range(max(1, len(c.prefill))):
+            views = [
+                InstanceView(
+                    e.name,
+                    queued_prefill_s=rt.queued_prefill_s.get(e.name, 0.0),
+                    cached_prefix_tokens=hits.get(e.name, 0),
+                    healthy=rt.snapshot.engines.get(e.name, EngineLoad()).healthy and e.name not in tried,
+                    draining=e.name in c.draining,
+                )
+                for e in c.prefill
+            ]
+            pick = pick_prefill_instance(views, len(ids), c.prfaas.prefill_seconds)
+            if pick.name is None:
+                break
+            tried.add(pick.name)
+            uncached = max(0, len(ids) - hits.get(pick.name, 0))
+            seconds = c.prfaas.prefill_seconds(float(uncached))
+            rt.queued_prefill_s[pick.name] = rt.queued_prefill_s.get(pick.name, 0.0) + seconds
+            try:
+                resp = await self.http.post(
+                    f"{c.by_name[pick.name].url}{request.path}",
+                    json=body,
+                    headers={"x-request-id": request.headers.get("x-request-id", "")},
+                    timeout=httpx.Timeout(c.config.timeouts.prefill_seconds, connect=c.config.timeouts.connect_seconds),
+                )
+            except httpx.HTTPError as exc:
+                last_error = f"{pick.name}: {exc.__class__.__name__}"
+                continue
+            finally:
+                rt.queued_prefill_s[pick.name] = max(0.0, rt.queued_prefill_s.get(pick.name, 0.0) - seconds)
+            if resp.status_code >= 500:
+                last_error = f"{pick.name} answered {resp.status_code}"
+                continue
+            if resp.status_code == 200:
+                rt.pd_index.insert(hashes, pick.name)
+                self._served(uncached, c.kv.kv_bytes(len(ids)))
+            return web.Response(body=resp.content, status=resp.status_code, content_type="application/json")
+        return json_error(503, f"prefill failed on every PrFaaS instance tried: {last_error}", "service_unavailable")
+
+    def _served(self, tokens: int, kv_bytes: float) -> None:
+        now = self.rt.model_now()
+        self.served.append((now, tokens, kv_bytes))
+        while self.served and now - self.served[0][0] > WINDOW_S:
+            self.served.popleft()
+
+    def status_model(self) -> GatewayStatus:
+        rt = self.rt
+        now = rt.model_now()
+        window = [(t, n, b) for t, n, b in self.served if now - t <= WINDOW_S]
+        engines = rt.snapshot.engines
+        ready = sum(
+            1
+            for e in rt.compiled.prefill
+            if engines.get(e.name, EngineLoad()).healthy and e.name not in rt.compiled.draining
+        )
+        queue = sum(engines.get(e.name, EngineLoad()).waiting for e in rt.compiled.prefill)
+        gw = rt.compiled.config.gateway
+        return GatewayStatus(
+            prefill_cluster=gw.prefill_cluster if gw else rt.compiled.config.pd_cluster,
+            ready_instances=ready,
+            queue_depth=queue,
+            egress_gbps=sum(b for _, _, b in window) * 8.0 / WINDOW_S / GBPS_BITS,
+            measured_prefill_tokens_per_second=sum(n for _, n, _ in window) / WINDOW_S,
+            time=datetime.now(UTC).isoformat(),
+        )
+
+    async def status(self, request: web.Request) -> web.Response:
+        body: dict[str, Any] = self.status_model().model_dump(mode="json", by_alias=True)
+        return web.json_response(body)

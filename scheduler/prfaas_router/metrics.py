@@ -1,0 +1,69 @@
+"""The router's Prometheus metrics, in a registry of its own (no process-global state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from prfaas_core import names
+
+_LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
+_DECISION = (2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3)
+
+
+@dataclass
+class RouterMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter(
+            names.METRIC_ROUTER_REQUESTS.removesuffix("_total"),
+            "Requests answered, by route and outcome.",
+            ["route", "outcome"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            names.METRIC_ROUTER_ROUTE_DECISIONS.removesuffix("_total"),
+            "Routing decisions, by route and why.",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.threshold = Gauge(names.METRIC_ROUTER_THRESHOLD_TOKENS, "Routing threshold t in force.", registry=r)
+        self.ttft = Histogram(
+            names.METRIC_ROUTER_TTFT_SECONDS,
+            "Time to first token seen by the client, by route.",
+            ["route"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            names.METRIC_ROUTER_E2E_SECONDS, "End-to-end latency, by route.", ["route"], buckets=_LATENCY, registry=r
+        )
+        self.fallbacks = Counter(
+            names.METRIC_ROUTER_FALLBACKS.removesuffix("_total"),
+            "Remote prefills that fell back to local prefill, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.breaker_open = Gauge(
+            names.METRIC_ROUTER_BREAKER_OPEN, "1 while a remote's circuit breaker is open.", ["remote"], registry=r
+        )
+        self.decision_seconds = Histogram(
+            names.METRIC_ROUTER_DECISION_SECONDS,
+            "Time of the routing decision (policy call).",
+            buckets=_DECISION,
+            registry=r,
+        )
+        self.in_flight = Gauge(names.METRIC_ROUTER_IN_FLIGHT, "Requests in flight.", registry=r)
+        self.link_egress = Gauge(
+            names.METRIC_ROUTER_LINK_EGRESS_GBPS, "Estimated link egress (model Gbps).", ["link"], registry=r
+        )
+        self.link_scarce = Gauge(names.METRIC_ROUTER_LINK_SCARCE, "1 while the link is scarce.", ["link"], registry=r)
+        self.remote_bytes = Counter(
+            names.METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"),
+            "Model KV bytes of remote prefills dispatched, by link.",
+            ["link"],
+            registry=r,
+        )

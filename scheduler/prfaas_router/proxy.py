@@ -1,0 +1,333 @@
+"""The client-facing request path (router mode): parse once, decide, prefill (remote or local), decode, stream.
+
+Failure semantics: a remote prefill that fails *before* decode starts (5xx, timeout, refused, a response
+without a KV handle) falls back to local prefill and the client sees a normal answer; a decode that dies
+mid-stream ends the client's stream with an error event promptly; beyond ``maxInFlight`` the router answers
+429 with Retry-After; a client that disconnects cancels both legs (their connections close, so the engines
+drop the work and free the KV).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+from aiohttp import web
+
+from prfaas_core.api import RemoteGateway
+from prfaas_core.tokens import block_hashes, prompt_token_ids
+
+from .legs import LegError, decode_body, kv_handle, prefill_body
+from .metrics import RouterMetrics
+from .runtime import LocalPlan, Runtime
+
+log = structlog.get_logger("prfaas.router")
+
+ROUTE_HEADER = "x-prfaas-route"
+"""Response header naming the route a request took: local, remote or fallback."""
+
+
+def json_error(status: int, message: str, kind: str = "invalid_request_error", **headers: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.json_response(body, status=status, headers=headers or None)
+
+
+def is_chat(path: str) -> bool:
+    return path.endswith("/chat/completions")
+
+
+def read_token(path: str | None) -> str | None:
+    return Path(path).read_text(encoding="utf-8").strip() if path else None
+
+
+class Proxy:
+    """Handlers of one router app; holds no global state."""
+
+    def __init__(self, runtime: Runtime, http: httpx.AsyncClient, metrics: RouterMetrics) -> None:
+        self.rt = runtime
+        self.http = http
+        self.metrics = metrics
+        self.remote_clients: dict[str, httpx.AsyncClient] = {}
+        self.remote_tokens: dict[str, str | None] = {}
+
+    async def close(self) -> None:
+        for client in self.remote_clients.values():
+            await client.aclose()
+        self.remote_clients.clear()
+
+    async def sync_remotes(self) -> None:
+        """(Re)build the TLS clients and read the tokens of the configured remotes (after a reload too)."""
+        await self.close()
+        for remote in self.rt.compiled.remotes:
+            verify: Any = remote.ca_file if remote.ca_file else True
+            self.remote_clients[remote.name] = httpx.AsyncClient(
+                verify=verify, timeout=httpx.Timeout(remote.timeout_seconds, connect=5.0)
+            )
+            self.remote_tokens[remote.name] = read_token(remote.token_file)
+
+    # --- entry point ----------------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        rt, m = self.rt, self.metrics
+        limits = rt.compiled.config.limits
+        try:
+            body = json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return json_error(400, f"request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return json_error(400, "request body must be a JSON object")
+        try:
+            ids = prompt_token_ids(body, is_chat(request.path), rt.compiled.tokenizer)
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        if "stream" in body and not isinstance(body["stream"], bool):
+            return json_error(400, "'stream' must be a boolean")
+        if rt.in_flight >= limits.max_in_flight:
+            m.requests.labels("none", "rejected").inc()
+            return json_error(
+                429,
+                "router at its in-flight limit; retry later",
+                "rate_limit_error",
+                **{"Retry-After": str(limits.retry_after_seconds)},
+            )
+        rt.in_flight += 1
+        m.in_flight.set(rt.in_flight)
+        request_id = request.headers.get("x-request-id") or f"prfaas-{uuid.uuid4().hex}"
+        try:
+            return await self._serve(request, body, ids, request_id, started)
+        finally:
+            rt.in_flight -= 1
+            m.in_flight.set(rt.in_flight)
+
+    async def _serve(
+        self, request: web.Request, body: dict[str, Any], ids: list[int], request_id: str, started: float
+    ) -> web.StreamResponse:
+        rt, m = self.rt, self.metrics
+        c = rt.compiled
+        hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
+        pd_hits = rt.pd_index.match(hashes)
+        t0 = time.perf_counter()
+        decision, remote = rt.decide(len(ids), hashes, pd_hits)
+        m.decision_seconds.observe(time.perf_counter() - t0)
+        rt.remember_length(decision.uncached_tokens, rt.model_now())
+        route: str = decision.target
+        m.decisions.labels(route, decision.kind).inc()
+        kv: dict[str, Any] | None = None
+        plan = rt.plan_local(len(ids), hashes, pd_hits)
+        if plan is None:
+            m.requests.labels(route, "unavailable").inc()
+            return json_error(503, "no healthy decode instance", "service_unavailable")
+        if remote is not None:
+            try:
+                kv = await self._remote_prefill(
+                    remote, request.path, body, request_id, decision.transfer_bytes, decision.uncached_tokens
+                )
+                rt.remote_index.insert(hashes, remote.name)
+            except LegError as exc:
+                route = "fallback"
+                m.fallbacks.labels(_failure_kind(str(exc))).inc()
+                log.warning(
+                    "remote prefill failed; prefilling locally",
+                    request_id=request_id,
+                    remote=remote.name,
+                    error=str(exc),
+                )
+        remote_kv = kv is not None
+        if kv is None and plan.prefill is not None:
+            try:
+                kv = await self._local_prefill(plan, request.path, body, request_id, decision.uncached_tokens)
+            except LegError as exc:
+                m.requests.labels(route, "error").inc()
+                return json_error(exc.status, f"prefill failed: {exc}", "upstream_error")
+            rt.pd_index.insert(hashes, plan.prefill)
+        try:
+            response = await self._decode(request, plan, body, kv, request_id, route, started, remote_kv)
+        except LegError as exc:
+            if remote is not None and remote_kv:
+                rt.breakers[remote.name] = rt.breakers[remote.name].on_failure(rt.clock(), c.breaker, str(exc))
+            if not (remote_kv and exc.retriable):
+                m.requests.labels(route, "error").inc()
+                return json_error(exc.status, str(exc), "upstream_error")
+            # the remote KV could not be used (link cut, handle expired): prefill locally, decode again
+            route = "fallback"
+            m.fallbacks.labels("decode-kv-pull").inc()
+            log.warning("decode could not use the remote KV; prefilling locally", request_id=request_id, error=str(exc))
+            try:
+                kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
+                response = await self._decode(request, plan, body, kv, request_id, route, started)
+            except LegError as again:
+                m.requests.labels(route, "error").inc()
+                return json_error(again.status, str(again), "upstream_error")
+        rt.pd_index.insert(hashes, plan.decode)
+        return response
+
+    # --- legs -------------------------------------------------------------------------------------------
+    async def _remote_prefill(
+        self, remote: RemoteGateway, path: str, body: dict[str, Any], request_id: str, nbytes: float, uncached: int
+    ) -> dict[str, Any]:
+        rt = self.rt
+        ledger = rt.ledgers[remote.link]
+        duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
+        ledger.start(request_id, nbytes, rt.model_now(), duration)
+        self.metrics.remote_bytes.labels(remote.link).inc(nbytes)
+        headers = {"x-request-id": request_id}
+        token = self.remote_tokens.get(remote.name)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        client = self.remote_clients.get(remote.name, self.http)
+        now = rt.clock()
+        try:
+            resp = await client.post(f"{remote.url}{path}", json=prefill_body(body), headers=headers)
+            if resp.status_code != 200:
+                raise LegError(f"remote prefill answered {resp.status_code}")
+            handle = kv_handle(resp.json())
+        except (httpx.HTTPError, ValueError, LegError) as exc:
+            ledger.finish(request_id)
+            why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
+            rt.breakers[remote.name] = rt.breakers[remote.name].on_failure(now, rt.compiled.breaker, str(why))
+            raise why from None
+        rt.breakers[remote.name] = rt.breakers[remote.name].on_success()
+        return handle
+
+    async def _local_prefill(
+        self, plan: LocalPlan, path: str, body: dict[str, Any], request_id: str, uncached: int
+    ) -> dict[str, Any]:
+        rt = self.rt
+        assert plan.prefill is not None
+        endpoint = rt.compiled.by_name[plan.prefill]
+        seconds = rt.compiled.pd.prefill_seconds(float(uncached))
+        rt.queued_prefill_s[plan.prefill] = rt.queued_prefill_s.get(plan.prefill, 0.0) + seconds
+        try:
+            resp = await self.http.post(
+                f"{endpoint.url}{path}",
+                json=prefill_body(body),
+                headers={"x-request-id": request_id},
+                timeout=httpx.Timeout(
+                    rt.compiled.config.timeouts.prefill_seconds, connect=rt.compiled.config.timeouts.connect_seconds
+                ),
+            )
+            if resp.status_code != 200:
+                raise LegError(
+                    f"local prefill on {plan.prefill} answered {resp.status_code}: {resp.text[:200]}",
+                    status=502 if resp.status_code >= 500 else resp.status_code,
+                )
+            return kv_handle(resp.json())
+        except httpx.HTTPError as exc:
+            raise LegError(f"local prefill on {plan.prefill}: {exc.__class__.__name__}") from None
+        finally:
+            rt.queued_prefill_s[plan.prefill] = max(0.0, rt.queued_prefill_s.get(plan.prefill, 0.0) - seconds)
+
+    async def _decode(
+        self,
+        request: web.Request,
+        plan: LocalPlan,
+        body: dict[str, Any],
+        kv: dict[str, Any] | None,
+        request_id: str,
+        route: str,
+        started: float,
+        kv_crosses_link: bool = False,
+    ) -> web.StreamResponse:
+        rt, m = self.rt, self.metrics
+        endpoint = rt.compiled.by_name[plan.decode]
+        timeouts = rt.compiled.config.timeouts
+        rt.active_decodes[plan.decode] = rt.active_decodes.get(plan.decode, 0) + 1
+        ledger_keys = [lk for lk in rt.ledgers.values()]
+        upstream: httpx.Response | None = None
+        try:
+            req = self.http.build_request(
+                "POST",
+                f"{endpoint.url}{request.path}",
+                json=decode_body(body, kv),
+                headers={"x-request-id": request_id},
+                timeout=httpx.Timeout(timeouts.decode_idle_seconds, connect=timeouts.connect_seconds),
+            )
+            # the decode has *started* once its first byte arrives: until then a failure may be retried
+            # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
+            limit = timeouts.kv_pull_seconds if kv_crosses_link else None
+            try:
+                upstream = await asyncio.wait_for(self.http.send(req, stream=True), limit)
+                if upstream.status_code != 200:
+                    data = await upstream.aread()
+                    status = upstream.status_code
+                    raise LegError(
+                        f"decode on {plan.decode} answered {status}: {data[:300].decode(errors='replace')}",
+                        status=502 if status >= 500 else status,
+                        retriable=status >= 500 or status in (404, 410),
+                    )
+                chunks = upstream.aiter_raw()
+                first = await asyncio.wait_for(anext(chunks, b""), limit)
+            except TimeoutError:
+                raise LegError(
+                    f"decode on {plan.decode} did not start within {limit:g} s: the KV pull across the link stalled"
+                ) from None
+            except httpx.HTTPError as exc:
+                raise LegError(f"decode on {plan.decode} failed: {exc.__class__.__name__}") from None
+            _finish_transfer(ledger_keys, request_id)
+            if not body.get("stream"):
+                data = first + b"".join([c async for c in chunks])
+                m.e2e.labels(route).observe(time.perf_counter() - started)
+                m.requests.labels(route, "ok").inc()
+                return web.Response(
+                    body=data, status=200, content_type="application/json", headers={ROUTE_HEADER: route}
+                )
+            out = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", ROUTE_HEADER: route}
+            )
+            await out.prepare(request)
+            m.ttft.labels(route).observe(time.perf_counter() - started)
+            try:
+                await out.write(first)
+                async for chunk in chunks:
+                    if request.transport is None or request.transport.is_closing():
+                        raise ConnectionResetError("client went away")  # closes the decode leg below
+                    await out.write(chunk)
+            except httpx.HTTPError as exc:
+                m.requests.labels(route, "error").inc()
+                err = {
+                    "error": {
+                        "message": f"decode stream from {plan.decode} broke: {exc.__class__.__name__}",
+                        "type": "upstream_error",
+                        "code": 502,
+                    }
+                }
+                await out.write(f"data: {json.dumps(err)}\n\n".encode())
+                await out.write_eof()
+                return out
+            await out.write_eof()
+            m.e2e.labels(route).observe(time.perf_counter() - started)
+            m.requests.labels(route, "ok").inc()
+            return out
+        except (asyncio.CancelledError, ConnectionResetError):
+            m.requests.labels(route, "cancelled").inc()
+            raise
+        finally:
+            _finish_transfer(ledger_keys, request_id)
+            rt.active_decodes[plan.decode] = max(0, rt.active_decodes.get(plan.decode, 0) - 1)
+            if upstream is not None:
+                await upstream.aclose()
+
+
+def _finish_transfer(ledgers: list[Any], request_id: str) -> None:
+    for ledger in ledgers:
+        ledger.finish(request_id)
+
+
+def _failure_kind(message: str) -> str:
+    """A low-cardinality label for why a remote prefill failed."""
+    for key, kind in (
+        ("Timeout", "timeout"),
+        ("answered 5", "remote-5xx"),
+        ("answered 4", "remote-4xx"),
+        ("Connect", "connect"),
+        ("kv_transfer_params", "no-kv-handle"),
+    ):
+        if key in message:
+            return kind
+    return "other"

@@ -1,0 +1,151 @@
+"""Signals refreshed off the hot path, about once a second: engine health and load (their /metrics), each
+link's measured egress (its metrics endpoint), each remote gateway's status; then the link states and the
+threshold are recomputed with the core's policies and a new :class:`Snapshot` is swapped in by reference."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import httpx
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+
+from prfaas_core import names
+from prfaas_core.api import GatewayStatus
+from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.link import LinkMode, LinkState, next_link_state
+from prfaas_core.policy.threshold import decide_threshold
+
+from .metrics import RouterMetrics
+from .runtime import EngineLoad, Runtime, Snapshot
+
+log = structlog.get_logger("prfaas.router.signals")
+
+
+def parse_engine_load(text: str) -> EngineLoad:
+    waiting = running = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == names.VLLM_REQUESTS_WAITING:
+                waiting += sample.value
+            elif sample.name == names.VLLM_REQUESTS_RUNNING:
+                running += sample.value
+    return EngineLoad(True, waiting, running)
+
+
+def parse_counter(text: str, metric: str, labels: dict[str, str]) -> float | None:
+    """Sum of the samples of counter ``metric`` (``_total``) whose labels include ``labels``."""
+    base = metric.removesuffix("_total")
+    total, found = 0.0, False
+    for family in text_string_to_metric_families(text):
+        if family.name not in (base, metric):
+            continue
+        for sample in family.samples:
+            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+                found = True
+    return total if found else None
+
+
+@dataclass
+class CounterRate:
+    """Rate of a monotonic counter between two readings (a reset starts over)."""
+
+    last_value: float | None = None
+    last_wall_s: float = 0.0
+
+    def update(self, value: float, wall_s: float) -> float | None:
+        prev, prev_t = self.last_value, self.last_wall_s
+        self.last_value, self.last_wall_s = value, wall_s
+        if prev is None or value < prev or wall_s <= prev_t:
+            return None
+        return (value - prev) / (wall_s - prev_t)
+
+
+@dataclass
+class Signals:
+    runtime: Runtime
+    http: httpx.AsyncClient
+    metrics: RouterMetrics
+    link_rates: dict[str, CounterRate] = field(default_factory=dict)
+    remote_failures: dict[str, int] = field(default_factory=dict)
+
+    async def _engine(self, name: str, url: str) -> tuple[str, EngineLoad]:
+        try:
+            resp = await self.http.get(f"{url}/metrics", timeout=2.0)
+            if resp.status_code == 200:
+                return name, parse_engine_load(resp.text)
+        except httpx.HTTPError:
+            pass
+        return name, EngineLoad(healthy=False)
+
+    async def _link(self, name: str, url: str) -> None:
+        rt = self.runtime
+        try:
+            resp = await self.http.get(url, timeout=2.0)
+            value = parse_counter(resp.text, names.METRIC_LINK_EGRESS_BYTES, {"link": name})
+        except httpx.HTTPError as exc:
+            log.warning("link metrics unreadable", link=name, error=str(exc))
+            return
+        if value is None:
+            return
+        per_wall_s = self.link_rates.setdefault(name, CounterRate()).update(value, rt.clock())
+        if per_wall_s is None:
+            return
+        # the counter is in model bytes; a wall-clock rate is time_scale x the model rate
+        gbps = per_wall_s / rt.compiled.scale.time_scale * 8.0 / GBPS_BITS
+        rt.ledgers[name].record_measurement(gbps, rt.model_now())
+
+    async def _remote(self, name: str, url: str | None, client: httpx.AsyncClient) -> tuple[str, str | None]:
+        if url is None:
+            return name, None
+        try:
+            resp = await client.get(url, timeout=2.0)
+            resp.raise_for_status()
+            status = GatewayStatus.model_validate_json(resp.content)
+        except (httpx.HTTPError, ValueError) as exc:
+            fails = self.remote_failures[name] = self.remote_failures.get(name, 0) + 1
+            return name, (f"status endpoint unreachable ({exc.__class__.__name__})" if fails >= 3 else None)
+        self.remote_failures[name] = 0
+        return name, None if status.ready_instances > 0 else "no ready PrFaaS instance"
+
+    async def refresh(self, remote_clients: dict[str, httpx.AsyncClient]) -> Snapshot:
+        rt = self.runtime
+        c = rt.compiled
+        engines = dict(await asyncio.gather(*(self._engine(e.name, e.url) for e in c.config.endpoints)))
+        await asyncio.gather(
+            *(self._link(n, lk.metrics_url) for n, lk in ((lk.name, lk) for lk in c.config.links) if lk.metrics_url)
+        )
+        remotes = dict(
+            await asyncio.gather(
+                *(self._remote(r.name, r.status_url, remote_clients.get(r.name, self.http)) for r in c.remotes)
+            )
+        )
+        now = rt.model_now()
+        links: dict[str, LinkState] = {}
+        for name, params in c.links.items():
+            prev = rt.snapshot.links.get(name, LinkState())
+            links[name] = next_link_state(prev, rt.ledgers[name].estimate_gbps(now, params), params, now)
+            if links[name].mode != prev.mode:
+                log.info("link state changed", link=name, mode=links[name].mode, reason=links[name].reason)
+            self.metrics.link_egress.labels(name).set(links[name].egress_gbps)
+            self.metrics.link_scarce.labels(name).set(1 if links[name].scarce else 0)
+        window = c.config.routing.threshold_window_seconds
+        recent = [length for t, length in rt.recent if now - t <= window]
+        scarce = [n for n, s in links.items() if s.scarce]
+        mode: LinkMode = "scarce" if scarce else "abundant"
+        link = c.links[scarce[0]] if scarce else (next(iter(c.links.values())) if c.links else None)
+        threshold = (
+            decide_threshold(mode, c.bounds, recent, window, c.kv, link)
+            if link is not None
+            else rt.snapshot.threshold.__class__(c.bounds.min_tokens, 0, "no link: t = t_min")
+        )
+        if threshold.tokens != rt.snapshot.threshold.tokens:
+            log.info("threshold changed", t=threshold.tokens, reason=threshold.reason)
+        self.metrics.threshold.set(threshold.tokens)
+        for remote in c.remotes:
+            self.metrics.breaker_open.labels(remote.name).set(1 if rt.breakers[remote.name].is_open else 0)
+        snap = Snapshot(threshold, links, engines, remotes)
+        rt.snapshot = snap
+        return snap

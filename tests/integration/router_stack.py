@@ -1,0 +1,175 @@
+"""A two-datacenter stack for the router's integration tests, as real processes on 127.0.0.1: a PrFaaS
+engine (H200) behind the prefill gateway, the link emulator between its KV server and region B, a PD prefill
+and a PD decode engine (H20), and the router. Time-scaled so long prompts take milliseconds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed_support import PRFAAS, Processes, free_port, http, wait_for
+
+from prfaas_core.profiles import builtin_model_profiles
+
+TIME_SCALE = 200.0
+BYTE_SCALE = 1e-3
+
+
+def model_profile_json() -> dict[str, Any]:
+    spec = builtin_model_profiles()["internal-1t"]
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@dataclass
+class Stack:
+    procs: Processes
+    dir: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    router_config: dict[str, Any] = field(default_factory=dict)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    @property
+    def router(self) -> str:
+        return self.url("router")
+
+    def write_router_config(self, **changes: Any) -> None:
+        self.router_config.update(changes)
+        tmp = self.dir / "router.json.tmp"
+        tmp.write_text(json.dumps(self.router_config))
+        tmp.replace(self.dir / "router.json")  # atomic, like kubelet's symlink swap
+
+
+def start_stack(procs: Processes, tmp: Path, threshold_min_tokens: int = 19_634, **router_extra: Any) -> Stack:
+    names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", "gateway", "router")
+    st = Stack(procs, tmp, {n: free_port() for n in names})
+    p = st.ports
+    scale = ["--time-scale", str(TIME_SCALE), "--byte-scale", str(BYTE_SCALE)]
+    (tmp / "token").write_text("s3cret-token\n")
+    procs.start(
+        "prf",
+        [
+            *PRFAAS,
+            "engine",
+            "--role",
+            "prefill",
+            "--hardware",
+            "H200",
+            "--port",
+            str(p["prf"]),
+            "--kv-listen",
+            f"127.0.0.1:{p['prf_kv']}",
+            "--kv-advertise",
+            f"127.0.0.1:{p['link']}",
+            "--engine-id",
+            "prf-0",
+            *scale,
+        ],
+    )
+    procs.start(
+        "link",
+        [
+            *PRFAAS,
+            "link",
+            "--listen",
+            f"127.0.0.1:{p['link']}",
+            "--target",
+            f"127.0.0.1:{p['prf_kv']}",
+            "--capacity-gbps",
+            "100",
+            "--name",
+            "a-to-b",
+            "--metrics-port",
+            str(p["link_admin"]),
+            *scale,
+        ],
+    )
+    procs.start(
+        "pdp",
+        [
+            *PRFAAS,
+            "engine",
+            "--role",
+            "prefill",
+            "--hardware",
+            "H20",
+            "--port",
+            str(p["pdp"]),
+            "--kv-listen",
+            f"127.0.0.1:{p['pdp_kv']}",
+            "--engine-id",
+            "pd-0",
+            *scale,
+        ],
+    )
+    procs.start(
+        "pdd",
+        [
+            *PRFAAS,
+            "engine",
+            "--role",
+            "decode",
+            "--hardware",
+            "H20",
+            "--port",
+            str(p["pdd"]),
+            "--kv-listen",
+            f"127.0.0.1:{p['pdd_kv']}",
+            "--engine-id",
+            "pd-1",
+            *scale,
+        ],
+    )
+    model = model_profile_json()
+    scale_cfg = {"timeScale": TIME_SCALE, "byteScale": BYTE_SCALE}
+    gateway = {
+        "pdCluster": "prfaas-h200",
+        "mode": "gateway",
+        "thresholdMinTokens": 0,
+        "model": model,
+        "endpoints": [{"name": "prf-0", "url": st.url("prf"), "role": "prefill"}],
+        "gateway": {"prefillCluster": "prfaas-h200", "tokenFile": str(tmp / "token")},
+        "prfaasHardware": {"accelerator": "H200"},
+        "scale": scale_cfg,
+    }
+    (tmp / "gateway.json").write_text(json.dumps(gateway))
+    st.router_config = {
+        "pdCluster": "pd-h20",
+        "thresholdMinTokens": threshold_min_tokens,
+        "model": model,
+        "endpoints": [
+            {"name": "pd-0", "url": st.url("pdp"), "role": "prefill"},
+            {"name": "pd-1", "url": st.url("pdd"), "role": "decode"},
+        ],
+        "remotes": [
+            {
+                "name": "prfaas-h200",
+                "url": st.url("gateway"),
+                "statusUrl": st.url("gateway") + "/status",
+                "tokenFile": str(tmp / "token"),
+                "link": "a-to-b",
+                "timeoutSeconds": 10,
+            }
+        ],
+        "links": [{"name": "a-to-b", "capacityGbps": 100, "metricsUrl": st.url("link_admin") + "/metrics"}],
+        "pdHardware": {"accelerator": "H20"},
+        "prfaasHardware": {"accelerator": "H200"},
+        "scale": scale_cfg,
+        "routing": {"refreshIntervalSeconds": 0.2, "breakerOpenSeconds": 2},
+        **router_extra,
+    }
+    st.write_router_config()
+    procs.start("gateway", [*PRFAAS, "router", "--config", str(tmp / "gateway.json"), "--port", str(p["gateway"])])
+    procs.start("router", [*PRFAAS, "router", "--config", str(tmp / "router.json"), "--port", str(p["router"])])
+
+    def ready() -> bool:
+        procs.check_alive()
+        status, body = http("GET", st.router + "/ready", timeout_s=2)
+        gw_status, gw = http("GET", st.url("gateway") + "/status", timeout_s=2)
+        return status == 200 and body.get("healthy_engines") == 2 and gw_status == 200 and gw["readyInstances"] == 1
+
+    wait_for(ready, 60, "the router stack to be ready")
+    return st

@@ -1,0 +1,171 @@
+"""Disaggregated serving between two emulated engines (in-process, real sockets): vLLM's kv_transfer_params
+protocol and SGLang's bootstrap protocol, with the KV really pulled over TCP, and the error cases."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from testbed_support import await_for, free_port, metric_value, serving, sse_payloads
+
+from prfaas_core.scale import ScaleSettings
+from prfaas_engine import ENGINE_KEY, EngineConfig, HostPort, create_app
+from prfaas_engine.engine import Engine
+
+SCALE = ScaleSettings(time_scale=200, byte_scale=1e-3)
+PREFILL_LEG = {  # exactly what vllm-router 0.1.17 adds to the prefill leg
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+@dataclass
+class Pair:
+    prefill: aiohttp.ClientSession
+    decode: aiohttp.ClientSession
+    prefill_engine: Engine
+    decode_engine: Engine
+
+
+@pytest.fixture
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
+    overrides: dict[str, Any] = {"bootstrap_wait_s": 0.5, **getattr(request, "param", {})}
+    papp = create_app(EngineConfig(role="prefill", port=0, scale=SCALE, **overrides))
+    dapp = create_app(EngineConfig(role="decode", port=0, scale=SCALE, bootstrap_wait_s=0.5))
+    async with (
+        serving(papp) as purl,
+        serving(dapp) as durl,
+        aiohttp.ClientSession(purl) as p,
+        aiohttp.ClientSession(durl) as d,
+    ):
+        yield Pair(p, d, papp[ENGINE_KEY], dapp[ENGINE_KEY])
+
+
+async def post(client: aiohttp.ClientSession, path: str, body: Any) -> tuple[int, Any]:
+    async with client.post(path, json=body) as resp:
+        return resp.status, await resp.json()
+
+
+async def metrics_text(client: aiohttp.ClientSession) -> str:
+    async with client.get("/metrics") as resp:
+        return await resp.text()
+
+
+def expected_wire_bytes(engine: Engine, prompt_tokens: int) -> int:
+    return SCALE.wire_bytes(engine.config.kv_model.kv_bytes(prompt_tokens))
+
+
+async def test_vllm_protocol_moves_the_kv_and_frees_it(pair: Pair) -> None:
+    prompt = "q" * 8000  # 2000 tokens
+    status, pre = await post(
+        pair.prefill, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}
+    )
+    assert status == 200 and pre["usage"]["completion_tokens"] == 1
+    kv = pre["kv_transfer_params"]
+    assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
+    assert kv["remote_engine_id"] == pair.prefill_engine.config.engine_id
+    assert kv["remote_block_ids"] and len(kv["remote_block_ids"]) == 2000 // 16
+    assert f"{kv['remote_host']}:{kv['remote_port']}" == str(pair.prefill_engine.kv_listen)
+    assert pair.prefill_engine.snapshot()["kv_handles"] == 1
+    assert pair.prefill_engine.core.used_blocks > 0  # held for the decode
+
+    body = {"prompt": prompt, "max_tokens": 6, "stream": True, "kv_transfer_params": kv}
+    async with pair.decode.post("/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        events = sse_payloads(await resp.text())
+    assert events[-1] == "[DONE]" and len([e for e in events[:-1] if e["choices"][0]["text"]]) == 6
+
+    model_bytes = SCALE.model_bytes(expected_wire_bytes(pair.prefill_engine, 2000))
+    assert metric_value(await metrics_text(pair.prefill), "prfaas_engine_kv_bytes_sent_total") == model_bytes
+    assert metric_value(await metrics_text(pair.decode), "prfaas_engine_kv_bytes_received_total") == model_bytes
+    assert pair.prefill_engine.snapshot()["kv_handles"] == 0
+    assert pair.prefill_engine.core.used_blocks == 0
+
+    status, again = await post(pair.decode, "/v1/completions", {"prompt": prompt, "kv_transfer_params": kv})
+    assert status == 404 and "already pulled" in again["error"]["message"]
+
+
+async def test_unknown_engine_and_unreachable_kv_server_are_errors(pair: Pair) -> None:
+    _, pre = await post(
+        pair.prefill, "/v1/completions", {"prompt": "abc", "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}
+    )
+    kv = pre["kv_transfer_params"]
+    status, body = await post(
+        pair.decode, "/v1/completions", {"prompt": "abc", "kv_transfer_params": {**kv, "remote_engine_id": "other"}}
+    )
+    assert status == 404 and "unknown remote_engine_id 'other'" in body["error"]["message"]
+    status, body = await post(
+        pair.decode, "/v1/completions", {"prompt": "abc", "kv_transfer_params": {**kv, "remote_port": free_port()}}
+    )
+    assert status == 502 and "KV pull from" in body["error"]["message"]
+    assert pair.decode_engine.core.used_blocks == 0
+    status, body = await post(pair.decode, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "stream": True,
+        "kv_transfer_params": {**kv, "remote_block_ids": [10**9]},
+    })  # fmt: skip
+    assert status == 404  # a stream that fails before its first token is still an HTTP error
+
+
+@pytest.mark.parametrize("pair", [{"kv_timeout_s": 0.3}], indirect=True)
+async def test_kv_never_pulled_is_freed_after_the_timeout(pair: Pair) -> None:
+    _, pre = await post(
+        pair.prefill, "/v1/completions", {"prompt": "w" * 400, "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}
+    )
+    eng = pair.prefill_engine
+    await await_for(lambda: eng.snapshot()["kv_handles"] == 0 and eng.core.used_blocks == 0, 10, "the KV expired")
+    assert metric_value(await metrics_text(pair.prefill), "prfaas_engine_kv_expired_total") == 1
+    status, body = await post(
+        pair.decode, "/v1/completions", {"prompt": "w" * 400, "kv_transfer_params": pre["kv_transfer_params"]}
+    )
+    assert status == 404 and "expired" in body["error"]["message"]
+
+
+async def test_sglang_protocol_sends_both_legs_at_once(pair: Pair) -> None:
+    kv_port = pair.prefill_engine.kv_listen
+    assert kv_port is not None
+    body = {"prompt": "s" * 4000, "max_tokens": 4, "bootstrap_host": "127.0.0.1", "bootstrap_port": kv_port.port}
+    body["bootstrap_room"] = 2**64 - 1
+    (ds, decoded), (ps, prefilled) = await asyncio.gather(
+        post(pair.decode, "/v1/completions", body), post(pair.prefill, "/v1/completions", body)
+    )
+    assert (ds, ps) == (200, 200)
+    assert decoded["usage"]["completion_tokens"] == 4 and prefilled["usage"]["completion_tokens"] == 1
+    model_bytes = SCALE.model_bytes(expected_wire_bytes(pair.prefill_engine, 1000))
+    assert metric_value(await metrics_text(pair.decode), "prfaas_engine_kv_bytes_received_total") == model_bytes
+
+
+async def test_sglang_decode_without_a_prefill_times_out_with_an_error(pair: Pair) -> None:
+    kv = pair.prefill_engine.kv_listen
+    assert kv is not None
+    body = {"prompt": "x", "bootstrap_host": kv.host, "bootstrap_port": kv.port, "bootstrap_room": 42}
+    status, answer = await post(pair.decode, "/v1/completions", body)
+    assert status == 404 and "bootstrap room 42" in answer["error"]["message"]
+
+
+async def test_duplicate_bootstrap_room_is_a_conflict(pair: Pair) -> None:
+    body = {"prompt": "x", "bootstrap_host": "h", "bootstrap_port": 1, "bootstrap_room": 7}
+    assert (await post(pair.prefill, "/v1/completions", body))[0] == 200
+    status, answer = await post(pair.prefill, "/v1/completions", body)
+    assert status == 409 and "already held" in answer["error"]["message"]
+
+
+async def test_advertised_kv_address_differs_from_where_it_listens() -> None:
+    listen, advertise = HostPort("127.0.0.1", free_port()), HostPort("127.0.0.1", free_port())
+    app = create_app(EngineConfig(role="prefill", port=0, scale=SCALE, kv_listen=listen, kv_advertise=advertise))
+    async with serving(app) as url, aiohttp.ClientSession(url) as client:
+        _, pre = await post(
+            client, "/v1/completions", {"prompt": "x", "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}
+        )
+        assert (pre["kv_transfer_params"]["remote_host"], pre["kv_transfer_params"]["remote_port"]) == (
+            advertise.host,
+            advertise.port,
+        )
+        assert app[ENGINE_KEY].kv_listen == listen

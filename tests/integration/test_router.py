@@ -1,0 +1,240 @@
+"""The router over real sockets, against real engine and link emulator processes: both routes, the vLLM
+PD exchange, streaming with the openai SDK, bad input, the gateway's auth, every failure path (no request
+lost), client disconnects, backpressure and hot reload."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from router_stack import BYTE_SCALE, Stack, start_stack
+from testbed_support import http, metric_value, processes, wait_for
+
+from prfaas_core.kv import kv_model_from_profile
+from prfaas_core.profiles import builtin_model_profiles
+
+KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
+
+
+def prompt(tokens: int) -> str:
+    """A prompt of ``tokens`` tokens (chars4) sharing no prefix block with any other."""
+    head = uuid.uuid4().hex  # 32 chars = 8 tokens, unique
+    return head + "x" * (tokens * 4 - len(head))
+
+
+def complete(stack: Stack, text: str, max_tokens: int = 4, **extra: object) -> tuple[int, object]:
+    return http(
+        "POST",
+        stack.router + "/v1/completions",
+        {"model": "m", "prompt": text, "max_tokens": max_tokens, **extra},
+        timeout_s=30,
+    )
+
+
+def metrics(url: str) -> str:
+    return httpx.get(url + "/metrics", timeout=5).text
+
+
+def counter(url: str, name: str, **labels: str) -> float:
+    try:
+        return metric_value(metrics(url), name, labels)
+    except KeyError:
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("router")
+    with processes(tmp) as procs:
+        yield start_stack(procs, tmp)
+
+
+def test_short_prompt_is_prefilled_locally(stack: Stack) -> None:
+    before = counter(stack.router, "prfaas_router_route_decisions_total", route="local", reason="threshold")
+    status, body = complete(stack, prompt(2_000))
+    assert status == 200, body
+    assert body["choices"][0]["text"] and body["usage"]["prompt_tokens"] == 2_000
+    after = counter(stack.router, "prfaas_router_route_decisions_total", route="local", reason="threshold")
+    assert after == before + 1
+
+
+def test_long_prompt_is_prefilled_remotely_and_its_kv_crosses_the_link(stack: Stack) -> None:
+    link = stack.url("link_admin")
+    bytes_before = counter(link, "prfaas_link_egress_bytes_total", link="a-to-b")
+    remote_before = counter(stack.router, "prfaas_router_requests_total", route="remote", outcome="ok")
+    status, body = complete(stack, prompt(40_000))
+    assert status == 200, body
+    assert counter(stack.router, "prfaas_router_requests_total", route="remote", outcome="ok") == remote_before + 1
+    moved = counter(link, "prfaas_link_egress_bytes_total", link="a-to-b") - bytes_before
+    # the link counts model bytes; what crossed is S_kv of the whole prompt (nothing cached in region B)
+    assert moved == pytest.approx(KV.kv_bytes(40_000), rel=0.02, abs=2 / BYTE_SCALE)
+
+
+def test_repeated_long_prompt_hits_the_pd_prefix_and_stays_local(stack: Stack) -> None:
+    text = prompt(30_000)
+    assert complete(stack, text)[0] == 200
+    before = counter(stack.router, "prfaas_router_route_decisions_total", route="local", reason="threshold")
+    assert complete(stack, text + " and one more question")[0] == 200
+    assert counter(stack.router, "prfaas_router_route_decisions_total", route="local", reason="threshold") == before + 1
+
+
+def test_openai_sdk_streams_chat_with_usage_through_the_router(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=stack.router + "/v1", api_key="unused", timeout=30)
+    for size in (500, 30_000):  # one local, one remote
+        chunks = list(
+            client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": prompt(size)}],
+                max_tokens=5,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert len(text.split()) == 5
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (json.dumps({"model": "m"}).encode(), 400, "'prompt'"),
+        (json.dumps({"model": "m", "prompt": "hi", "stream": "yes"}).encode(), 400, "'stream'"),
+    ],
+)
+def test_malformed_requests_get_a_4xx_naming_the_problem(stack: Stack, body: bytes, status: int, needle: str) -> None:
+    resp = httpx.post(stack.router + "/v1/completions", content=body, timeout=10)
+    assert resp.status_code == status and needle in resp.text
+
+
+def test_oversized_body_is_413(stack: Stack) -> None:
+    big = {"model": "m", "prompt": "x" * (9 << 20)}
+    resp = httpx.post(stack.router + "/v1/completions", json=big, timeout=30)
+    assert resp.status_code == 413
+
+
+def test_gateway_requires_its_token_and_serves_prefill_legs_only(stack: Stack) -> None:
+    gw = stack.url("gateway")
+    body = {"model": "m", "prompt": "hello", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    assert httpx.post(gw + "/v1/completions", json=body, timeout=10).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert httpx.post(gw + "/v1/completions", json=body, headers=wrong, timeout=10).status_code == 401
+    auth = {"Authorization": "Bearer s3cret-token"}
+    plain = {"model": "m", "prompt": "hello", "max_tokens": 1}
+    resp = httpx.post(gw + "/v1/completions", json=plain, headers=auth, timeout=10)
+    assert resp.status_code == 400 and "prefill legs only" in resp.text
+    resp = httpx.post(gw + "/v1/completions", json=body, headers=auth, timeout=10)
+    assert resp.status_code == 200 and resp.json()["kv_transfer_params"]["do_remote_prefill"] is True
+    assert "s3cret" not in (stack.dir / "gateway.log").read_text() + (stack.dir / "router.log").read_text()
+
+
+def test_client_disconnect_cancels_both_legs(stack: Stack) -> None:
+    async def go() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {"model": "m", "prompt": prompt(1_000), "max_tokens": 20_000, "stream": True}
+            async with client.stream("POST", stack.router + "/v1/completions", json=body) as resp:
+                assert resp.status_code == 200
+                async for _ in resp.aiter_bytes():
+                    break  # first chunk, then hang up
+
+    asyncio.run(go())
+
+    def decode_idle() -> bool:
+        return metric_value(metrics(stack.url("pdd")), "vllm:num_requests_running") == 0
+
+    wait_for(decode_idle, 30, "the decode engine to drop the abandoned stream")
+    assert counter(stack.router, "prfaas_router_requests_total", route="local", outcome="cancelled") >= 1
+
+
+def test_remote_5xx_falls_back_to_local_prefill(stack: Stack) -> None:
+    prf = stack.url("prf")
+    assert http("POST", prf + "/admin/faults", {"error_rate": 1.0})[0] == 200
+    try:
+        before = counter(stack.router, "prfaas_router_fallbacks_total")
+        statuses = [complete(stack, prompt(40_000))[0] for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        assert counter(stack.router, "prfaas_router_fallbacks_total") >= before + 1
+    finally:
+        http("POST", prf + "/admin/faults", {"error_rate": 0.0})
+
+
+def test_decode_dying_mid_stream_ends_that_stream_with_an_error(stack: Stack) -> None:
+    pdd = stack.url("pdd")
+    assert http("POST", pdd + "/admin/faults", {"drop_mid_stream": 1.0})[0] == 200
+    try:
+        body = {"model": "m", "prompt": prompt(500), "max_tokens": 50, "stream": True}
+        with httpx.stream("POST", stack.router + "/v1/completions", json=body, timeout=15) as resp:
+            text = resp.read().decode()
+        assert resp.status_code == 200
+        assert '"error"' in text and "broke" in text
+    finally:
+        http("POST", pdd + "/admin/faults", {"drop_mid_stream": 0.0})
+    assert complete(stack, prompt(500))[0] == 200  # others unaffected
+
+
+def test_hot_reload_applies_limits_and_backpressure_answers_429(stack: Stack) -> None:
+    stack.write_router_config(limits={"maxInFlight": 1, "retryAfterSeconds": 3})
+    pdd = stack.url("pdd")
+    http("POST", pdd + "/admin/faults", {"slow_factor": 50.0})
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {"model": "m", "prompt": prompt(100), "max_tokens": 20}
+            return list(
+                await asyncio.gather(*(client.post(stack.router + "/v1/completions", json=body) for _ in range(4)))
+            )
+
+    try:
+
+        def reloaded() -> bool:
+            return any(r.status_code == 429 for r in asyncio.run(burst()))
+
+        wait_for(reloaded, 15, "the reloaded limit to answer 429")
+        rejected = [r for r in asyncio.run(burst()) if r.status_code == 429]
+        assert rejected and rejected[0].headers["Retry-After"] == "3"
+    finally:
+        http("POST", pdd + "/admin/faults", {"slow_factor": 1.0})
+        stack.write_router_config(limits={})
+
+
+def test_invalid_config_file_keeps_the_previous_config(stack: Stack) -> None:
+    good = (stack.dir / "router.json").read_text()
+    (stack.dir / "router.json").write_text('{"pdCluster": "pd", "thresholdMinTokens": -5}')
+    try:
+        wait_for(lambda: "invalid RouterConfig" in (stack.dir / "router.log").read_text(), 10, "the reload error")
+        assert complete(stack, prompt(100))[0] == 200
+    finally:
+        (stack.dir / "router.json").write_text(good)
+
+
+def test_gateway_down_opens_the_breaker_and_nothing_is_lost(tmp_path: Path) -> None:
+    with processes(tmp_path) as procs:
+        st = start_stack(procs, tmp_path)
+        gateway = next(p for name, p in procs.procs if name == "gateway")
+        gateway.kill()
+        gateway.wait(5)
+        statuses = [complete(st, prompt(40_000))[0] for _ in range(8)]
+        assert statuses == [200] * 8
+        assert counter(st.router, "prfaas_router_requests_total", route="remote", outcome="ok") == 0
+        unavailable = counter(st.router, "prfaas_router_route_decisions_total", route="local", reason="unavailable")
+        fallbacks = counter(st.router, "prfaas_router_fallbacks_total")
+        assert unavailable + fallbacks == 8
+
+
+def test_link_cut_mid_run_still_answers_every_request(tmp_path: Path) -> None:
+    with processes(tmp_path) as procs:
+        st = start_stack(procs, tmp_path, timeouts={"kvPullSeconds": 2})
+        # cut the link to a trickle: KV pulls across it can no longer finish in time
+        assert http("POST", st.url("link_admin") + "/admin/link", {"capacity_gbps": 0.001})[0] == 200
+        statuses = [complete(st, prompt(40_000))[0] for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        assert counter(st.router, "prfaas_router_fallbacks_total", reason="decode-kv-pull") >= 1

@@ -1,0 +1,69 @@
+"""The engine emulator's prefix cache: chained block hashes and an LRU counted like vLLM's."""
+
+from __future__ import annotations
+
+import pytest
+
+from prfaas_core.tokens import block_hashes
+from prfaas_engine.prefix_cache import PrefixCache
+
+
+def test_only_full_blocks_are_hashed() -> None:
+    assert len(block_hashes(list(range(31)), 16)) == 1
+    assert len(block_hashes(list(range(32)), 16)) == 2
+    assert block_hashes(list(range(15)), 16) == []
+
+
+def test_hashes_chain_so_a_change_invalidates_every_later_block() -> None:
+    base = block_hashes(list(range(64)), 16)
+    changed = list(range(64))
+    changed[20] = 9999  # in block 1
+    other = block_hashes(changed, 16)
+    assert other[0] == base[0]
+    assert all(a != b for a, b in zip(base[1:], other[1:], strict=True))
+
+
+def test_same_block_content_at_another_position_does_not_match() -> None:
+    a = block_hashes([1] * 16 + [2] * 16, 16)
+    b = block_hashes([2] * 16, 16)
+    assert a[1] != b[0]
+
+
+def test_match_counts_leading_cached_blocks_and_keeps_one_token_to_compute() -> None:
+    cache = PrefixCache(capacity_blocks=100, block_size=16)
+    prompt = list(range(48))
+    hashes = block_hashes(prompt, 16)
+    assert cache.match(hashes, len(prompt)) == 0
+    cache.insert(hashes)
+    assert cache.match(hashes, len(prompt)) == 47  # all 3 blocks cached, the last token is recomputed
+    longer = block_hashes([*prompt, *range(100, 116)], 16)
+    assert cache.match(longer, 64) == 48
+    assert (cache.queried_tokens, cache.hit_tokens) == (48 + 48 + 64, 47 + 48)
+
+
+def test_a_gap_stops_the_match() -> None:
+    cache = PrefixCache(capacity_blocks=100, block_size=4)
+    hashes = block_hashes(list(range(12)), 4)
+    cache.insert([hashes[0], hashes[2]])
+    assert cache.match(hashes, 12) == 4
+
+
+def test_lru_evicts_the_least_recently_used_blocks() -> None:
+    cache = PrefixCache(capacity_blocks=2, block_size=4)
+    a, b, c = (block_hashes([i] * 4, 4)[0] for i in range(3))
+    cache.insert([a])
+    cache.insert([b])
+    assert cache.match([a], 5) == 4  # touching a makes b the oldest
+    cache.insert([c])
+    assert len(cache) == 2
+    assert cache.match([b], 5) == 0
+    assert cache.match([a], 5) == 4
+    assert cache.match([c], 5) == 4
+
+
+@pytest.mark.parametrize("capacity", [0])
+def test_zero_capacity_disables_caching(capacity: int) -> None:
+    cache = PrefixCache(capacity_blocks=capacity, block_size=4)
+    hashes = block_hashes(list(range(8)), 4)
+    cache.insert(hashes)
+    assert cache.match(hashes, 8) == 0

@@ -1,0 +1,60 @@
+"""Token estimates, the chat template and the filler output of the engine emulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from prfaas_core.tokens import (
+    OUTPUT_WORDS,
+    CharEstimateTokenizer,
+    WhitespaceTokenizer,
+    build_tokenizer,
+    message_text,
+    output_token,
+    render_chat,
+)
+
+
+@pytest.mark.parametrize(("text", "tokens"), [("", 0), ("abc", 1), ("abcd", 1), ("abcde", 2), ("x" * 4000, 1000)])
+def test_chars4_counts_one_token_per_four_characters(text: str, tokens: int) -> None:
+    assert len(CharEstimateTokenizer(4).encode(text)) == tokens
+
+
+def test_ids_are_stable_and_prefix_preserving() -> None:
+    tok = build_tokenizer("chars4")
+    a = tok.encode("You are a helpful assistant. Question one?")
+    b = tok.encode("You are a helpful assistant. Question two!")
+    assert tok.encode("You are a helpful assistant. Question one?") == a
+    assert a[:8] == b[:8] and a != b
+
+
+def test_whitespace_tokenizer_counts_words() -> None:
+    assert len(WhitespaceTokenizer().encode("  one two\nthree\t four ")) == 4
+
+
+def test_unknown_tokenizer_is_refused() -> None:
+    with pytest.raises(ValueError, match="chars4, whitespace"):
+        build_tokenizer("bpe")
+
+
+def test_chat_template_makes_earlier_turns_a_shared_prefix() -> None:
+    system = {"role": "system", "content": "Be brief."}
+    one = render_chat([system, {"role": "user", "content": "hi"}])
+    two = render_chat([system, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    assert one.endswith("<|assistant|>\n")
+    assert two.startswith(one[: len(one) - len("<|assistant|>\n")])
+
+
+def test_content_parts_join_their_text_and_reject_garbage() -> None:
+    assert message_text([{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]) == "ab"
+    with pytest.raises(ValueError, match="string or a list"):
+        message_text(42)
+    with pytest.raises(ValueError, match="role"):
+        render_chat([{"content": "no role"}])
+
+
+def test_output_words_are_one_chars4_token_each() -> None:
+    tok = CharEstimateTokenizer(4)
+    assert all(len(tok.encode(w)) == 1 for w in OUTPUT_WORDS)
+    assert output_token(0)[1] == OUTPUT_WORDS[0]
+    assert output_token(len(OUTPUT_WORDS))[1] == OUTPUT_WORDS[0]
