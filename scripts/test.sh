@@ -7,6 +7,7 @@ full=0
 if [ "${1:-}" = "--full" ]; then full=1; shift; fi
 scripts/setup.sh
 scripts/system-deps.sh
+scripts/helm-tools.sh >/dev/null   # a real helm binary for tests/integration/test_helm.py
 export PATH="$PWD/.venv/bin:$PATH"
 
 step() { printf '\n== %s\n' "$*"; }

@@ -35,6 +35,12 @@ def configure_logging(level: str = "info") -> None:
 def register(sub: Any) -> None:
     p = sub.add_parser("router", help="run the router (or, by its config, the prefill gateway)", description=__doc__)
     p.add_argument("--config", required=True, metavar="FILE", help="RouterConfig file (JSON or YAML)")
+    p.add_argument(
+        "--settings",
+        metavar="FILE",
+        help="static settings (routing, timeouts, limits, scale blocks) merged over --config, e.g. a "
+        "chart-owned ConfigMap; reloaded too",
+    )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -47,12 +53,13 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     try:
-        load_config(args.config)
+        load_config(args.config, args.settings)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(Path(args.config), args.host, args.port))
+        settings = Path(args.settings) if args.settings else None
+        asyncio.run(serve(Path(args.config), args.host, args.port, settings))
     except KeyboardInterrupt:
         return 0
     return 0

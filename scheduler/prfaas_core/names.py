@@ -44,6 +44,9 @@ ANNOTATION_DRAIN_STARTED: Final = f"{API_GROUP}/drain-started"
 ANNOTATION_PAUSED: Final = f"{API_GROUP}/paused"
 """Set to "true" on a PrFaaS object to pause its reconciliation (the operator records that it is paused)."""
 
+ANNOTATION_POD_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
+"""Kubernetes' annotation: a Deployment scaling down removes the pod with the lowest cost first."""
+
 FINALIZER: Final = f"{API_GROUP}/finalizer"
 
 # --- Metric names: our own components -------------------------------------------------------------------
@@ -57,6 +60,7 @@ METRIC_ROUTER_FALLBACKS: Final = "prfaas_router_fallbacks_total"
 METRIC_ROUTER_DECISION_SECONDS: Final = "prfaas_router_decision_seconds"
 METRIC_ROUTER_IN_FLIGHT: Final = "prfaas_router_in_flight"
 METRIC_ROUTER_LINK_EGRESS_GBPS: Final = "prfaas_router_link_egress_estimate_gbps"
+METRIC_ROUTER_LINK_CAP_GBPS: Final = "prfaas_router_link_cap_gbps"
 METRIC_ROUTER_LINK_SCARCE: Final = "prfaas_router_link_scarce"
 METRIC_ROUTER_REMOTE_BYTES: Final = "prfaas_router_remote_kv_bytes_total"
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
@@ -84,6 +88,10 @@ METRIC_ENGINE_DRAINING: Final = "prfaas_engine_draining"
 METRIC_OPERATOR_DECISIONS: Final = "prfaas_operator_decisions_total"
 METRIC_OPERATOR_RECONCILE_SECONDS: Final = "prfaas_operator_reconcile_duration_seconds"
 METRIC_OPERATOR_PROMETHEUS_ERRORS: Final = "prfaas_operator_prometheus_errors_total"
+METRIC_OPERATOR_API_RETRIES: Final = "prfaas_operator_api_retries_total"
+METRIC_OPERATOR_LEADER: Final = "prfaas_operator_leader"
+METRIC_OPERATOR_CYCLE_SECONDS: Final = "prfaas_operator_cycle_duration_seconds"
+METRIC_OPERATOR_PROMETHEUS_QUERIES: Final = "prfaas_operator_prometheus_queries_total"
 METRIC_OPERATOR_ROLE_INSTANCES: Final = "prfaas_operator_role_instances"
 
 # --- Metric names: vLLM's, which the engines (and our emulator) export -----------------------------------

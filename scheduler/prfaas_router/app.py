@@ -35,6 +35,7 @@ def create_app(
     config: RouterConfig,
     config_path: Path | None = None,
     clock: Callable[[], float] = time.monotonic,
+    settings_path: Path | None = None,
     http_limits: httpx.Limits | None = None,
 ) -> web.Application:
     """A router (or gateway) app over ``config``; with ``config_path`` the file is watched and reloaded."""
@@ -49,7 +50,7 @@ def create_app(
     app = web.Application(client_max_size=config.limits.max_body_bytes)
     app[RUNTIME], app[PROXY], app[GATEWAY], app[METRICS] = runtime, proxy, gateway, metrics
     signals = Signals(runtime, http, metrics)
-    watcher = ConfigWatcher(config_path) if config_path else None
+    watcher = ConfigWatcher(config_path, settings_path) if config_path else None
     if watcher is not None:
         watcher.poll()  # record the current digest
 
@@ -130,10 +131,10 @@ def server_ssl_context(config: RouterConfig) -> ssl.SSLContext | None:
     return ctx
 
 
-async def serve(config_path: Path, host: str, port: int) -> None:
+async def serve(config_path: Path, host: str, port: int, settings_path: Path | None = None) -> None:
     """Run until cancelled (the CLI's ``prfaas router``)."""
-    config, _ = load_config(config_path)
-    app = create_app(config, config_path)
+    config, _ = load_config(config_path, settings_path)
+    app = create_app(config, config_path, settings_path=settings_path)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=server_ssl_context(config), backlog=4096)

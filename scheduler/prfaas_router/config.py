@@ -20,13 +20,33 @@ class ConfigError(ValueError):
     """The config file is unreadable or invalid; the message names the file and the field."""
 
 
-def parse_config(text: str, source: str) -> RouterConfig:
+SETTINGS_KEYS = frozenset({"routing", "timeouts", "limits", "scale"})
+"""What a static settings file (``--settings``, a chart-owned ConfigMap) may set over the published config."""
+
+
+def _mapping(text: str, source: str) -> dict[str, object]:
     try:
         raw = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{source}: not valid {'JSON' if source.endswith('.json') else 'YAML'}: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
+    return raw
+
+
+def parse_settings(text: str, source: str) -> dict[str, object]:
+    raw = _mapping(text, source)
+    unknown = sorted(set(raw) - SETTINGS_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: a settings file may set only {sorted(SETTINGS_KEYS)}, not {unknown}")
+    return raw
+
+
+def parse_config(text: str, source: str, settings: dict[str, object] | None = None) -> RouterConfig:
+    raw = _mapping(text, source)
+    for key, value in (settings or {}).items():
+        base = raw.get(key)
+        raw[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
     model, issues = model_issues(RouterConfig, raw)
     if model is None:
         detail = "; ".join(f"{i.path or '<config>'}: {i.message}" for i in issues)
@@ -35,38 +55,53 @@ def parse_config(text: str, source: str) -> RouterConfig:
     return model
 
 
-def load_config(path: str | Path) -> tuple[RouterConfig, str]:
-    """The config and its content hash."""
-    p = Path(path)
+def _read(path: Path) -> bytes:
     try:
-        data = p.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc}") from exc
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+
+
+def load_config(path: str | Path, settings_path: str | Path | None = None) -> tuple[RouterConfig, str]:
+    """The config (with the settings file's blocks merged over it) and the content hash of both."""
+    p = Path(path)
+    data = _read(p)
+    extra = _read(Path(settings_path)) if settings_path else b""
     try:
-        return parse_config(data.decode("utf-8"), str(p)), hashlib.sha256(data).hexdigest()
+        settings = parse_settings(extra.decode("utf-8"), str(settings_path)) if settings_path else None
+        config = parse_config(data.decode("utf-8"), str(p), settings)
     except (UnicodeDecodeError, ValidationError) as exc:
         raise ConfigError(f"{p}: {exc}") from exc
+    return config, hashlib.sha256(data + b"\0" + extra).hexdigest()
 
 
 @dataclass
 class ConfigWatcher:
-    """Polls ``path``; ``poll()`` returns a new config when the content changed and is valid."""
+    """Polls ``path`` (and the settings file); ``poll()`` returns a new config when the content changed and
+    is valid."""
 
     path: Path
+    settings_path: Path | None = None
     digest: str = ""
     last_error: str | None = None
 
     def poll(self) -> RouterConfig | None:
         try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            self.last_error = f"{self.path}: cannot read: {exc}"
+            data = _read(self.path)
+            extra = _read(self.settings_path) if self.settings_path else b""
+        except ConfigError as exc:
+            self.last_error = str(exc)
             return None
-        digest = hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256(data + b"\0" + extra).hexdigest()
         if digest == self.digest:
             return None
         try:
-            config = parse_config(data.decode("utf-8", errors="replace"), str(self.path))
+            settings = (
+                parse_settings(extra.decode("utf-8", errors="replace"), str(self.settings_path))
+                if self.settings_path
+                else None
+            )
+            config = parse_config(data.decode("utf-8", errors="replace"), str(self.path), settings)
         except ConfigError as exc:
             self.last_error = str(exc)
             self.digest = digest  # report once per bad version, keep the old config

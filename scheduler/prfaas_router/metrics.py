@@ -60,6 +60,12 @@ class RouterMetrics:
         self.link_egress = Gauge(
             names.METRIC_ROUTER_LINK_EGRESS_GBPS, "Estimated link egress (model Gbps).", ["link"], registry=r
         )
+        self.link_cap = Gauge(
+            names.METRIC_ROUTER_LINK_CAP_GBPS,
+            "The link's cap: capacity x maxUtilization (model Gbps).",
+            ["link"],
+            registry=r,
+        )
         self.link_scarce = Gauge(names.METRIC_ROUTER_LINK_SCARCE, "1 while the link is scarce.", ["link"], registry=r)
         self.remote_bytes = Counter(
             names.METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"),

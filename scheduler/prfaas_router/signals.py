@@ -130,6 +130,7 @@ class Signals:
             if links[name].mode != prev.mode:
                 log.info("link state changed", link=name, mode=links[name].mode, reason=links[name].reason)
             self.metrics.link_egress.labels(name).set(links[name].egress_gbps)
+            self.metrics.link_cap.labels(name).set(params.cap_gbps)
             self.metrics.link_scarce.labels(name).set(1 if links[name].scarce else 0)
         window = c.config.routing.threshold_window_seconds
         recent = [length for t, length in rt.recent if now - t <= window]

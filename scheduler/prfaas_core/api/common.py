@@ -107,6 +107,14 @@ class DecisionRecord(ApiModel):
     threshold_tokens: int | None = Field(default=None, ge=0, description="Threshold t published with it.")
 
 
+class LoopMemory(ApiModel):
+    """What the long-term loop must remember between cycles that the cluster itself does not show: the
+    current verdict and for how many consecutive cycles it held (so a restart does not reset hysteresis)."""
+
+    verdict: Literal["decode-bound", "prefill-bound"] | None = Field(default=None, description="Current verdict.")
+    streak: int = Field(default=0, ge=0, le=1_000_000, description="Consecutive cycles it has held.")
+
+
 class RoleStatus(ApiModel):
     """Instance counts of one role."""
 

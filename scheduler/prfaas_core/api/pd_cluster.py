@@ -14,7 +14,7 @@ from pydantic import Field
 
 from ..names import GROUP_VERSION, KIND_PD_CLUSTER
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
-from .common import DecisionRecord, PDClusterSummary, Region, RoleRange, RoleStatus, SloSpec
+from .common import DecisionRecord, LoopMemory, PDClusterSummary, Region, RoleRange, RoleStatus, SloSpec
 from .hardware import HardwareSpec
 
 _SELECTOR = 'namespace="$namespace", pd_cluster="$pd_cluster", role="$role"'
@@ -270,6 +270,7 @@ class PDClusterStatus(ApiModel):
         default_factory=list, max_length=100, description="Recent decisions, newest last (bounded)."
     )
     router_config_map: str | None = Field(default=None, description="ConfigMap holding the routers' config.")
+    loop: LoopMemory | None = Field(default=None, description="The long-term loop's memory across restarts.")
     summary: PDClusterSummary = Field(default_factory=PDClusterSummary, description="Printer-column strings.")
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -68,6 +68,7 @@ class RolePolicyParams:
             step_size=p.step_size,
             flip_to_decode_ratio=p.flip_to_decode_ratio,
             flip_to_prefill_ratio=p.flip_to_prefill_ratio,
+            drain_poll_s=min(5.0, float(p.period_seconds)),
             prefill_min=spec.roles.prefill.min,
             prefill_max=spec.roles.prefill.max,
             decode_min=spec.roles.decode.min,

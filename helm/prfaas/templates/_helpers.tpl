@@ -1,0 +1,243 @@
+{{/* ---------------------------------------------------------------------------------------------------
+Names and labels
+--------------------------------------------------------------------------------------------------- */}}
+
+{{/* The chart name (nameOverride wins). */}}
+{{- define "prfaas.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The object-name prefix: <release>-<chart>, or the release name when it already contains the chart name. */}}
+{{- define "prfaas.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* name-version, for the helm.sh/chart label. */}}
+{{- define "prfaas.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "prfaas.labels" -}}
+helm.sh/chart: {{ include "prfaas.chart" . }}
+app.kubernetes.io/name: {{ include "prfaas.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: prfaas
+{{- with .Values.region }}
+prfaas.io/region: {{ . | quote }}
+{{- end }}
+{{- range $k, $v := .Values.commonLabels }}
+{{ $k }}: {{ $v | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "operator"). */}}
+{{- define "prfaas.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "prfaas.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* All labels of one component's objects: (dict "root" $ "component" "operator"). */}}
+{{- define "prfaas.componentLabels" -}}
+{{ include "prfaas.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The one image of every component. */}}
+{{- define "prfaas.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+{{- end }}
+
+{{/* ---------------------------------------------------------------------------------------------------
+Operator
+--------------------------------------------------------------------------------------------------- */}}
+
+{{- define "prfaas.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (printf "%s-operator" (include "prfaas.fullname" .)) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "prfaas.operator.leaseName" -}}
+{{- default (printf "%s-operator" (include "prfaas.fullname" .)) .Values.operator.lease.name }}
+{{- end }}
+
+{{/* The namespaces the operator serves, as a JSON list (empty watchNamespaces: the release namespace). */}}
+{{- define "prfaas.operator.namespaces" -}}
+{{- if .Values.operator.watchNamespaces }}
+{{- .Values.operator.watchNamespaces | uniq | toJson }}
+{{- else }}
+{{- list .Release.Namespace | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* One RBAC rule of files/operator-rbac.yaml, without its documentation keys: (dict "root" $ "rule" $rule). */}}
+{{- define "prfaas.operator.rule" -}}
+{{- $rule := .rule }}
+{{- $out := dict "apiGroups" $rule.apiGroups "resources" $rule.resources "verbs" $rule.verbs }}
+{{- if eq (default "" $rule.resourceNamesFrom) "lease" }}
+{{- $_ := set $out "resourceNames" (list (include "prfaas.operator.leaseName" .root)) }}
+{{- else if and (eq (default "" $rule.resourceNamesFrom) "secrets") .root.Values.operator.rbac.secretNames }}
+{{- $_ := set $out "resourceNames" .root.Values.operator.rbac.secretNames }}
+{{- end }}
+{{- list $out | toYaml }}
+{{- end }}
+
+{{/* ---------------------------------------------------------------------------------------------------
+Router (standalone and sidecar)
+--------------------------------------------------------------------------------------------------- */}}
+
+{{/* The ConfigMap the operator writes for a PDCluster (never templated by this chart): router_config.py. */}}
+{{- define "prfaas.router.configMapName" -}}
+{{- printf "%s-router-config" (required "router.pdCluster is required for the router and its sidecar" .Values.router.pdCluster) }}
+{{- end }}
+
+{{/* The chart-owned ConfigMap of the router's static settings. */}}
+{{- define "prfaas.router.settingsName" -}}
+{{- printf "%s-router-settings" (include "prfaas.fullname" .) }}
+{{- end }}
+
+{{- define "prfaas.router.configDir" -}}/etc/prfaas/router{{- end }}
+{{- define "prfaas.secretsDir" -}}/var/run/prfaas/secrets{{- end }}
+
+{{/* Volume mounts of a router container: the operator's ConfigMap and the remote gateways' Secrets. */}}
+{{- define "prfaas.router.volumeMounts" -}}
+- name: prfaas-router-config
+  mountPath: {{ include "prfaas.router.configDir" . }}
+  readOnly: true
+{{- range $i, $name := .Values.router.secrets }}
+- name: prfaas-secret-{{ $i }}
+  mountPath: {{ include "prfaas.secretsDir" $ }}/{{ $name }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The router's volumes. The operator's ConfigMap is optional: a router started before the operator wrote it
+restarts until it appears (kubelet then fills the volume; later changes are hot-reloaded by the router).
+*/}}
+{{- define "prfaas.routerSidecar.volumes" -}}
+- name: prfaas-router-config
+  configMap:
+    name: {{ include "prfaas.router.configMapName" . }}
+    optional: true
+{{- range $i, $name := .Values.router.secrets }}
+- name: prfaas-secret-{{ $i }}
+  secret:
+    secretName: {{ $name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The router as a sidecar container of an engine pod. Include it in your engine pod template's `containers`
+and "prfaas.routerSidecar.volumes" in its `volumes`, with this chart as a dependency of yours:
+
+    containers:
+      - name: vllm
+        ports: [{name: http, containerPort: 8000}]
+      {{- include "prfaas.routerSidecar.container" . | nindent 6 }}
+    volumes:
+      {{- include "prfaas.routerSidecar.volumes" . | nindent 6 }}
+
+Clients then call port `router` (sidecar.port) of any engine pod. The engine's own port must be named
+"http": the operator addresses engines by that port, not the sidecar's.
+*/}}
+{{- define "prfaas.routerSidecar.container" -}}
+- name: prfaas-router
+  image: {{ include "prfaas.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - router
+    - --config
+    - $(PRFAAS_ROUTER_CONFIG)
+    - --host
+    - $(PRFAAS_ROUTER_HOST)
+    - --port
+    - $(PRFAAS_ROUTER_PORT)
+    - --log-level
+    - $(PRFAAS_ROUTER_LOG_LEVEL)
+  envFrom:
+    - configMapRef:
+        name: {{ include "prfaas.router.settingsName" . }}
+  env:
+    - name: PRFAAS_ROUTER_PORT
+      value: {{ .Values.sidecar.port | quote }}
+  ports:
+    - name: router
+      containerPort: {{ .Values.sidecar.port }}
+      protocol: TCP
+  readinessProbe:
+    httpGet:
+      path: /health
+      port: router
+    periodSeconds: 5
+  livenessProbe:
+    httpGet:
+      path: /health
+      port: router
+    periodSeconds: 10
+    failureThreshold: 6
+  volumeMounts:
+    {{- include "prfaas.router.volumeMounts" . | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  resources:
+    {{- toYaml .Values.sidecar.resources | nindent 4 }}
+{{- end }}
+
+{{/* ---------------------------------------------------------------------------------------------------
+Gateway (region A)
+--------------------------------------------------------------------------------------------------- */}}
+
+{{- define "prfaas.gateway.dir" -}}/var/run/prfaas/gateway{{- end }}
+
+{{/* The gateway's RouterConfig (mode: gateway), rendered from values; validated by the test suite. */}}
+{{- define "prfaas.gateway.config" -}}
+{{- $gw := .Values.gateway }}
+{{- $cluster := required "gateway.prefillCluster is required with gateway.enabled" $gw.prefillCluster }}
+{{- $endpoints := list }}
+{{- range $gw.endpoints }}
+{{- $endpoints = append $endpoints (dict "name" .name "url" .url "role" "prefill") }}
+{{- end }}
+{{- if and (not $endpoints) .Values.demo.enabled .Values.demo.prefill.enabled }}
+{{- $svc := printf "http://%s:8000" .Values.demo.prefill.name }}
+{{- $endpoints = list (dict "name" .Values.demo.prefill.name "url" $svc "role" "prefill") }}
+{{- end }}
+{{- if not $endpoints }}
+{{- fail "gateway.endpoints is empty: list the PrFaaS instances the gateway fronts" }}
+{{- end }}
+{{- if not $gw.modelProfile }}
+{{- fail "gateway.modelProfile is required (the ModelProfile spec of the served model)" }}
+{{- end }}
+{{- $serving := dict "prefillCluster" $cluster }}
+{{- if $gw.token.secretName }}
+{{- $_ := set $serving "tokenFile" (printf "%s/token/%s" (include "prfaas.gateway.dir" .) $gw.token.key) }}
+{{- end }}
+{{- if $gw.tls.enabled }}
+{{- $_ := set $serving "tlsCertFile" (printf "%s/tls/tls.crt" (include "prfaas.gateway.dir" .)) }}
+{{- $_ := set $serving "tlsKeyFile" (printf "%s/tls/tls.key" (include "prfaas.gateway.dir" .)) }}
+{{- end }}
+{{- $config := dict "pdCluster" $cluster "mode" "gateway" "thresholdMinTokens" 0 "endpoints" $endpoints "model" $gw.modelProfile "gateway" $serving "prfaasHardware" $gw.hardware }}
+{{- if .Values.demo.enabled }}
+{{- $_ := set $config "scale" (dict "timeScale" .Values.demo.timeScale "byteScale" .Values.demo.byteScale) }}
+{{- end }}
+{{- toPrettyJson $config }}
+{{- end }}

@@ -1,0 +1,94 @@
+"""The Kubernetes actuator: drain, then flip — by relabelling pods or by scaling two workloads.
+
+*Relabel* (one shared workload, engines run ``kv_both``): a drain sets ``prfaas.io/draining=true`` and the
+``prfaas.io/drain-started`` annotation on the pod (routers read the draining list from the router config
+and send it no new work); the flip sets ``prfaas.io/role`` to the new role, removes the drain marks and
+stamps ``prfaas.io/last-role-flip`` (the cooldown survives restarts through it).
+
+*Scale* (separate prefill and decode workloads): the drain is the same, plus a low
+``controller.kubernetes.io/pod-deletion-cost`` so a Deployment removes the drained pod first; the flip stamps
+``last-role-flip`` on the drained pod (it is retired: no longer counted, never flipped again) and then writes
+both workloads' replica counts through their ``scale`` subresource as *absolute* values (idempotent on retry).
+The operator is the one writer of those replica counts; no HPA may target the same workloads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prfaas_core.api import PDCluster, WorkloadRef
+from prfaas_core.names import (
+    ANNOTATION_DRAIN_STARTED,
+    ANNOTATION_LAST_FLIP,
+    ANNOTATION_POD_DELETION_COST,
+    LABEL_DRAINING,
+    LABEL_ROLE,
+)
+from prfaas_core.policy.roles import RoleDecision
+
+from .kube import JsonDict, KubeApi, api_path
+from .registry import World
+from .status import iso
+
+DELETION_COST = ANNOTATION_POD_DELETION_COST
+WORKLOAD_PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets", "LeaderWorkerSet": "leaderworkersets"}
+
+
+def workload_path(ref: WorkloadRef, namespace: str, sub: str | None = None) -> str:
+    return api_path(ref.api_version, WORKLOAD_PLURALS[ref.kind], namespace, ref.name, sub)
+
+
+class KubeActuator:
+    """Applies one PD cluster's decisions; every write goes through the retrying client."""
+
+    def __init__(self, api: KubeApi, world: World) -> None:
+        self.api = api
+        self.world = world
+
+    async def _patch_pod(self, namespace: str, name: str, labels: dict[str, Any], annotations: dict[str, Any]) -> None:
+        body: JsonDict = {"metadata": {}}
+        if labels:
+            body["metadata"]["labels"] = labels
+        if annotations:
+            body["metadata"]["annotations"] = annotations
+        patched = await self.api.patch(api_path("v1", "pods", namespace, name), body)
+        if patched.get("metadata"):
+            self.world.upsert_pod(patched)  # our own write is visible to the next cycle at once
+
+    async def assign(self, namespace: str, roles: Iterable[tuple[str, str]]) -> None:
+        """Give unlabelled instances their first role (no drain: they serve nothing yet)."""
+        for name, role in roles:
+            await self._patch_pod(namespace, name, {LABEL_ROLE: role}, {})
+
+    async def apply(self, pd: PDCluster, decision: RoleDecision, now_s: float) -> None:
+        namespace = pd.metadata.namespace or "default"
+        scale = pd.spec.role_assignment.mode == "Scale"
+        stamp = iso(now_s)
+        for name in decision.drain:
+            annotations: dict[str, Any] = {ANNOTATION_DRAIN_STARTED: stamp}
+            if scale:
+                annotations[DELETION_COST] = "-1000"
+            await self._patch_pod(namespace, name, {LABEL_DRAINING: "true"}, annotations)
+        if not decision.flip:
+            return
+        if not scale:
+            for name, role in decision.flip:
+                await self._patch_pod(
+                    namespace,
+                    name,
+                    {LABEL_ROLE: role, LABEL_DRAINING: None},
+                    {ANNOTATION_LAST_FLIP: stamp, ANNOTATION_DRAIN_STARTED: None},
+                )
+            return
+        for name, _ in decision.flip:  # retire first: a crash after this can lose a flip, never repeat one
+            await self._patch_pod(namespace, name, {}, {ANNOTATION_LAST_FLIP: stamp})
+        workloads = pd.spec.workloads
+        assert workloads.prefill is not None and workloads.decode is not None  # the spec's CEL rule
+        grow, shrink = (
+            ((workloads.decode, decision.decode_to), (workloads.prefill, decision.prefill_to))
+            if decision.action == "FlipToDecode"
+            else ((workloads.prefill, decision.prefill_to), (workloads.decode, decision.decode_to))
+        )
+        for ref, replicas in (grow, shrink):  # up first, so capacity never dips below the target
+            await self.api.patch(workload_path(ref, namespace, "scale"), {"spec": {"replicas": replicas}})

@@ -1,0 +1,72 @@
+"""The operator's own settings (command line or environment), validated once at startup."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class OperatorConfig(BaseModel):
+    """Everything the operator process is configured with. Times are seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespaces: tuple[str, ...] = Field(default=(), description="Namespaces to serve; empty with all_namespaces.")
+    all_namespaces: bool = Field(default=False, description="Serve every namespace (cluster-wide).")
+    prometheus_url: str = Field(default="http://127.0.0.1:9090", description="Default Prometheus base URL.")
+    prometheus_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one Prometheus query.")
+    metrics_port: int | None = Field(default=8080, ge=0, le=65535, description="Port of /metrics; None: off.")
+    metrics_host: str = Field(default="0.0.0.0", description="Address /metrics binds to.")
+    kubeconfig: str | None = Field(default=None, description="kubeconfig path; None: $KUBECONFIG or in-cluster.")
+    lease_name: str = Field(default="prfaas-operator", description="coordination.k8s.io/v1 Lease name.")
+    lease_namespace: str | None = Field(default=None, description="Namespace of the Lease; default: first served.")
+    lease_duration_s: float = Field(
+        default=15.0, gt=0, description="A leader that has not renewed for this long is presumed gone."
+    )
+    lease_renew_s: float = Field(default=5.0, gt=0, description="How often the leader renews (and others retry).")
+    identity: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}",
+        description="This replica's holder identity in the Lease.",
+    )
+    tick_s: float = Field(default=1.0, gt=0, description="How often the cycle checks what is due.")
+    link_period_s: float = Field(default=15.0, gt=0, description="Period of link measurements.")
+    gateway_period_s: float = Field(default=15.0, gt=0, description="Period of remote gateway status reads.")
+    api_retries: int = Field(default=5, ge=0, description="Retries of a Kubernetes API call on 409/429/5xx.")
+    api_backoff_s: float = Field(default=0.2, gt=0, description="First retry delay (doubles each retry).")
+    log_level: str = Field(default="INFO", description="Log level of the operator's JSON logs.")
+
+    @model_validator(mode="after")
+    def _scope(self) -> OperatorConfig:
+        if self.all_namespaces and self.namespaces:
+            raise ValueError("give namespaces or all_namespaces, not both")
+        if not self.all_namespaces and not self.namespaces:
+            raise ValueError("give at least one namespace, or all_namespaces")
+        if self.lease_renew_s >= self.lease_duration_s:
+            raise ValueError("lease_renew_s must be below lease_duration_s")
+        return self
+
+    @property
+    def lease_ns(self) -> str:
+        return self.lease_namespace or (self.namespaces[0] if self.namespaces else "default")
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
+        """For ``kopf run``: PRFAAS_NAMESPACES (comma-separated; unset: all), PRFAAS_PROMETHEUS_URL,
+        PRFAAS_METRICS_PORT, PRFAAS_LEASE_NAME, PRFAAS_LEASE_NAMESPACE, KUBECONFIG."""
+        e = dict(os.environ if env is None else env)
+        namespaces = tuple(n for n in e.get("PRFAAS_NAMESPACES", "").split(",") if n)
+        kwargs: dict[str, object] = {"namespaces": namespaces, "all_namespaces": not namespaces}
+        if "PRFAAS_PROMETHEUS_URL" in e:
+            kwargs["prometheus_url"] = e["PRFAAS_PROMETHEUS_URL"]
+        if "PRFAAS_METRICS_PORT" in e:
+            kwargs["metrics_port"] = int(e["PRFAAS_METRICS_PORT"])
+        if "PRFAAS_LEASE_NAME" in e:
+            kwargs["lease_name"] = e["PRFAAS_LEASE_NAME"]
+        if "PRFAAS_LEASE_NAMESPACE" in e:
+            kwargs["lease_namespace"] = e["PRFAAS_LEASE_NAMESPACE"]
+        if e.get("KUBECONFIG"):
+            kwargs["kubeconfig"] = e["KUBECONFIG"].split(os.pathsep)[0]
+        return cls.model_validate(kwargs)

@@ -1,0 +1,98 @@
+"""kopf registrations, and nothing else: each handler parses the object into the core's model and hands it
+to the operator (``memo.operator``), whose reconcile code does the work.
+
+* create/update/resume: parse, store, reconcile at the next tick (invalid specs and dangling references
+  turn ``Ready=False`` with an Event there);
+* delete: forget; a PDCluster's finalizer removes its router ConfigMap first (the one thing it owns);
+* no per-object kopf timers: the periodic work is one batched cycle (:mod:`.cycle`), and kopf would put a
+  finalizer on every object that has a timer;
+* pod events (pods labelled ``prfaas.io/pd-cluster``) keep the instance cache fresh;
+* settings, the Lease, the cycle and the metrics server start in the one startup handler.
+
+Every replica keeps its cache warm; only the Lease holder writes anything. A non-leader's delete handler
+fails temporarily instead of succeeding, so that the finalizer stays until the leader has cleaned up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from prfaas_core.names import (
+    API_GROUP,
+    API_VERSION,
+    KIND_PD_CLUSTER,
+    LABEL_PD_CLUSTER,
+)
+
+from .config import OperatorConfig
+from .kube import KubeCredentials
+from .registry import PLURALS
+from .runner import Operator, build, configure_settings, connection_info, parse_body, plain
+
+
+def _op(memo: Any) -> Operator:
+    return memo["operator"]  # type: ignore[no-any-return]
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Register every handler on ``registry`` (the CLI's own, or kopf's default for ``kopf run``)."""
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        configure_settings(settings)
+        config = memo.get("config") or OperatorConfig.from_env()
+        memo["operator"] = build(config)
+        await memo["operator"].start()
+
+    @kopf.on.login(registry=registry)
+    def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+        if "operator" in memo:
+            return _op(memo).connection_info()
+        config = memo.get("config") or OperatorConfig.from_env()
+        return connection_info(KubeCredentials.load(config.kubeconfig))
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        if "operator" in memo:
+            await _op(memo).shutdown()
+
+    for kind, plural in PLURALS.items():
+        _register_kind(registry, kind, plural)
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_PD_CLUSTER: kopf.PRESENT}, registry=registry)
+    def pod_event(event: Any, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        world = _op(memo).world
+        if event.get("type") == "DELETED":
+            world.remove_pod(body.metadata.namespace, str(body.metadata.name))
+        else:
+            world.upsert_pod(plain(body))
+
+
+def _register_kind(registry: kopf.OperatorRegistry, kind: str, plural: str) -> None:
+    resource = (API_GROUP, API_VERSION, plural)
+
+    @kopf.on.resume(*resource, registry=registry)
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, registry=registry)
+    def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        entry = parse_body(kind, body)
+        _op(memo).accept(entry, dirty=True)
+
+    if kind == KIND_PD_CLUSTER:
+
+        @kopf.on.delete(*resource, registry=registry)
+        async def pd_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+            op = _op(memo)
+            if not op.leader.is_leader:
+                raise kopf.TemporaryError(
+                    "not the Lease holder; the leader removes the router ConfigMap", delay=op.config.lease_renew_s
+                )
+            await op.pd_deleted(plain(body))
+
+    else:
+
+        @kopf.on.delete(*resource, optional=True, registry=registry)
+        def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+            _op(memo).forget(kind, plain(body))

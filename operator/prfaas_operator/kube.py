@@ -1,0 +1,220 @@
+"""A small asynchronous Kubernetes API client (httpx) with the retries the operator needs.
+
+Why not the official client: it is synchronous, and the operator's few verbs (get, list, merge-patch, create,
+delete, the scale subresource, Leases, Events) fit in one class whose retry rules are explicit: a 409 on an
+unconditional merge patch, a 429, a 5xx and a dropped connection are retried with exponential backoff; a 409
+on a conditional write (``metadata.resourceVersion`` in the patch, as Lease renewals use) is returned to the
+caller, who owns the conflict. Credentials come from a kubeconfig (the official client's loader, so exec
+plugins work) or the in-cluster service account; kopf logs in with the same credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
+MERGE_PATCH = "application/merge-patch+json"
+
+JsonDict = dict[str, Any]
+
+
+class ApiError(Exception):
+    """A Kubernetes API error with its HTTP status and the server's reason and message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class KubeCredentials:
+    """How to reach and authenticate to one API server."""
+
+    server: str
+    token: str | None = None
+    token_file: str | None = None
+    ca_path: str | None = None
+    insecure: bool = False
+    cert_path: str | None = None
+    key_path: str | None = None
+    default_namespace: str | None = None
+
+    def bearer(self) -> str | None:
+        if self.token_file:  # projected service-account tokens rotate: read them fresh
+            return Path(self.token_file).read_text().strip()
+        return self.token
+
+    @classmethod
+    def load(cls, kubeconfig: str | None = None) -> KubeCredentials:
+        """From ``kubeconfig`` (or $KUBECONFIG, ~/.kube/config), else the in-cluster service account."""
+        from kubernetes import client, config  # heavy import; only at startup
+
+        cfg = client.Configuration()
+        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+        default_path = Path.home() / ".kube" / "config"
+        if path is None and default_path.exists():
+            path = str(default_path)
+        if path is None and (SERVICE_ACCOUNT / "token").exists():
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            ns_file = SERVICE_ACCOUNT / "namespace"
+            return cls(
+                server=cfg.host,
+                token_file=str(SERVICE_ACCOUNT / "token"),
+                ca_path=cfg.ssl_ca_cert,
+                default_namespace=ns_file.read_text().strip() if ns_file.exists() else None,
+            )
+        if path is None:
+            raise RuntimeError("no kubeconfig given or found, and not running in a cluster")
+        config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+        token = auth.split(" ", 1)[1] if auth and auth.lower().startswith("bearer ") else auth
+        _, active = config.list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
+        return cls(
+            server=cfg.host,
+            token=token,
+            ca_path=cfg.ssl_ca_cert,
+            insecure=not cfg.verify_ssl,
+            cert_path=cfg.cert_file,
+            key_path=cfg.key_file,
+            default_namespace=(active or {}).get("context", {}).get("namespace"),
+        )
+
+
+def api_path(
+    api_version: str, plural: str, namespace: str | None = None, name: str | None = None, sub: str | None = None
+) -> str:
+    """``/api/v1/namespaces/ns/pods/name/status`` and the like."""
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    parts = [base]
+    if namespace:
+        parts.append(f"namespaces/{namespace}")
+    parts.append(plural)
+    if name:
+        parts.append(name)
+    if sub:
+        parts.append(sub)
+    return "/".join(parts)
+
+
+def labels_match(obj: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+class KubeApi:
+    """One long-lived HTTP client for the operator's API calls; ``on_retry`` counts retries (metrics)."""
+
+    def __init__(
+        self,
+        creds: KubeCredentials,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        timeout_s: float = 10.0,
+        on_retry: Callable[[int], None] | None = None,
+    ) -> None:
+        verify: bool | str = False if creds.insecure else (creds.ca_path or True)
+        cert = (creds.cert_path, creds.key_path) if creds.cert_path and creds.key_path else None
+        self._creds = creds
+        self._client = httpx.AsyncClient(
+            base_url=creds.server.rstrip("/"),
+            verify=verify,
+            cert=cert,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=20, max_keepalive_connections=10),
+        )
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._on_retry = on_retry
+        self.calls = 0
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        retry_conflicts: bool = True,
+    ) -> JsonDict:
+        headers = {"Accept": "application/json"}
+        token = self._creds.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if body is not None:
+            headers["Content-Type"] = content_type
+        attempt = 0
+        while True:
+            self.calls += 1
+            try:
+                resp = await self._client.request(method, path, json=body, params=params, headers=headers)
+            except httpx.TransportError as exc:
+                if attempt >= self.retries:
+                    raise ApiError(0, "ConnectionError", str(exc) or type(exc).__name__) from exc
+                status = 0
+            else:
+                status = resp.status_code
+                if status < 400:
+                    return resp.json() if resp.content else {}
+                retryable = status in RETRYABLE and (status != 409 or retry_conflicts)
+                if not retryable or attempt >= self.retries:
+                    raise _error(resp)
+            attempt += 1
+            if self._on_retry is not None:
+                self._on_retry(status)
+            delay = self.backoff_s * (2 ** (attempt - 1))
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+
+    async def get(self, path: str) -> JsonDict | None:
+        try:
+            return await self.request("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list(self, path: str, selector: Mapping[str, str] | None = None) -> list[JsonDict]:
+        """List objects; the label selector is sent *and* applied here (servers that ignore it still work)."""
+        params = {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())} if selector else None
+        items = (await self.request("GET", path, params=params)).get("items") or []
+        return [i for i in items if not selector or labels_match(i, selector)]
+
+    async def patch(self, path: str, body: JsonDict, *, retry_conflicts: bool = True) -> JsonDict:
+        return await self.request("PATCH", path, body=body, content_type=MERGE_PATCH, retry_conflicts=retry_conflicts)
+
+    async def create(self, path: str, body: JsonDict) -> JsonDict:
+        return await self.request("POST", path, body=body, retry_conflicts=False)
+
+    async def delete(self, path: str) -> bool:
+        """Delete; False when it was already gone."""
+        try:
+            await self.request("DELETE", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+
+def _error(resp: httpx.Response) -> ApiError:
+    try:
+        data = resp.json()
+    except ValueError:
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    return ApiError(resp.status_code, str(data.get("reason") or resp.reason_phrase), str(data.get("message") or ""))

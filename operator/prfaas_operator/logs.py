@@ -1,0 +1,58 @@
+"""structlog JSON logs: one JSON object per line, always with the resource's namespace and name."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+
+def configure(level: str = "INFO") -> None:
+    """JSON lines on stderr for our loggers and kopf's (kopf's own records go through the same renderer)."""
+    lvl = getattr(logging, level.upper(), logging.INFO)
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, _kopf_object],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(lvl)
+    for noisy in ("httpx", "httpcore", "urllib3", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _kopf_object(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """kopf passes the object as ``k8s_ref`` (or in ``extra``); lift namespace/name to the top level."""
+    record = event.get("_record")
+    ref = getattr(record, "k8s_ref", None) if record is not None else None
+    if isinstance(ref, dict):
+        event.setdefault("namespace", ref.get("namespace"))
+        event.setdefault("name", ref.get("name"))
+        event.setdefault("kind", ref.get("kind"))
+    return event
+
+
+def logger(kind: str, namespace: str | None, name: str, **extra: Any) -> Any:
+    """A bound logger for one resource: every line carries kind, namespace and name."""
+    return structlog.get_logger("prfaas_operator").bind(kind=kind, namespace=namespace, name=name, **extra)

@@ -1,0 +1,107 @@
+"""The operator's own metrics (``prfaas_operator_*``), on a registry it owns (no global state).
+
+Decisions are counted by action and a *reason kind*: a short, bounded label derived from the decision's
+reason (the full reason goes to status, events and logs, never into a label).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from prfaas_core.names import (
+    METRIC_OPERATOR_API_RETRIES,
+    METRIC_OPERATOR_CYCLE_SECONDS,
+    METRIC_OPERATOR_DECISIONS,
+    METRIC_OPERATOR_LEADER,
+    METRIC_OPERATOR_PROMETHEUS_ERRORS,
+    METRIC_OPERATOR_PROMETHEUS_QUERIES,
+    METRIC_OPERATOR_RECONCILE_SECONDS,
+    METRIC_OPERATOR_ROLE_INSTANCES,
+)
+
+_KINDS = (
+    ("dry-run", "dry-run"),
+    ("manual override", "override"),
+    ("policy.suspend", "suspended"),
+    ("pending flip abandoned", "abandoned"),
+    ("drain timeout", "drain-timeout"),
+    ("more hardware", "both-queue"),
+    ("cooldown", "cooldown"),
+    ("at its minimum", "bounds"),
+    ("at its maximum", "bounds"),
+    ("no prefill instance free", "no-candidate"),
+    ("no decode instance free", "no-candidate"),
+    (" cycles)", "hysteresis"),
+    ("initial role assignment", "initial"),
+    ("drained", "drained"),
+    ("draining", "drain"),
+    ("decode-bound by the model", "decode-bound-model"),
+    ("prefill-bound by the model", "prefill-bound-model"),
+    ("decode-bound", "decode-bound"),
+    ("prefill-bound", "prefill-bound"),
+    ("balanced", "balanced"),
+)
+
+
+def reason_kind(reason: str) -> str:
+    """A bounded label for a decision's reason (first matching phrase wins)."""
+    for phrase, kind in _KINDS:
+        if phrase in reason:
+            return kind
+    return "other"
+
+
+@dataclass
+class OperatorMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.decisions = Counter(
+            METRIC_OPERATOR_DECISIONS,
+            "Long-term decisions by action and reason kind",
+            ["action", "reason_kind"],
+            registry=r,
+        )
+        self.reconcile_seconds = Histogram(
+            METRIC_OPERATOR_RECONCILE_SECONDS,
+            "Duration of one object's reconcile",
+            ["kind"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.prometheus_errors = Counter(
+            METRIC_OPERATOR_PROMETHEUS_ERRORS, "Failed or empty Prometheus reads", ["reason"], registry=r
+        )
+        self.prometheus_queries = Counter(METRIC_OPERATOR_PROMETHEUS_QUERIES, "Prometheus queries sent", registry=r)
+        self.role_instances = Gauge(
+            METRIC_OPERATOR_ROLE_INSTANCES, "PD instances per role", ["namespace", "pd_cluster", "role"], registry=r
+        )
+        self.api_retries = Counter(
+            METRIC_OPERATOR_API_RETRIES,
+            "Kubernetes API calls retried, by HTTP status (0: connection)",
+            ["status"],
+            registry=r,
+        )
+        self.leader = Gauge(METRIC_OPERATOR_LEADER, "1 while this replica holds the Lease", registry=r)
+        self.cycle_seconds = Histogram(
+            METRIC_OPERATOR_CYCLE_SECONDS,
+            "Duration of one batched cycle over all objects",
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        self._server, self._thread = start_http_server(port, host, registry=self.registry)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,46 @@
+"""ModelProfile reconcile: the KV model the core derives from the profile, summarised in status."""
+
+from __future__ import annotations
+
+from prfaas_core.api import ModelProfile
+from prfaas_core.kv import KvModelError, kv_model_from_profile
+from prfaas_core.names import KIND_MODEL_PROFILE
+
+from .kube import JsonDict, KubeApi
+from .logs import logger
+from .registry import Entry
+from .status import get_condition, post_event, set_condition
+from .writer import StatusWriter
+
+
+async def reconcile(api: KubeApi, writer: StatusWriter, entry: Entry, now_s: float) -> None:
+    log = logger(KIND_MODEL_PROFILE, None, entry.name)
+    gen = entry.generation
+    conds: list[JsonDict] = list(entry.status.get("conditions") or [])
+    if entry.paused:
+        conds = set_condition(conds, "Paused", True, "PausedByAnnotation", "reconciliation is paused", now_s, gen)
+        await writer.write(entry, {"conditions": conds})
+        return
+    reason, message = "", ""
+    status: JsonDict = {"observedGeneration": gen}
+    if not entry.valid:
+        reason, message = "InvalidSpec", "; ".join(entry.problems)
+    else:
+        profile: ModelProfile = entry.model
+        try:
+            kv = kv_model_from_profile(profile.spec)
+        except (KvModelError, ValueError) as exc:
+            reason, message = "InvalidProfile", str(exc)
+        else:
+            status["kvBytesPerToken"] = round(kv.bytes_per_token, 3)
+            status["fixedKvBytes"] = round(kv.fixed_bytes, 3)
+    old = get_condition(conds, "Ready") or {}
+    if reason:
+        conds = set_condition(conds, "Ready", False, reason, message, now_s, gen)
+    else:
+        conds = set_condition(conds, "Ready", True, "Reconciled", f"KV model from {kv.source}", now_s, gen)
+    status["conditions"] = conds
+    await writer.write(entry, status)
+    if reason and (old.get("reason") != reason or old.get("message") != message):
+        log.warning("not ready", reason=reason, message=message)
+        await post_event(api, entry.body, "Warning", reason, message, now_s)

@@ -1,0 +1,158 @@
+"""The operator's in-memory view of the objects it serves, fed by kopf's watch events.
+
+Every replica keeps it (so a new leader starts warm); only the leader acts on it. Entries hold the raw body
+and the parsed model (the core's pydantic types) or the validation problems that kept it from parsing.
+Pods are kept only when they carry the ``prfaas.io/pd-cluster`` or ``prfaas.io/prefill-cluster`` label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prfaas_core.api import InterDCLink, ModelProfile, PDCluster, PrefillCluster
+from prfaas_core.api.base import ApiModel
+from prfaas_core.names import (
+    ANNOTATION_PAUSED,
+    KIND_INTER_DC_LINK,
+    KIND_MODEL_PROFILE,
+    KIND_PD_CLUSTER,
+    KIND_PREFILL_CLUSTER,
+    LABEL_PD_CLUSTER,
+    LABEL_PREFILL_CLUSTER,
+)
+from prfaas_core.validation import model_issues
+
+from .kube import JsonDict
+
+MODELS: dict[str, type[ApiModel]] = {
+    KIND_PD_CLUSTER: PDCluster,
+    KIND_PREFILL_CLUSTER: PrefillCluster,
+    KIND_INTER_DC_LINK: InterDCLink,
+    KIND_MODEL_PROFILE: ModelProfile,
+}
+PLURALS = {
+    KIND_PD_CLUSTER: "pdclusters",
+    KIND_PREFILL_CLUSTER: "prefillclusters",
+    KIND_INTER_DC_LINK: "interdclinks",
+    KIND_MODEL_PROFILE: "modelprofiles",
+}
+
+Key = tuple[str | None, str]
+
+
+@dataclass
+class Entry:
+    """One object: its latest body, and its model or why it has none."""
+
+    kind: str
+    body: JsonDict
+    model: Any = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def namespace(self) -> str | None:
+        ns = self.body.get("metadata", {}).get("namespace")
+        return str(ns) if ns else None
+
+    @property
+    def name(self) -> str:
+        return str(self.body.get("metadata", {}).get("name", ""))
+
+    @property
+    def key(self) -> Key:
+        return (self.namespace, self.name)
+
+    @property
+    def generation(self) -> int | None:
+        g = self.body.get("metadata", {}).get("generation")
+        return int(g) if isinstance(g, int) else None
+
+    @property
+    def status(self) -> JsonDict:
+        s = self.body.get("status")
+        return s if isinstance(s, dict) else {}
+
+    @property
+    def paused(self) -> bool:
+        return (self.body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
+
+    @property
+    def valid(self) -> bool:
+        return self.model is not None
+
+
+def parse(kind: str, body: JsonDict) -> Entry:
+    """Parse the spec into the core's model (status is the operator's own output and not validated here)."""
+    meta = {
+        k: v
+        for k, v in (body.get("metadata") or {}).items()
+        if k in ("name", "namespace", "labels", "annotations", "generation")
+    }
+    doc = {"apiVersion": body.get("apiVersion"), "kind": kind, "metadata": meta, "spec": body.get("spec")}
+    model, issues = model_issues(MODELS[kind], doc)
+    return Entry(kind, body, model, tuple(str(i) for i in issues))
+
+
+@dataclass
+class World:
+    objects: dict[str, dict[Key, Entry]] = field(default_factory=lambda: {k: {} for k in MODELS})
+    pods: dict[Key, JsonDict] = field(default_factory=dict)
+    _pod_index: dict[tuple[str | None, str, str], set[Key]] = field(default_factory=dict)
+
+    def upsert(self, kind: str, body: JsonDict) -> Entry:
+        entry = parse(kind, body)
+        old = self.objects[kind].get(entry.key)
+        if old is not None and old.body.get("spec") == body.get("spec") and old.model is not None:
+            entry.model = old.model  # unchanged spec: keep the parsed model (cheap status-only updates)
+        self.objects[kind][entry.key] = entry
+        return entry
+
+    def update_status(self, kind: str, key: Key, status: JsonDict) -> None:
+        """Fold the operator's own status write in, before the watch event comes back."""
+        entry = self.objects[kind].get(key)
+        if entry is not None:
+            entry.body = {**entry.body, "status": {**entry.status, **status}}
+
+    def remove(self, kind: str, key: Key) -> None:
+        self.objects[kind].pop(key, None)
+
+    def get(self, kind: str, namespace: str | None, name: str) -> Entry | None:
+        return self.objects[kind].get((namespace, name))
+
+    def all(self, kind: str) -> Iterator[Entry]:
+        return iter(list(self.objects[kind].values()))
+
+    def links_to(self, namespace: str | None, pd_cluster: str) -> list[Entry]:
+        return [
+            e
+            for e in self.objects[KIND_INTER_DC_LINK].values()
+            if e.namespace == namespace and e.valid and e.model.spec.pd_cluster_ref.name == pd_cluster
+        ]
+
+    def upsert_pod(self, body: JsonDict) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace"), str(meta.get("name")))
+        self.remove_pod(*key)
+        labels = meta.get("labels") or {}
+        if LABEL_PD_CLUSTER in labels or LABEL_PREFILL_CLUSTER in labels:
+            self.pods[key] = body
+            for label in (LABEL_PD_CLUSTER, LABEL_PREFILL_CLUSTER):
+                if label in labels:
+                    self._pod_index.setdefault((key[0], label, str(labels[label])), set()).add(key)
+
+    def remove_pod(self, namespace: str | None, name: str) -> None:
+        body = self.pods.pop((namespace, name), None)
+        if body is None:
+            return
+        labels = body.get("metadata", {}).get("labels") or {}
+        for label in (LABEL_PD_CLUSTER, LABEL_PREFILL_CLUSTER):
+            if label in labels:
+                self._pod_index.get((namespace, label, str(labels[label])), set()).discard((namespace, name))
+
+    def pods_of(self, namespace: str | None, label: str, value: str) -> list[JsonDict]:
+        """Live (not terminating) pods with ``label=value`` in ``namespace``, by name."""
+        keys = sorted(self._pod_index.get((namespace, label, value), set()), key=lambda k: k[1])
+        pods = (self.pods[k] for k in keys if k in self.pods)
+        return [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]

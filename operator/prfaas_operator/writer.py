@@ -1,0 +1,33 @@
+"""Status writes: a merge patch of the status subresource, sent only when something changed."""
+
+from __future__ import annotations
+
+from prfaas_core.names import GROUP_VERSION
+
+from .kube import ApiError, JsonDict, KubeApi, api_path
+from .registry import PLURALS, Entry, World
+from .status import status_changed
+
+
+class StatusWriter:
+    def __init__(self, api: KubeApi, world: World) -> None:
+        self.api = api
+        self.world = world
+        self.writes = 0
+
+    async def write(self, entry: Entry, status: JsonDict) -> bool:
+        """Patch ``status`` (keys given replace the old ones); False when nothing changed or the object is gone."""
+        if not status_changed(entry.status, status):
+            return False
+        path = api_path(GROUP_VERSION, PLURALS[entry.kind], entry.namespace, entry.name, "status")
+        try:
+            await self.api.patch(path, {"status": status})
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        self.writes += 1
+        merged = {**entry.status, **{k: v for k, v in status.items()}}
+        entry.body = {**entry.body, "status": {k: v for k, v in merged.items() if v is not None}}
+        self.world.update_status(entry.kind, entry.key, status)
+        return True

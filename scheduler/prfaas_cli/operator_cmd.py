@@ -1,0 +1,68 @@
+"""``prfaas operator``: run the Kubernetes operator (kopf, embedded) against the current kubeconfig.
+
+It reconciles PDClusters, PrefillClusters, InterDCLinks and ModelProfiles; only the holder of the Lease
+``--lease-name`` acts, so several replicas may run. Stops cleanly on SIGINT/SIGTERM (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("operator", help="run the PrFaaS Kubernetes operator", description=__doc__)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], metavar="NS", help="namespace to serve (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace")
+    p.add_argument("--prometheus-url", default="http://127.0.0.1:9090", help="default Prometheus base URL")
+    p.add_argument("--metrics-port", type=int, default=8080, help="port of the operator's /metrics (0: off)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+    p.add_argument("--lease-name", default="prfaas-operator", help="coordination.k8s.io Lease for leader election")
+    p.add_argument("--lease-namespace", default=None, help="namespace of the Lease (default: the first served)")
+    p.add_argument("--lease-duration-seconds", type=float, default=15.0, help="Lease duration")
+    p.add_argument("--lease-renew-seconds", type=float, default=5.0, help="Lease renewal period")
+    p.add_argument("--identity", default=None, help="this replica's holder identity (default: host + random)")
+    p.add_argument("--link-period-seconds", type=float, default=15.0, help="period of link measurements")
+    p.add_argument("--gateway-period-seconds", type=float, default=15.0, help="period of remote gateway reads")
+    p.add_argument("--log-level", default="INFO", help="log level (JSON logs on stderr)")
+    p.set_defaults(handler=run)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from prfaas_operator.config import OperatorConfig
+
+    values: dict[str, Any] = {
+        "namespaces": tuple(args.namespace),
+        "all_namespaces": bool(args.all_namespaces or not args.namespace),
+        "prometheus_url": args.prometheus_url,
+        "metrics_port": args.metrics_port or None,
+        "kubeconfig": args.kubeconfig,
+        "lease_name": args.lease_name,
+        "lease_namespace": args.lease_namespace,
+        "lease_duration_s": args.lease_duration_seconds,
+        "lease_renew_s": args.lease_renew_seconds,
+        "link_period_s": args.link_period_seconds,
+        "gateway_period_s": args.gateway_period_seconds,
+        "log_level": args.log_level,
+    }
+    if args.identity:
+        values["identity"] = args.identity
+    return OperatorConfig.model_validate(values)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from prfaas_operator.runner import run_operator
+
+    try:
+        config = config_from_args(args)
+    except ValidationError as exc:
+        print(f"error: {exc}")
+        return 2
+    asyncio.run(run_operator(config))
+    return 0

@@ -1,0 +1,72 @@
+"""Copy the generated files the charts ship into the charts, byte for byte (Helm reads only files inside a
+chart): crds/*.yaml into helm/prfaas-crds/files/, the alert rules and the Grafana dashboard into
+helm/prfaas/files/. ``--check`` changes nothing and exits 1 when a copy is missing, stale or extra (CI).
+
+Usage: python scripts/sync_chart_files.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pairs() -> list[tuple[Path, Path]]:
+    """(source, copy) for every file a chart ships from elsewhere in the repository."""
+    out = [(src, REPO / "helm/prfaas-crds/files" / src.name) for src in sorted((REPO / "crds").glob("*.yaml"))]
+    out.append((REPO / "alerts/prfaas-rules.yaml", REPO / "helm/prfaas/files/prfaas-rules.yaml"))
+    out.append((REPO / "dashboards/prfaas.json", REPO / "helm/prfaas/files/prfaas-dashboard.json"))
+    return out
+
+
+def problems() -> list[str]:
+    found = []
+    expected = set()
+    for src, dst in pairs():
+        expected.add(dst)
+        if not dst.exists():
+            found.append(f"missing: {dst.relative_to(REPO)} (copy of {src.relative_to(REPO)})")
+        elif dst.read_bytes() != src.read_bytes():
+            found.append(f"stale: {dst.relative_to(REPO)} differs from {src.relative_to(REPO)}")
+    for extra in sorted((REPO / "helm/prfaas-crds/files").glob("*.yaml")):
+        if extra not in expected:
+            found.append(f"extra: {extra.relative_to(REPO)} has no source in crds/")
+    return found
+
+
+def sync() -> int:
+    changed = 0
+    expected = set()
+    for src, dst in pairs():
+        expected.add(dst)
+        if not dst.exists() or dst.read_bytes() != src.read_bytes():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+            changed += 1
+    for extra in (REPO / "helm/prfaas-crds/files").glob("*.yaml"):
+        if extra not in expected:
+            extra.unlink()
+            changed += 1
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report differences (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        found = problems()
+        for line in found:
+            print(line, file=sys.stderr)
+        if found:
+            print("run: python scripts/sync_chart_files.py", file=sys.stderr)
+        return 1 if found else 0
+    print(f"{sync()} file(s) updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The Grafana dashboard: built by its script, every expression valid PromQL, every metric name exported by a
+live component, and every panel answering with at least one series from a real Prometheus that scrapes the
+real router, gateway, engines, link emulator and operator (observability_stack.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+from observability_stack import ObservedStack, start, substitute
+from prometheus_client.parser import text_string_to_metric_families
+from testbed_support import processes
+
+from support.operator_harness import Harness
+from support.prom import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "dashboards" / "prfaas.json"
+PROMETHEUS_OWN = {"up"}
+"""Series Prometheus makes itself (not exported by a component)."""
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def panels() -> list[dict[str, Any]]:
+    return [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"]
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (vector selectors, including {__name__="..."})."""
+    found: set[str] = set()
+
+    def visit(node: Any) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                found.add(node.name)
+            for m in node.matchers.matchers if node.matchers else []:
+                if m.name == "__name__":
+                    found.add(m.value)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
+def exported_names(text: str) -> set[str]:
+    """Every sample and family name in a Prometheus text exposition."""
+    out: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        out.add(family.name)
+        out.update(s.name for s in family.samples)
+    return out
+
+
+def test_dashboard_json_is_what_the_builder_writes() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "build_dashboard.py"), "--check"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_dashboard_covers_what_the_sre_watches_and_every_expression_parses() -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    assert doc["uid"] and doc["schemaVersion"] >= 36
+    names = {v["name"] for v in doc["templating"]["list"]}
+    assert names == {"datasource", "link_cap"}
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    used: set[str] = set()
+    for panel in panels():
+        assert panel["description"] and panel["targets"], panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}"
+        for target in panel["targets"]:
+            expr = substitute(target["expr"])
+            assert "$" not in expr, f"{panel['title']}: unsubstituted variable in {expr}"
+            promql_parser.parse(expr)  # raises on a syntax error
+            used |= metric_names(expr)
+    # the issue's list: roles with reasons, t, egress vs cap, offload fraction, TTFT/TPOT by route, queues per
+    # stage, breaker state, operator health
+    for needed in (
+        "prfaas_operator_role_instances",
+        "prfaas_operator_decisions_total",
+        "prfaas_router_route_decisions_total",
+        "prfaas_router_threshold_tokens",
+        "prfaas_link_egress_bytes_total",
+        "prfaas_link_capacity_gbps",
+        "prfaas_router_ttft_seconds_bucket",
+        "vllm:time_per_output_token_seconds_bucket",
+        "vllm:num_requests_waiting",
+        "prfaas_router_breaker_open",
+        "prfaas_operator_reconcile_duration_seconds_count",
+    ):
+        assert needed in used, needed
+
+
+def test_a_syntax_error_is_caught() -> None:
+    with pytest.raises(ValueError):
+        promql_parser.parse("sum by (link (rate(prfaas_link_egress_bytes_total[1m]))")
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObservedStack]:
+    tmp = Path(tmp_path_factory.mktemp("dashboard"))
+    harness = Harness(tmp)
+    try:
+        with processes(tmp) as procs:
+            obs = start(procs, harness, tmp)
+            try:
+                statuses = obs.drive(12, long_share=0.5)
+                assert statuses == {200: 12}, statuses
+                yield obs
+            finally:
+                obs.stop()
+    finally:
+        harness.close()
+
+
+def test_every_metric_name_of_the_dashboard_and_alerts_is_exported_by_a_live_component(
+    observed: ObservedStack,
+) -> None:
+    import yaml
+
+    live: set[str] = set()
+    for job in observed.targets:
+        live |= exported_names(observed.scrape(job))
+    used: set[str] = set()
+    for panel in panels():
+        for target in panel["targets"]:
+            used |= metric_names(substitute(target["expr"]))
+    rules = yaml.safe_load((REPO / "alerts" / "prfaas-rules.yaml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            used |= metric_names(rule["expr"])
+    missing = sorted(used - live - PROMETHEUS_OWN)
+    assert not missing, f"not exported by any live component: {missing}"
+
+
+def test_every_panel_returns_a_series_from_prometheus(observed: ObservedStack) -> None:
+    def empty_panels() -> list[str]:
+        out = []
+        for panel in panels():
+            if not any(observed.query(t["expr"]) for t in panel["targets"]):
+                out.append(panel["title"])
+        return out
+
+    # rates need two scrapes after the traffic; the operator's decision counter needs two cycles
+    last: list[str] = []
+
+    def settled() -> bool:
+        nonlocal last
+        last = empty_panels()
+        return not last
+
+    try:
+        wait_until(settled, 60, "every panel to return a series", interval_s=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"panels without a series: {last}") from exc
+    # and the series mean what the panels say: both routes seen, the link carried KV, roles assigned
+    routes = {r["metric"]["route"] for r in observed.query("sum by (route) (prfaas_router_route_decisions_total)")}
+    assert routes == {"local", "remote"}
+    egress = observed.query("sum(prfaas_link_egress_bytes_total)")
+    assert float(egress[0]["value"][1]) > 0
+    roles = {
+        r["metric"]["role"]: float(r["value"][1])
+        for r in observed.query("sum by (role) (prfaas_operator_role_instances)")
+    }
+    assert roles == {"prefill": 3.0, "decode": 5.0}

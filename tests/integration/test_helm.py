@@ -1,0 +1,598 @@
+"""The Helm charts with a real helm binary (scripts/helm-tools.sh): lint --strict and template over every
+values file, kubernetes-validate --strict (1.30) and yamllint on what they render, the values schema's teeth,
+documentation of every value, the operator's RBAC against the calls a real operator run made (API emulator's
+request log), and the one image's entrypoints in the wheel the Dockerfile installs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from yamllint import config as yamllint_config
+from yamllint import linter
+
+from support.operator_harness import Harness
+from support.prom import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "prfaas"
+CRD_CHART = REPO / "helm" / "prfaas-crds"
+NAMESPACE = "prfaas"
+VALUES = [
+    None,
+    *sorted(REPO.glob("examples/**/values*.yaml")),
+    *sorted((REPO / "tests" / "data" / "helm").glob("values-*.yaml")),
+]
+CUSTOM_GROUPS = ("monitoring.coreos.com/", "prfaas.io/")
+"""Kinds kubernetes-validate has no schema for (it only warns on them): checked structurally below."""
+K8S_VERSION = "1.30.0"
+RENDERED_LINT = yamllint_config.YamlLintConfig(
+    "extends: default\n"
+    "rules:\n"
+    "  line-length: disable\n"  # the dashboard JSON and long descriptions
+    "  document-start: disable\n"
+    "  comments: {min-spaces-from-content: 1}\n"
+    "  truthy: {check-keys: false}\n"
+    "  indentation: {indent-sequences: whatever}\n"  # toYaml writes block sequences unindented
+)
+SOURCE_LINT = yamllint_config.YamlLintConfig(
+    "extends: default\n"
+    "rules:\n"
+    "  line-length: {max: 120}\n"
+    "  document-start: disable\n"
+    "  comments: {min-spaces-from-content: 1}\n"
+    "  truthy: {check-keys: false}\n"
+    "  braces: {max-spaces-inside: 1}\n"
+    "  brackets: {max-spaces-inside: 1}\n"
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def vid(path: Path | None) -> str:
+    return "chart-defaults" if path is None else str(path.relative_to(REPO))
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "helm-tools.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
+
+
+def render_text(helm: str, chart: Path, values: Path | None = None, *extra: str) -> str:
+    args = ["template", "prfaas", str(chart), "-n", NAMESPACE, *extra]
+    if values is not None:
+        args += ["-f", str(values)]
+    proc = run_helm(helm, *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def render(helm: str, chart: Path, values: Path | None = None, *extra: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(render_text(helm, chart, values, *extra)) if d]
+
+
+def kinds(docs: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in docs:
+        out[d["kind"]] = out.get(d["kind"], 0) + 1
+    return dict(sorted(out.items()))
+
+
+def find(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    hits = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(hits) == 1, f"{kind} *{name_suffix}: {[d['metadata']['name'] for d in hits]}"
+    return hits[0]
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(doc["spec"]["template"]["spec"]["containers"])
+
+
+# --- the CRD chart ----------------------------------------------------------------------------------------------
+
+
+def test_chart_file_copies_are_in_sync() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "sync_chart_files.py"), "--check"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_crd_chart_renders_every_generated_crd_unchanged_and_kept(helm: str) -> None:
+    docs = {d["metadata"]["name"]: d for d in render(helm, CRD_CHART)}
+    generated = {p.name.removesuffix(".yaml"): yaml.safe_load(p.read_text()) for p in (REPO / "crds").glob("*.yaml")}
+    assert set(docs) == set(generated)
+    for name, crd in generated.items():
+        got = docs[name]
+        assert got["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        labels = got["metadata"]["labels"]
+        assert labels["helm.sh/chart"].startswith("prfaas-crds-") and labels["app.kubernetes.io/instance"] == "prfaas"
+        for key, value in crd["metadata"]["labels"].items():
+            assert labels[key] == value
+        assert got["spec"] == crd["spec"], name  # schemas byte-for-byte as generated (text insertion only)
+        assert {k: v for k, v in got.items() if k != "metadata"} == {k: v for k, v in crd.items() if k != "metadata"}
+    off = render(helm, CRD_CHART, None, "--set", "keep=false")
+    assert all("annotations" not in d["metadata"] for d in off)
+
+
+# --- lint, template, validate -----------------------------------------------------------------------------------
+
+
+def test_crd_chart_lints_strict(helm: str) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CRD_CHART))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("values", VALUES, ids=vid)
+def test_chart_lints_strict(helm: str, values: Path | None) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART), "-n", NAMESPACE, *(["-f", str(values)] if values else []))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("values", VALUES, ids=vid)
+def test_rendered_manifests_are_valid_kubernetes_and_clean_yaml(helm: str, values: Path | None) -> None:
+    text = render_text(helm, CHART, values)
+    problems = [f"{p.line}: {p.desc}" for p in linter.run(text, RENDERED_LINT) if p.level == "error"]
+    assert not problems, problems
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert docs
+    for doc in docs:
+        if doc["apiVersion"].startswith(CUSTOM_GROUPS):
+            assert doc["kind"] in {"ServiceMonitor", "PodMonitor", "PrometheusRule"}, doc["kind"]
+            assert doc["spec"]
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message}") from None
+        assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == "prfaas"
+
+
+def test_example_engine_pod_specs_and_resources_validate() -> None:
+    for path in sorted(REPO.glob("examples/03-helm/*/vllm-*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+            if doc["kind"] == "StatefulSet":
+                pod = doc["spec"]["template"]["spec"]
+                vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+                flags = " ".join(vllm["args"])
+                assert '"kv_role":"kv_both"' in flags and "NixlConnector" in flags, path
+                assert {p["name"] for p in vllm["ports"]} >= {"http", "nixl-side"}
+                env = {e["name"] for e in vllm["env"]}
+                assert {"VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_TLS"} <= env
+    common = REPO / "examples" / "01-two-region" / "common" / "model-profile.yaml"
+    link = REPO / "examples" / "01-two-region" / "region-b" / "inter-dc-link.yaml"
+    for files in (
+        [common, REPO / "examples/03-helm/region-a/prefill-cluster.yaml"],
+        [common, link, REPO / "examples/03-helm/region-b/pd-cluster.yaml"],
+        [REPO / "examples/03-helm/demo/resources.yaml"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "prfaas_cli.main", "validate", *map(str, files)], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_source_yaml_is_lint_clean() -> None:
+    paths = [
+        CHART / "values.yaml",
+        CHART / "files" / "operator-rbac.yaml",
+        CRD_CHART / "values.yaml",
+        REPO / "alerts" / "prfaas-rules.yaml",
+        *sorted(REPO.glob("examples/03-helm/**/*.yaml")),
+        *sorted((REPO / "tests" / "data" / "helm").glob("*.yaml")),
+    ]
+    for path in paths:
+        problems = [f"{p.line}: {p.desc}" for p in linter.run(path.read_text(), SOURCE_LINT) if p.level == "error"]
+        assert not problems, f"{path.relative_to(REPO)}: {problems}"
+
+
+def test_objects_rendered_per_region(helm: str) -> None:
+    """The two-region install of the README (examples/03-helm): what each region gets."""
+    region_a = kinds(render(helm, CHART, REPO / "examples/03-helm/region-a/values.yaml"))
+    region_b = kinds(render(helm, CHART, REPO / "examples/03-helm/region-b/values.yaml"))
+    common = {
+        "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 2, "Deployment": 2, "NetworkPolicy": 2,
+        "PodDisruptionBudget": 2, "PodMonitor": 2, "PrometheusRule": 1, "Role": 2, "RoleBinding": 2, "Service": 2,
+        "ServiceAccount": 1, "ServiceMonitor": 1,
+    }  # fmt: skip
+    assert region_a == common and region_b == common
+    assert sum(region_a.values()) == 21 and len(render(helm, CRD_CHART)) == 4
+
+
+# --- values: schema and documentation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "operator.replicas=0",
+        "operator.bogus=1",
+        "router.pdCluster=Not_A_Name",
+        "router.logLevel=verbose",
+        "gateway.endpoints[0].name=x,gateway.endpoints[0].url=ftp://x",
+        "monitoring.podMonitor.interval=often",
+        "image.pullPolicy=Sometimes",
+        "demo.pd.hardware=A100",
+        "networkPolicy.enabled=maybe",
+    ],
+)
+def test_values_schema_rejects_bad_values(helm: str, bad: str) -> None:
+    proc = run_helm(helm, "template", "prfaas", str(CHART), "--set", bad)
+    assert proc.returncode != 0
+    assert "schema" in proc.stderr.lower(), proc.stderr
+
+
+def test_chart_rejects_inconsistent_settings_with_a_message(helm: str) -> None:
+    cases = {
+        ("router.enabled=true",): "router.pdCluster is required",
+        ("gateway.enabled=true", "gateway.prefillCluster=p", "gateway.tls.enabled=false"): "gateway.endpoints",
+        ("gateway.enabled=true", "gateway.prefillCluster=p"): "gateway.tls.secretName",
+        ("operator.lease.renewSeconds=20",): "renewSeconds must be below",
+    }
+    for sets, message in cases.items():
+        proc = run_helm(helm, "template", "prfaas", str(CHART), *[a for s in sets for a in ("--set", s)])
+        assert proc.returncode != 0 and message in proc.stderr, (sets, proc.stderr)
+
+
+def _schema_leaves(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for key, sub in (schema.get("properties") or {}).items():
+        path = (*prefix, key)
+        if "properties" in sub:
+            yield from _schema_leaves(sub, path)
+        else:
+            yield path
+
+
+def test_every_value_is_documented_and_the_schema_is_strict() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    # where each key sits: indentation-based path of every `key:` line
+    located: dict[tuple[str, ...], int] = {}
+    stack: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^( *)([A-Za-z][A-Za-z0-9_]*):", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, m.group(2)))
+        located.setdefault(tuple(k for _, k in stack), i)
+    for path in _schema_leaves(schema):
+        if path == ("global",):
+            continue
+        node: Any = values
+        for key in path:
+            assert isinstance(node, dict) and key in node, f"schema key {'.'.join(path)} missing from values.yaml"
+            node = node[key]
+        i = located[path]
+        assert lines[i - 1].lstrip().startswith("#"), f"{'.'.join(path)} (values.yaml:{i + 1}) has no comment"
+
+    def strict(node: dict[str, Any], where: str) -> None:
+        if "properties" in node:
+            assert node.get("additionalProperties") is False, f"{where} accepts unknown keys"
+            for key, sub in node["properties"].items():
+                strict(sub, f"{where}.{key}")
+
+    strict(schema, "values")
+
+
+# --- what the components get ------------------------------------------------------------------------------------
+
+
+def test_gateway_config_is_a_valid_router_config(helm: str) -> None:
+    from prfaas_router.config import parse_config
+
+    for values in ("examples/03-helm/region-a/values.yaml", "examples/03-helm/demo/values.yaml"):
+        docs = render(helm, CHART, REPO / values)
+        cm = find(docs, "ConfigMap", "-gateway-config")
+        config = parse_config(cm["data"]["router-config.json"], "router-config.json")
+        assert config.mode == "gateway" and config.gateway is not None
+        assert config.endpoints and all(e.role == "prefill" for e in config.endpoints)
+        assert config.gateway.tls_cert_file == "/var/run/prfaas/gateway/tls/tls.crt"
+        assert config.gateway.token_file == "/var/run/prfaas/gateway/token/token"
+        deploy = find(docs, "Deployment", "-gateway")
+        mounts = {m["mountPath"] for m in containers(deploy)[0]["volumeMounts"]}
+        assert {"/etc/prfaas/gateway", "/var/run/prfaas/gateway/tls", "/var/run/prfaas/gateway/token"} <= mounts
+        assert containers(deploy)[0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_router_mounts_the_operators_configmap_and_the_chart_never_renders_it(helm: str) -> None:
+    from prfaas_operator.router_config import CONFIG_KEY, SECRETS_DIR, configmap_name
+
+    docs = render(helm, CHART, REPO / "examples/03-helm/region-b/values.yaml")
+    operator_cm = configmap_name("pd-h20")
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == operator_cm]
+    deploy = find(docs, "Deployment", "-router")
+    pod = deploy["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == operator_cm)
+    assert volume["configMap"]["optional"] is True
+    router = containers(deploy)[0]
+    settings = find(docs, "ConfigMap", "-router-settings")
+    assert router["envFrom"] == [{"configMapRef": {"name": settings["metadata"]["name"]}}]
+    config_path = settings["data"]["PRFAAS_ROUTER_CONFIG"]
+    mount = next(m for m in router["volumeMounts"] if m["name"] == volume["name"])
+    assert config_path == f"{mount['mountPath']}/{CONFIG_KEY}"
+    secret_mounts = {m["mountPath"] for m in router["volumeMounts"]} - {mount["mountPath"]}
+    assert secret_mounts == {f"{SECRETS_DIR}/region-a-gateway-token", f"{SECRETS_DIR}/region-a-gateway-ca"}
+    assert router["args"][0] == "router" and "$(PRFAAS_ROUTER_CONFIG)" in router["args"]
+    assert "checksum/settings" in deploy["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_the_sidecar_named_template_is_what_demo_engine_pods_carry(helm: str) -> None:
+    docs = render(helm, CHART, REPO / "tests/data/helm/values-sidecar-demo.yaml")
+    engines = find(docs, "Deployment", "pd-engines")
+    by_name = {c["name"]: c for c in containers(engines)}
+    assert set(by_name) == {"engine", "prfaas-router"}
+    assert by_name["engine"]["ports"][0]["name"] == "http"  # the port the operator addresses
+    assert by_name["prfaas-router"]["ports"] == [{"name": "router", "containerPort": 8100, "protocol": "TCP"}]
+    volumes = {v["name"]: v for v in engines["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["prfaas-router-config"]["configMap"]["name"] == "pd-demo-router-config"
+    assert "role" not in str(engines["spec"]["selector"])  # the operator flips roles: never in a selector
+    assert not [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router")]
+
+
+def test_operator_is_one_active_replica_through_its_lease(helm: str) -> None:
+    docs = render(helm, CHART, REPO / "examples/03-helm/region-b/values.yaml")
+    deploy = find(docs, "Deployment", "-operator")
+    args = containers(deploy)[0]["args"]
+    lease = args[args.index("--lease-name") + 1]
+    assert args[args.index("--identity") + 1] == "$(POD_NAME)" and deploy["spec"]["replicas"] == 2
+    role = find(docs, "Role", "-operator-lease")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "patch"],
+            "resourceNames": [lease],
+        }
+    ]
+    assert find(docs, "PodDisruptionBudget", "-operator")["spec"]["minAvailable"] == 1
+
+
+def test_dashboard_and_rules_ship_in_the_chart(helm: str) -> None:
+    docs = render(helm, CHART, REPO / "examples/03-helm/region-b/values.yaml")
+    dashboard = find(docs, "ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["prfaas.json"]) == json.loads((REPO / "dashboards/prfaas.json").read_text())
+    rule = find(docs, "PrometheusRule", "prfaas")
+    assert rule["spec"] == yaml.safe_load((REPO / "alerts/prfaas-rules.yaml").read_text())
+    pods = [d for d in docs if d["kind"] == "PodMonitor"]
+    relabel = {r["targetLabel"] for p in pods for e in p["spec"]["podMetricsEndpoints"] for r in e["relabelings"]}
+    assert {"pd_cluster", "prefill_cluster", "role"} <= relabel
+
+
+def test_notes_tell_the_user_what_to_do_next(helm: str) -> None:
+    for values, needles in (
+        ("examples/03-helm/region-b/values.yaml", ["get configmap pd-h20-router-config", "prfaas.routerSidecar"]),
+        ("examples/03-helm/region-a/values.yaml", ["get svc prfaas-gateway", "get secret prefill-gateway-token"]),
+    ):
+        proc = run_helm(
+            helm, "install", "prfaas", str(CHART), "-n", NAMESPACE, "--dry-run=client", "-f", str(REPO / values)
+        )
+        assert proc.returncode == 0, proc.stderr
+        notes = proc.stdout.split("NOTES:", 1)[1]
+        assert "helm install prfaas-crds" in notes
+        for needle in needles:
+            assert needle in notes, (values, needle)
+
+
+# --- one image --------------------------------------------------------------------------------------------------
+
+
+def dockerfile_entrypoints() -> list[str]:
+    text = (REPO / "Dockerfile").read_text()
+    m = re.search(r'io\.prfaas\.entrypoints="([^"]+)"', text)
+    assert m, "the Dockerfile labels its entrypoints"
+    assert 'ENTRYPOINT ["prfaas"]' in text
+    return m.group(1).split()
+
+
+def test_every_container_runs_a_subcommand_of_the_one_image(helm: str) -> None:
+    from prfaas_cli.main import build_parser
+
+    entrypoints = dockerfile_entrypoints()
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(entrypoints) <= set(sub.choices)  # type: ignore[arg-type]
+    seen = set()
+    for values in VALUES:
+        for doc in render(helm, CHART, values):
+            if doc["kind"] != "Deployment":
+                continue
+            for c in containers(doc):
+                assert c["image"].startswith(("ghcr.io/prfaas/prfaas", "registry.example.com/prfaas/prfaas")), c
+                assert c["args"][0] in entrypoints, c["args"]
+                seen.add(c["args"][0])
+    assert seen == set(entrypoints)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check", str(REPO),
+         "-w", str(out)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = out.glob("prfaas-*.whl")
+    return path
+
+
+def test_the_wheel_the_dockerfile_installs_serves_every_entrypoint(wheel: Path) -> None:
+    text = (REPO / "Dockerfile").read_text()
+    for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
+        for item in copied.split():
+            assert (REPO / item).exists(), f"the Dockerfile copies {item}, which is missing"
+    with zipfile.ZipFile(wheel) as zf:
+        files = zf.namelist()
+        entry = next(n for n in files if n.endswith("entry_points.txt"))
+        assert "prfaas = prfaas_cli.main:main" in zf.read(entry).decode()
+    for package in ("prfaas_cli", "prfaas_core", "prfaas_router", "prfaas_engine", "prfaas_link", "prfaas_operator"):
+        assert f"{package}/__init__.py" in files, package
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import prfaas_cli.main as m; "
+        "assert m.__file__.startswith(sys.argv[1]), m.__file__; sys.exit(m.main([sys.argv[2], '--help']))"
+    )
+    for command in dockerfile_entrypoints():
+        proc = subprocess.run([sys.executable, "-c", probe, str(wheel), command], capture_output=True, text=True)
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+        assert f"prfaas {command}" in proc.stdout
+
+
+# --- RBAC against a real operator run ---------------------------------------------------------------------------
+
+Call = tuple[str, str, str, str | None, str | None]
+"""(verb, group, resource[/sub], namespace, name) of one API call."""
+DISCOVERY = re.compile(r"^/(api|apis)(/[^/]+(/[^/]+)?)?/?$")
+
+
+def parse_call(method: str, path: str, watch: bool) -> Call | None:
+    """(verb, group, resource[/sub], namespace, name) of an API call; None for discovery."""
+    if DISCOVERY.match(path) and not path.startswith("/api/v1/namespaces"):
+        return None
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        group, rest = parts[1], parts[3:]
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) > 2:
+        namespace, rest = rest[1], rest[2:]
+    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
+    if name is None:
+        verb = {"GET": "watch" if watch else "list", "POST": "create", "DELETE": "deletecollection"}[method]
+    else:
+        verb = {"GET": "get", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
+    return verb, group, resource + (f"/{sub}" if sub else ""), namespace, name
+
+
+def allowed(call: Call, grants: list[tuple[str | None, dict[str, Any]]]) -> bool:
+    verb, group, resource, namespace, name = call
+    for scope, rule in grants:
+        if scope is not None and scope != namespace:
+            continue
+        if group not in rule["apiGroups"] or resource not in rule["resources"] or verb not in rule["verbs"]:
+            continue
+        names = rule.get("resourceNames")
+        if names and (name is None or name not in names):
+            continue
+        return True
+    return False
+
+
+def grants_of(docs: list[dict[str, Any]], sa: str) -> list[tuple[str | None, dict[str, Any]]]:
+    """Rules granted to the ServiceAccount: (None, rule) cluster-wide, (namespace, rule) by a RoleBinding."""
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs}
+    out: list[tuple[str | None, dict[str, Any]]] = []
+    for b in docs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in b["subjects"]):
+            continue
+        ref = b["roleRef"]
+        ns = b["metadata"].get("namespace") if b["kind"] == "RoleBinding" else None
+        role = roles[(ref["kind"], ns if ref["kind"] == "Role" else None, ref["name"])]
+        out += [(ns, rule) for rule in role["rules"]]
+    return out
+
+
+@pytest.fixture(scope="module")
+def operator_calls(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[Call], str]:
+    """Every Kubernetes API call a real operator process made (the emulator's request log, the operator's
+    bearer token only) while it assigned roles, flipped one instance after a drain, synced a Remote and a
+    Managed PrefillCluster, published the router config and cleaned up a deleted PDCluster."""
+    tmp = Path(tmp_path_factory.mktemp("rbac"))
+    h = Harness(tmp)
+    seen: set[tuple[str, str, bool]] = set()
+    stop = threading.Event()
+
+    def collect() -> None:
+        while True:
+            for r in list(h.emu.k8s._requests):  # kmock's log (it trims old entries in long runs: poll often)
+                if r.headers.get("Authorization") == "Bearer emulator-token":
+                    seen.add((str(r.method).rsplit(".", 1)[-1].upper(), r.url.path, bool(r.params.get("watch"))))
+            if stop.is_set():
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=collect, daemon=True)
+    thread.start()
+    try:
+        ns = h.namespace()
+        op = h.start_operator(ns)
+        meta = {"name": "prefill-engines", "namespace": ns}
+        h.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+                  "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "p"}}},
+                  "status": {"readyReplicas": 1}})  # fmt: skip
+        h.setup(ns)
+        managed = next(d for d in h.manifests(ns) if d["kind"] == "PrefillCluster")
+        managed["metadata"]["name"] = "local-prefill"
+        managed["spec"] = {**{k: v for k, v in managed["spec"].items() if k != "endpoint"}, "mode": "Managed",
+                           "workload": {"kind": "Deployment", "name": "prefill-engines"}}  # fmt: skip
+        h.create(managed)
+        h.ready_roles(ns, 3, 5, 40)
+        h.prom.exporter.set_queue(ns, "pd-h20", "prefill", 40)
+        h.ready_roles(ns, 4, 4, 60)
+        wait_until(lambda: h.condition(ns, "Ready", "local-prefill", "PrefillCluster").get("status"), 30, "managed")
+        h.delete("PDCluster", ns, "pd-h20")
+        wait_until(lambda: h.get("ConfigMap", ns, "pd-h20-router-config") is None, 30, "the finalizer's cleanup")
+        op.stop()
+    finally:
+        stop.set()
+        thread.join(10)
+        h.close()
+    calls = {c for c in (parse_call(m, p, w) for m, p, w in seen) if c is not None}
+    return calls, ns
+
+
+def test_rbac_allows_every_call_of_the_operator_and_explains_every_other_rule(
+    helm: str, operator_calls: tuple[set[Call], str]
+) -> None:
+    calls, ns = operator_calls
+    sets = [f"operator.watchNamespaces={{{ns}}}", f"operator.lease.name=prfaas-operator-{ns}",
+            "operator.rbac.secretNames={region-a-gateway-token}"]  # fmt: skip
+    docs = render(helm, CHART, None, *[a for s in sets for a in ("--set", s)], "-n", ns)
+    grants = grants_of(docs, "prfaas-operator")
+    denied = sorted(str(c) for c in calls if not allowed(c, grants))
+    assert not denied, f"calls the rendered RBAC would deny: {denied}"
+    # every (resource, verb) the chart grants but the run did not call must be explained in the rules file
+    used = {(group, resource, verb) for verb, group, resource, _, _ in calls}
+    spec = yaml.safe_load((CHART / "files" / "operator-rbac.yaml").read_text())
+    for section in ("namespaced", "lease", "cluster"):
+        for rule in spec[section]:
+            assert rule.get("why"), rule
+            unexercised = rule.get("unexercised") or {}
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        key = f"{resource}/{verb}"
+                        if (group, resource, verb) in used:
+                            assert key not in unexercised, f"{key} is exercised now: drop it from `unexercised`"
+                        else:
+                            assert unexercised.get(key), f"{group}/{key} is granted, never called, and unexplained"
+    # and nothing broader than the file: no wildcard, no verb the operator has no code for
+    for _, rule in grants:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "patch", "delete"}

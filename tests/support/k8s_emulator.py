@@ -1,0 +1,267 @@
+"""The Kubernetes API emulator for the operator's tests: kmock's KubernetesEmulator, with its gaps fixed.
+
+kmock 0.8 keeps objects and serves list/watch/get/patch/delete over real HTTP, but assigns no uid,
+creationTimestamp, resourceVersion or generation, lists carry no ``kind``, the URL's namespace is not copied
+into created objects, and it never answers 409 by itself. This subclass adds: uid + creationTimestamp on
+create; a fresh resourceVersion on every write; ``generation`` bumped only when ``spec`` changes (so
+``observedGeneration`` settles); ``kind: XList`` on lists; the URL namespace in ``metadata.namespace``;
+optimistic concurrency (a merge patch carrying ``metadata.resourceVersion`` that is stale gets 409, as the
+real API server does; a failed JSON-patch ``test`` gets 422); fault injection (N answers of a status for
+requests matching a method and path); and counts of WATCH requests per resource.
+
+It runs in a background thread with its own event loop; tests talk to it over HTTP like kubectl would.
+What it cannot prove: schema defaulting/pruning, server-side apply, RBAC, admission (see operator/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import itertools
+import re
+import threading
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import kmock
+from kmock._internal import dicts, enums, parsing
+
+from prfaas_core.api import KINDS
+from prfaas_core.names import API_GROUP, API_VERSION
+
+CORE = (
+    ("v1", "pods", "Pod", True, ("status",)),
+    ("v1", "configmaps", "ConfigMap", True, ()),
+    ("v1", "secrets", "Secret", True, ()),
+    ("v1", "events", "Event", True, ()),
+    ("v1", "namespaces", "Namespace", False, ()),
+    ("apps/v1", "deployments", "Deployment", True, ("status", "scale")),
+    ("apps/v1", "statefulsets", "StatefulSet", True, ("status", "scale")),
+    ("coordination.k8s.io/v1", "leases", "Lease", True, ()),
+    ("events.k8s.io/v1", "events", "Event", True, ()),
+)
+VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
+
+_parse_path = parsing.parse_path
+_NAMESPACES = re.compile(r"^/api/v1/namespaces(?:/([^/]+))?/?$")
+
+
+def _parse_path_fixed(path: str) -> parsing.ParsedPath:
+    """kmock 0.8 cannot parse ``/api/v1/namespaces`` (kopf's namespace observer lists it)."""
+    m = _NAMESPACES.match(path)
+    if m:
+        return parsing.ParsedPath("", "v1", "namespaces", None, m.group(1), None)
+    return _parse_path(path)
+
+
+parsing.parse_path = _parse_path_fixed
+
+
+@dataclass
+class Fault:
+    """Answer ``status`` to the next ``count`` requests with this method whose path matches ``path``."""
+
+    method: str
+    path: re.Pattern[str]
+    status: int
+    count: int
+    hits: int = 0
+
+
+class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._rv = itertools.count(1000)
+        self._write_lock = asyncio.Lock()
+        self._faults: list[Fault] = []
+        self._faults_lock = threading.Lock()
+        self.watches: Counter[str] = Counter()
+        self.writes: Counter[str] = Counter()
+        for gv, plural, kind, namespaced, subs in CORE:
+            self.resources[f"{gv}/{plural}"] = kmock.ResourceInfo(
+                kind=kind, namespaced=namespaced, verbs=VERBS, subresources=set(subs)
+            )
+        for k in KINDS:
+            self.resources[f"{API_GROUP}/{API_VERSION}/{k.plural}"] = kmock.ResourceInfo(
+                kind=k.kind,
+                singular=k.singular,
+                namespaced=k.namespaced,
+                verbs=VERBS,
+                subresources={"status"},
+                shortnames=set(k.short_names),
+            )
+
+    # --- faults ---------------------------------------------------------------------------------------
+    def inject(self, method: str, path: str, status: int, count: int = 1) -> Fault:
+        fault = Fault(method.upper(), re.compile(path), status, count)
+        with self._faults_lock:
+            self._faults.append(fault)
+        return fault
+
+    def _fault(self, request: Any) -> Fault | None:
+        with self._faults_lock:
+            for f in self._faults:
+                method = str(getattr(request.method, "value", request.method)).upper()
+                if f.count > 0 and method == f.method and f.path.search(request.url.path):
+                    f.count -= 1
+                    f.hits += 1
+                    return f
+        return None
+
+    # --- the fixes ------------------------------------------------------------------------------------
+    def _next_rv(self) -> str:
+        return str(next(self._rv))
+
+    async def _handle(self, request: Any) -> Any:
+        fault = self._fault(request)
+        if fault is not None:
+            reason = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
+            raise kmock.KubernetesError(
+                status=fault.status, reason=reason.get(fault.status, "Injected"), message=f"injected {fault.status}"
+            )
+        if len(self._requests) > 2000:  # keep memory flat in long runs
+            del self._requests[:1000]
+        if request.resource is None:
+            return await super()._handle(request)
+        if request.action == enums.action.WATCH:
+            self.watches[request.resource.plural] += 1
+            return await super()._handle(request)
+        if request.action not in (enums.action.CREATE, enums.action.UPDATE):
+            return await super()._handle(request)
+        async with self._write_lock:
+            self.writes[request.resource.plural] += 1
+            if request.action == enums.action.CREATE:
+                self._prepare_create(request)
+            else:
+                self._prepare_update(request)
+            return await super()._handle(request)
+
+    def _prepare_create(self, request: Any) -> None:
+        data = request.data
+        if not isinstance(data, dict):
+            return
+        meta = data.setdefault("metadata", {})
+        if request.namespace and not meta.get("namespace"):
+            meta["namespace"] = request.namespace
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        meta["resourceVersion"] = self._next_rv()
+        meta["generation"] = 1
+        meta.pop("deletionTimestamp", None)
+
+    def _prepare_update(self, request: Any) -> None:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted:
+            return  # kmock answers 404
+        current = copy.deepcopy(dict(self._objects[key].raw))
+        cur_meta = current.get("metadata") or {}
+        data = request.data
+        if isinstance(data, list):  # JSON patch (kopf's finalizers, with a "test" on resourceVersion)
+            try:
+                after = jsonpatch.apply_patch(current, data, in_place=False)
+            except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as exc:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from None
+            ops = [{"op": "add", "path": "/metadata/resourceVersion", "value": self._next_rv()}]
+            if after.get("spec") != current.get("spec"):
+                ops.append(
+                    {"op": "add", "path": "/metadata/generation", "value": int(cur_meta.get("generation", 1)) + 1}
+                )
+            request.data[:] = [*data, *ops]
+            return
+        if not isinstance(data, dict):
+            return
+        meta = data.get("metadata")
+        if not isinstance(meta, dict):
+            meta = {}
+        wanted = meta.get("resourceVersion")
+        if wanted is not None and str(wanted) != str(cur_meta.get("resourceVersion")):
+            raise kmock.KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f"the object has been modified (resourceVersion {wanted} is stale)",
+            )
+        after = dicts.patch_dict(copy.deepcopy(current), data)
+        meta["resourceVersion"] = self._next_rv()
+        for immutable in ("uid", "creationTimestamp", "namespace", "name"):
+            if immutable in cur_meta:
+                meta[immutable] = cur_meta[immutable]
+        if request.subresource not in ("status",) and after.get("spec") != current.get("spec"):
+            meta["generation"] = int(cur_meta.get("generation", 1)) + 1
+        else:
+            meta["generation"] = cur_meta.get("generation", 1)
+        data["metadata"] = meta
+
+    async def _serve_list(self, request: Any) -> Any:
+        payload = await super()._serve_list(request)
+        kind = None
+        for res in self._get_resources():
+            if res == request.resource:
+                info = self.resources[res]
+                kind = info.kind if info is not None else None
+        payload["kind"] = f"{kind or request.resource.plural.capitalize()}List"
+        group, version = request.resource.group, request.resource.version
+        payload["apiVersion"] = f"{group}/{version}" if group else version
+        payload["metadata"] = {"resourceVersion": str(next(self._rv))}
+        return payload
+
+
+class EmulatorThread:
+    """The emulator on 127.0.0.1, served from a background thread; ``url`` and a kubeconfig for clients."""
+
+    def __init__(self) -> None:
+        self.emulator: K8sEmulator | None = None
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.port = 0
+        self._thread = threading.Thread(target=self._run, name="k8s-emulator", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        self.emulator = K8sEmulator()
+        async with self.emulator, kmock.Server(self.emulator) as server:
+            self.port = server.port
+            self._ready.set()
+            await self._stop.wait()
+
+    def start(self) -> EmulatorThread:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the emulator did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def k8s(self) -> K8sEmulator:
+        assert self.emulator is not None
+        return self.emulator
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        path.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: emu\n"
+            f"clusters:\n- name: emu\n  cluster:\n    server: {self.url}\n"
+            f"contexts:\n- name: emu\n  context:\n    cluster: emu\n    user: emu\n    namespace: {namespace}\n"
+            "users:\n- name: emu\n  user:\n    token: emulator-token\n"
+        )
+        return path

@@ -1,0 +1,207 @@
+"""A real Prometheus (Debian's binary) on 127.0.0.1, scraping a live exporter the test controls.
+
+The exporter serves vLLM's metric names per engine pod with the labels a ServiceMonitor would add
+(``namespace``, ``pd_cluster``, ``role``, ``pod``); the role of each pod is read from the Kubernetes API
+emulator at scrape time, like Prometheus' pod relabelling. Tests set queue depths per role and work in
+flight per pod, and the link's egress counter.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from prfaas_core.names import (
+    LABEL_PD_CLUSTER,
+    LABEL_ROLE,
+    METRIC_LINK_EGRESS_BYTES,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_REQUESTS_RUNNING,
+    VLLM_REQUESTS_WAITING,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except (httpx.HTTPError, KeyError, IndexError, TypeError) as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
+
+
+class EngineExporter(Collector):
+    """vLLM-style per-pod series, roles looked up in the emulator at scrape time."""
+
+    def __init__(self, k8s_url: str) -> None:
+        self.k8s_url = k8s_url
+        self.lock = threading.Lock()
+        self.waiting: dict[tuple[str, str, str], float] = {}  # (namespace, pd_cluster, role) -> queue
+        self.running: dict[tuple[str, str], float] = {}  # (namespace, pod) -> in flight
+        self.egress_bytes: dict[str, float] = {}  # link -> counter
+        self.egress_rate_bps: dict[str, float] = {}  # link -> bytes/s, integrated at scrape time
+        self._last_scrape = time.monotonic()
+        self.http = httpx.Client(timeout=5)
+        self.enabled_namespaces: set[str] = set()
+
+    def set_queue(self, namespace: str, pd_cluster: str, role: str, value: float) -> None:
+        with self.lock:
+            self.waiting[(namespace, pd_cluster, role)] = value
+
+    def collect(self) -> Iterator[Any]:
+        waiting = GaugeMetricFamily(VLLM_REQUESTS_WAITING, "waiting", labels=["namespace", "pd_cluster", "role", "pod"])
+        running = GaugeMetricFamily(VLLM_REQUESTS_RUNNING, "running", labels=["namespace", "pd_cluster", "role", "pod"])
+        kv = GaugeMetricFamily(VLLM_KV_CACHE_USAGE, "kv", labels=["namespace", "pd_cluster", "role", "pod"])
+        with self.lock:
+            namespaces = sorted(self.enabled_namespaces)
+            queues = dict(self.waiting)
+            flights = dict(self.running)
+        for ns in namespaces:
+            if self.http.is_closed:
+                break
+            try:
+                pods = self.http.get(f"{self.k8s_url}/api/v1/namespaces/{ns}/pods").json().get("items") or []
+            except (httpx.HTTPError, ValueError):
+                continue
+            placed: set[tuple[str, str]] = set()
+            for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+                labels = pod["metadata"].get("labels") or {}
+                pd, role, name = labels.get(LABEL_PD_CLUSTER), labels.get(LABEL_ROLE, "both"), pod["metadata"]["name"]
+                if not pd:
+                    continue
+                q = 0.0
+                if (pd, role) not in placed:  # a role's queue sits on its first pod
+                    q = queues.get((ns, pd, role), 0.0)
+                    placed.add((pd, role))
+                waiting.add_metric([ns, pd, role, name], q)
+                running.add_metric([ns, pd, role, name], flights.get((ns, name), 0.0))
+                kv.add_metric([ns, pd, role, name], 0.5)
+        now = time.monotonic()
+        egress = CounterMetricFamily(METRIC_LINK_EGRESS_BYTES.removesuffix("_total"), "egress", labels=["link"])
+        with self.lock:
+            for link, rate in self.egress_rate_bps.items():
+                self.egress_bytes[link] = self.egress_bytes.get(link, 0.0) + rate * (now - self._last_scrape)
+            self._last_scrape = now
+            for link, value in self.egress_bytes.items():
+                egress.add_metric([link], value)
+        yield from (waiting, running, kv, egress)
+
+
+class PrometheusStack:
+    """The exporter (in this process) and Prometheus (a child process) scraping it every second."""
+
+    def __init__(self, k8s_url: str) -> None:
+        self.exporter = EngineExporter(k8s_url)
+        self.registry = CollectorRegistry()
+        self.registry.register(self.exporter)
+        self.dir = Path(tempfile.mkdtemp(prefix="prfaas-prom-"))
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._server: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> PrometheusStack:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is not installed (scripts/system-deps.sh installs it)")
+        registry = self.registry
+
+        class Metrics(BaseHTTPRequestHandler):
+            """Always the classic text format: prometheus_client's own server would escape vLLM's colons
+            for a scraper that negotiates OpenMetrics without UTF-8 names."""
+
+            def do_GET(self) -> None:
+                body = generate_latest(registry)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # Prometheus stopped mid-scrape
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        exporter_port = self._server.server_port
+        (self.dir / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n- job_name: engines\n  honor_labels: true\n"
+            f"  static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
+        )
+        self.proc = self._spawn()
+        wait_until(lambda: httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200, 30, "Prometheus ready")
+        wait_until(lambda: self.query("up") and self.query("up")[0]["value"][1] == "1", 30, "first scrape")
+        return self
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={self.dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--query.lookback-delta=5s",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        resp = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=2)
+        return list(resp.json()["data"]["result"])
+
+    def stop_prometheus(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+            self.proc = None
+
+    def restart_prometheus(self) -> None:
+        self.stop_prometheus()
+        self.proc = self._spawn()
+        wait_until(lambda: httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200, 30, "Prometheus ready")
+
+    def stop(self) -> None:
+        self.stop_prometheus()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        self.exporter.http.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

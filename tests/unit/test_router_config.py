@@ -1,0 +1,49 @@
+"""The router's config loading: the settings file merged over the published config, errors that keep the old
+config, and reloads seen through content changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prfaas_core.profiles import builtin_model_profiles
+from prfaas_router.config import ConfigError, ConfigWatcher, load_config
+
+MODEL = builtin_model_profiles()["internal-1t"].model_dump(mode="json", by_alias=True, exclude_none=True)
+BASE = {"pdCluster": "pd", "thresholdMinTokens": 100, "model": MODEL, "limits": {"maxInFlight": 10}}
+
+
+def test_settings_blocks_merge_over_the_published_config(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text(json.dumps(BASE))
+    (tmp_path / "s.yaml").write_text("limits: {retryAfterSeconds: 7}\nrouting: {breakerOpenSeconds: 3}\n")
+    config, _ = load_config(tmp_path / "c.json", tmp_path / "s.yaml")
+    assert config.limits.max_in_flight == 10 and config.limits.retry_after_seconds == 7
+    assert config.routing.breaker_open_seconds == 3
+
+
+def test_settings_may_not_override_what_the_operator_publishes(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text(json.dumps(BASE))
+    (tmp_path / "s.yaml").write_text("thresholdMinTokens: 5\n")
+    with pytest.raises(ConfigError, match="may set only"):
+        load_config(tmp_path / "c.json", tmp_path / "s.yaml")
+
+
+def test_invalid_config_names_the_field(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text(json.dumps({**BASE, "thresholdMinTokens": -1}))
+    with pytest.raises(ConfigError, match="thresholdMinTokens"):
+        load_config(tmp_path / "c.json")
+
+
+def test_watcher_sees_changes_to_either_file_and_skips_bad_versions(tmp_path: Path) -> None:
+    c, s = tmp_path / "c.json", tmp_path / "s.yaml"
+    c.write_text(json.dumps(BASE))
+    s.write_text("limits: {retryAfterSeconds: 2}\n")
+    w = ConfigWatcher(c, s)
+    assert w.poll() is not None and w.poll() is None  # first read, then unchanged
+    s.write_text("limits: {retryAfterSeconds: 4}\n")
+    new = w.poll()
+    assert new is not None and new.limits.retry_after_seconds == 4
+    c.write_text("{not json")
+    assert w.poll() is None and w.last_error is not None and "not valid JSON" in w.last_error
