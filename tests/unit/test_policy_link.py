@@ -65,3 +65,11 @@ def test_bad_params_are_rejected() -> None:
         LinkParams("x", capacity_gbps=10, scarce_watermark=0.5, abundant_watermark=0.6)
     with pytest.raises(ValueError):
         LinkParams("x", capacity_gbps=0)
+
+
+def test_admitted_streams_bound_the_estimate_below_a_saturated_measurement() -> None:
+    ledger = EgressLedger()
+    for i in range(12):  # 12 x 10 Gbps admitted, the 100 Gbps link carries its capacity
+        ledger.start(f"r{i}", 1.25e9, now_s=0.0, duration_s=1.0)
+    ledger.record_measurement(99.0, now_s=0.1)
+    assert ledger.estimate_gbps(0.2, LINK) == pytest.approx(120)

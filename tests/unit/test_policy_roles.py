@@ -178,3 +178,13 @@ def test_dry_run_loop_records_but_never_acts() -> None:
     assert cluster.applied == []
     assert d.action == "Drain" and loop.state.pending is None
     assert sum(1 for r in cluster.roles.values() if r == "prefill") == 3
+
+
+def test_a_queue_does_not_flip_a_stage_below_the_observed_arrival_rate() -> None:
+    # prefill queues at 3 req/s, but 4 decode instances carry only 4 x 0.78 = 3.1 req/s: one fewer would not do
+    o = RoleObservation(instances(4, 4), StageLoad(60), StageLoad(0), arrival_rate_rps=3.0)
+    d = decide_roles(RoleState(verdict="prefill-bound", streak=5), o, PARAMS, INPUTS, T, 0.0)
+    assert d.action == "Hold" and "one decode instance fewer carries" in d.reason
+    # at 2 req/s it may
+    o2 = RoleObservation(instances(4, 4), StageLoad(60), StageLoad(0), arrival_rate_rps=2.0)
+    assert decide_roles(RoleState(verdict="prefill-bound", streak=5), o2, PARAMS, INPUTS, T, 0.0).action == "Drain"

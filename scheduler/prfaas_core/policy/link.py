@@ -136,7 +136,15 @@ class EgressLedger:
         self._own_at_measurement_gbps = self.own_gbps(now_s)
 
     def estimate_gbps(self, now_s: float, params: LinkParams) -> float:
-        """Best estimate of the link's total egress now."""
+        """Best estimate of the link's total egress, present and committed.
+
+        With a fresh measurement: the measured total corrected by this replica's change since it was taken,
+        but never below this replica's own admitted streams — streams admitted at dispatch may still wait
+        in the PrFaaS queue and will cross the link later, and a saturated link measures only its capacity.
+        Counting them keeps admitted egress under the cap (what admission guarantees); the price is that a
+        long PrFaaS queue makes the link look busier than the wire is (see the notes of the simulator issue).
+        Without a fresh measurement: the own figure.
+        """
         own = self.own_gbps(now_s)
         if self._measured_gbps is None or now_s - self._measured_at_s > params.measurement_max_age_s:
             return own

@@ -189,14 +189,29 @@ def classify(
     model = f"(Θ_prfaas+Θ_pd-p)/Θ_pd-d = {producers:.2f}/{point.theta_pd_d:.2f} = {ratio:.2f}"
     if prefill_standing and decode_standing:
         return None, f"both stages queue ({queues}): flipping cannot help, more hardware is needed", ratio
+    lam = obs.arrival_rate_rps
     if decode_standing:
-        return "decode-bound", f"decode-bound: {queues} (> {q:g} per decode instance)", ratio
+        why = f"decode-bound: {queues} (> {q:g} per decode instance)"
+        if lam is not None and n_p > 1:
+            fewer = evaluate(inputs, split_lengths(inputs, threshold_tokens), n_prfaas, n_p - 1, n_d + 1)
+            prefill_after = min(fewer.prfaas_rate, fewer.pd_prefill_rate)
+            if prefill_after < lam:
+                return (
+                    None,
+                    f"{why}, but one prefill instance fewer carries {prefill_after:.2f} < {lam:.2f} req/s",
+                    ratio,
+                )
+        return "decode-bound", why, ratio
     if prefill_standing:
-        return "prefill-bound", f"prefill-bound: {queues} (> {q:g} per prefill instance)", ratio
+        why = f"prefill-bound: {queues} (> {q:g} per prefill instance)"
+        if lam is not None and n_d > 1:
+            decode_after = (n_d - 1) * inputs.decode_requests_per_second()
+            if decode_after < lam:
+                return None, f"{why}, but one decode instance fewer carries {decode_after:.2f} < {lam:.2f} req/s", ratio
+        return "prefill-bound", why, ratio
     # without queues, the model (Eq. 8) may move the split ahead of load — only when the observed arrival rate
     # is known and the new split carries it with more headroom than the current one (so a model that
     # disagrees with what the engines measure never flips against them)
-    lam = obs.arrival_rate_rps
     if lam is None:
         return None, f"no standing queue; {model} (arrival rate unknown: the model alone flips nothing)", ratio
     t_now = threshold_tokens

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..kv import KvModel
+from ..names import GBPS_BITS
 from ..planner import egress_floor_threshold
 from ..workload import EmpiricalDistribution
 from .link import LinkMode, LinkParams
@@ -53,6 +54,12 @@ def decide_threshold(
     recent_uncached_lengths = [n for n in recent_uncached_lengths if n > 0]
     if not recent_uncached_lengths or window_s <= 0:
         return ThresholdDecision(bounds.min_tokens, 0, f"no recent requests: t = t_min = {bounds.min_tokens}")
+    # cheap exit (most calls): the window's egress with t = t_min already fits the budget
+    at_t_min = sum(kv.kv_bytes(n) for n in recent_uncached_lengths if n > bounds.min_tokens)
+    if at_t_min * 8.0 / window_s / GBPS_BITS <= budget_gbps:
+        return ThresholdDecision(
+            bounds.min_tokens, 0, f"link {mode}: t = t_min = {bounds.min_tokens} (fits the budget)"
+        )
     dist = EmpiricalDistribution.from_lengths(recent_uncached_lengths)
     rate = len(recent_uncached_lengths) / window_s
     t_bw = egress_floor_threshold(dist, kv, rate, budget_gbps)

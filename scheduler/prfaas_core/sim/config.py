@@ -1,0 +1,47 @@
+"""One deployment as the engine runs it: hardware, counts, how requests are routed, which policies live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..api.common import SloSpec
+from ..plan_inputs import PlanInputs
+from ..policy.roles import RolePolicyParams
+from .scenario import CacheSpec, SimLinkSpec
+
+Routing = Literal["local", "remote", "threshold"]
+"""``local``: every prefill in the PD cluster (homogeneous PD); ``remote``: every prefill on PrFaaS (naive
+heterogeneous: no length routing); ``threshold``: the production routing policy (PrFaaS-PD)."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one run needs besides the request sequence."""
+
+    name: str
+    inputs: PlanInputs
+    """KV model, hardware profiles and the declared workload (the role loop's planner inputs)."""
+    routing: Routing
+    n_prfaas: int
+    n_prefill: int
+    n_decode: int
+    threshold_tokens: int
+    """``t`` at the start (``t_min``); fixed unless ``live_threshold``."""
+    live_threshold: bool
+    live_roles: bool
+    link: SimLinkSpec
+    cache: CacheSpec
+    slo: SloSpec
+    role_params: RolePolicyParams
+    threshold_window_s: float = 30.0
+    flip_delay_s: float = 0.0
+    observe_window_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.n_decode < 1:
+            raise ValueError(f"{self.name}: needs at least one decode instance")
+        if self.routing != "remote" and self.n_prefill < 1:
+            raise ValueError(f"{self.name}: needs at least one PD prefill instance")
+        if self.routing != "local" and self.n_prfaas < 1:
+            raise ValueError(f"{self.name}: needs at least one PrFaaS instance")

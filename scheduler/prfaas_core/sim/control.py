@@ -1,0 +1,155 @@
+"""The simulator's Observer and Actuator for the unchanged :class:`~prfaas_core.policy.loop.LongTermLoop`.
+
+*Observe* (what a Prometheus observer would read): per-stage queue depth and utilisation averaged over the
+samples since the last cycle (one per simulated second), every PD instance's role, work in flight and
+draining flag, and the observed mix — a histogram of incremental lengths (buckets ~1.5 % wide) and the
+arrival rate over ``observeWindowSeconds`` (default 300 s: a one-minute window holds ~100 requests at the
+case study's rates, and the model ratio and ``t_min`` computed from so few swing by ±15 % on a stationary
+workload).
+
+*Apply*: ``drain`` sets the instance's draining flag (the pickers send it no new work; its queue and
+streams finish); ``flip`` gives it the new role (after ``flipDelaySeconds`` of warm-up). A flip forced by
+the drain timeout re-dispatches the work that had not started (prefill jobs, waiting streams) — nothing is
+dropped; work already running finishes where it is. ``t_min`` published with the decision becomes the
+threshold policy's lower bound.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ..policy.roles import InstanceState, RoleDecision, RoleObservation, StageLoad
+from ..workload import EmpiricalDistribution
+from .results import RoleEvent
+
+if TYPE_CHECKING:
+    from .engine import Req, Simulation
+
+MIN_LENGTH_SAMPLES = 20
+
+
+def _bucket(length: int) -> float:
+    """The observed length as a histogram bucket ~1.5 % wide (a Prometheus observer sees histogram
+    buckets, not single requests; exact below 128 tokens)."""
+    if length < 128:
+        return float(max(1, length))
+    width = 1 << (length.bit_length() - 7)
+    return float((length // width) * width + width // 2)
+
+
+class SimControl:
+    """Observer + Actuator over one :class:`~prfaas_core.sim.engine.Simulation`."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.lengths: deque[tuple[float, int]] = deque()
+        """``(arrival, incremental length)`` of recent requests."""
+        self._sums = [0.0] * 6
+        self._n = 0
+        self.last_queues = (0, 0, 0)
+        self.n_prefill = self.n_decode = 0
+
+    def sample(self, now: float) -> None:
+        """One per-second sample of queues and utilisation (also feeds the run's utilisation)."""
+        sim = self.sim
+        q_pdp = q_dec = busy_pdp = n_pdp = active = slots = 0
+        for i in sim.pd:
+            jobs = i.prefill_jobs
+            started = bool(jobs) and jobs[0].start_s <= now
+            q_pdp += len(jobs) - started
+            q_dec += len(i.waiting)
+            if i.role == "prefill":
+                n_pdp += 1
+                busy_pdp += started
+            else:
+                active += i.active
+                slots += i.decode_slots
+        q_prf = busy_prf = 0
+        for i in sim.prfaas:
+            jobs = i.prefill_jobs
+            started = bool(jobs) and jobs[0].start_s <= now
+            q_prf += len(jobs) - started
+            busy_prf += started
+        self.last_queues = (q_pdp, q_prf, q_dec)
+        u_pdp = busy_pdp / n_pdp if n_pdp else 0.0
+        u_prf = busy_prf / len(sim.prfaas) if sim.prfaas else 0.0
+        u_dec = active / slots if slots else 0.0
+        self.n_prefill, self.n_decode = n_pdp, len(sim.pd) - n_pdp
+        for k, v in enumerate((q_pdp, q_prf, q_dec, u_pdp, u_prf, u_dec)):
+            self._sums[k] += v
+        self._n += 1
+        if now <= sim.duration_s:
+            r = sim.result
+            r.util_samples += 1
+            r.util_pd_prefill_sum += u_pdp
+            r.util_prfaas_sum += u_prf
+            r.util_decode_sum += u_dec
+
+    # --- Observer ------------------------------------------------------------------------------------------
+
+    def observe(self, now_s: float) -> RoleObservation:
+        sim = self.sim
+        n = max(self._n, 1)
+        q_pdp, q_prf, q_dec, u_pdp, u_prf, u_dec = (s / n for s in self._sums)
+        self._sums = [0.0] * 6
+        self._n = 0
+        window = min(sim.cfg.observe_window_s, max(now_s, 1.0))
+        while self.lengths and self.lengths[0][0] < now_s - window:
+            self.lengths.popleft()
+        counts: dict[float, float] = {}
+        for _, length in self.lengths:
+            b = _bucket(length)
+            counts[b] = counts.get(b, 0.0) + 1.0
+        n_seen = len(self.lengths)
+        dist = EmpiricalDistribution.from_histogram(counts.items()) if n_seen >= MIN_LENGTH_SAMPLES else None
+        instances = tuple(InstanceState(i.name, i.role, i.in_flight(), i.draining) for i in sim.pd)
+        return RoleObservation(
+            instances,
+            prefill=StageLoad(q_pdp, u_pdp),
+            decode=StageLoad(q_dec, u_dec),
+            prfaas=StageLoad(q_prf, u_prf),
+            n_prfaas_ready=len(sim.prfaas),
+            lengths=dist,
+            arrival_rate_rps=n_seen / window if window > 0 else None,
+        )
+
+    # --- Actuator ------------------------------------------------------------------------------------------
+
+    def apply(self, decision: RoleDecision, now_s: float) -> None:
+        sim = self.sim
+        for name in decision.drain:
+            sim.by_name[name].draining = True
+        for name, role in decision.flip:
+            inst = sim.by_name[name]
+            old = inst.role
+            inst.role = role
+            inst.draining = False
+            inst.available_at_s = now_s + sim.cfg.flip_delay_s
+            if old == "prefill" and role == "decode":
+                for job in inst.withdraw_unstarted(now_s):
+                    req: Req = job.req  # type: ignore[assignment]
+                    sim.redispatch_prefill(req)
+            elif old == "decode" and role == "prefill":
+                waiting = list(inst.waiting)
+                inst.waiting.clear()
+                for stream in waiting:
+                    sim.redispatch_decode(stream)  # type: ignore[arg-type]
+        if decision.flip:
+            sim.result.flips += 1
+        if decision.threshold_min_tokens is not None:
+            sim.t_min = decision.threshold_min_tokens
+            if not sim.cfg.live_threshold:
+                sim.t = decision.threshold_min_tokens
+        events = sim.result.role_events
+        if decision.action != "Hold" or not events or events[-1].reason != decision.reason:
+            events.append(
+                RoleEvent(
+                    now_s,
+                    decision.action,
+                    decision.reason,
+                    decision.prefill_to,
+                    decision.decode_to,
+                    decision.threshold_min_tokens,
+                )
+            )

@@ -1,0 +1,429 @@
+"""The discrete-event simulation of one deployment, driving the production policies on a virtual clock.
+
+Request path (ARCHITECTURE.md, "The request path"): arrival -> prefix lookup in each cluster's pool ->
+:func:`~prfaas_core.policy.routing.decide_route` (threshold ``t`` in force, link mode, egress estimate,
+admission under the cap) -> :func:`~prfaas_core.policy.routing.pick_prefill_instance` -> prefill (FIFO) ->
+for a remote prefill its KV streams over the link layer-wise *during* the prefill -> when the KV is at the
+PD cluster, :func:`~prfaas_core.policy.routing.pick_decode_instance` -> decode slot -> done.
+
+Short term, once per simulated second: the link's 1-s egress is measured and fed to the router's
+:class:`~prfaas_core.policy.link.EgressLedger`; :func:`~prfaas_core.policy.link.next_link_state` gives the
+scarce/abundant mode; with a live threshold :func:`~prfaas_core.policy.threshold.decide_threshold`
+re-evaluates ``t`` from the last window of incremental lengths. Long term: the unchanged
+:class:`~prfaas_core.policy.loop.LongTermLoop` with this module's observer and actuator
+(:mod:`.control`) on its own schedule (``next_due_s``). Cross-cluster cache moves of the abundant mode
+take the link too (PD -> PrFaaS moves the reverse direction, a link of its own).
+
+TTFT is measured from arrival to the first token, which the decode instance streams after its first step;
+it therefore includes prefill queueing, the part of the transfer not hidden by pipelining and any wait
+for a decode slot. TPOT is ``T_decode``. Nothing is dropped: every request runs to completion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from ..names import GBPS_BITS
+from ..policy.link import EgressLedger, LinkParams, LinkState, next_link_state
+from ..policy.loop import LongTermLoop
+from ..policy.routing import (
+    InstanceView,
+    RouteRequest,
+    RoutingView,
+    decide_route,
+    pick_decode_instance,
+    pick_prefill_instance,
+    transfer_bytes,
+)
+from ..policy.threshold import ThresholdBounds, decide_threshold
+from .arrivals import SimRequest
+from .cache import HybridPrefixPool
+from .config import SimConfig
+from .control import SimControl
+from .events import EventQueue
+from .instances import Instance, Job
+from .link import FluidLink
+from .results import RunResult, Series
+
+ProgressFn = Callable[[float], None]
+GIB = float(1 << 30)
+
+
+class Req:
+    """A request's state in one run."""
+
+    __slots__ = (
+        "done_s",
+        "first_token_s",
+        "kv_ready_s",
+        "prefill_end_s",
+        "remote",
+        "spec",
+        "transfer_bytes",
+        "uncached",
+    )
+
+    def __init__(self, spec: SimRequest) -> None:
+        self.spec = spec
+        self.remote = False
+        self.uncached = spec.input_tokens
+        self.transfer_bytes = 0.0
+        self.prefill_end_s = math.nan
+        self.kv_ready_s = math.nan
+        self.first_token_s = math.nan
+        self.done_s = math.nan
+
+
+class Simulation:
+    """One deployment over one request sequence (see the module docstring)."""
+
+    def __init__(self, config: SimConfig, requests: Sequence[SimRequest], duration_s: float) -> None:
+        self.cfg = config
+        self.requests = requests
+        self.duration_s = duration_s
+        inputs = config.inputs
+        self.kv = inputs.kv
+        self.prfaas_seconds = inputs.prfaas_hardware.prefill_seconds
+        self.pd_seconds = inputs.pd_hardware.prefill_seconds
+        decode = inputs.pd_hardware.decode
+        assert decode is not None  # PlanInputs guarantees a decode capacity
+        self.step_s = decode.step_time_s
+        self.events = EventQueue()
+        self.prfaas = [Instance(f"prfaas-{i}", "prfaas", "prefill", 0) for i in range(config.n_prfaas)]
+        roles = ["prefill"] * config.n_prefill + ["decode"] * config.n_decode
+        self.pd = [Instance(f"pd-{i}", "pd", r, decode.max_batch_size) for i, r in enumerate(roles)]  # type: ignore[arg-type]
+        self.by_name = {i.name: i for i in self.pd}
+        link = config.link
+        self.link_params = LinkParams(
+            "prfaas-to-pd", link.capacity_gbps, link.max_utilization, link.scarce_watermark, link.abundant_watermark
+        )
+        one_way = link.rtt_ms / 2000.0
+        cap = link.capacity_gbps * GBPS_BITS / 8.0
+        self.link = FluidLink(self.events, cap, one_way)
+        self.reverse = FluidLink(self.events, cap, one_way)
+        self.ledger = EgressLedger()
+        self.link_state = LinkState()
+        cache = config.cache
+        pool_bytes = cache.pool_capacity_gib * GIB
+        self.pd_pool = HybridPrefixPool(self.kv, pool_bytes, cache.block_tokens, cache.checkpoints_per_session)
+        self.prfaas_pool = HybridPrefixPool(self.kv, pool_bytes, cache.block_tokens, cache.checkpoints_per_session)
+        self.t = config.threshold_tokens
+        self.t_min = config.threshold_tokens
+        self.threshold_reason = "initial t = t_min"
+        self.window: deque[tuple[float, int]] = deque()
+        self.control = SimControl(self)
+        self.loop: LongTermLoop | None = None
+        if config.live_roles:
+            self.loop = LongTermLoop(
+                config.role_params, inputs, self.control, self.control, lambda: float(self.t), history_limit=100
+            )
+        self.result = RunResult(config.name, duration_s, len(requests))
+        self.series = self.result.series
+        self.arrived = 0
+        self.completed = 0
+        self._last_sent = 0.0
+        self._window_capacity_gbps = config.link.capacity_gbps
+        """The largest capacity in force during the current 1-s window (the series' ``capacity_gbps``)."""
+        self._stop_s = math.inf
+        self._progress: ProgressFn | None = None
+
+    # --- running -----------------------------------------------------------------------------------------
+
+    def run(self, until_s: float | None = None, progress: ProgressFn | None = None) -> RunResult:
+        """Run to ``until_s`` (default: until every request has finished, at most ``3 × duration + 600`` s)."""
+        ev = self.events
+        for spec in self.requests:
+            ev.at(spec.arrival_s, self._arrive, Req(spec))
+        for step in self.cfg.link.schedule:
+            ev.at(step.at_seconds, self._set_capacity, step.capacity_gbps)
+        ev.at(1.0, self._tick, None)
+        if self.loop is not None:
+            ev.at(self.cfg.role_params.period_s, self._run_loop, None)
+        self._stop_s = until_s if until_s is not None else 3.0 * self.duration_s + 600.0
+        self._progress = progress
+        ev.run_until(self._stop_s)
+        return self._finish(min(ev.now_s, self._last_event_s()))
+
+    def _last_event_s(self) -> float:
+        times = self.series.time_s
+        return times[-1] if times else 0.0
+
+    def _finish(self, end_s: float) -> RunResult:
+        r = self.result
+        r.end_s = end_s
+        r.events = self.events.events_run
+        r.completed = self.completed
+        r.link_max_over_capacity_gbps = self.link.max_over_capacity * 8.0 / GBPS_BITS
+        r.pool_hit_tokens = self.pd_pool.hit_tokens + self.prfaas_pool.hit_tokens
+        r.pool_block_match_tokens = self.pd_pool.block_match_tokens + self.prfaas_pool.block_match_tokens
+        if self.loop is not None:
+            r.decisions = [(e.time_s, e.decision.action, e.decision.reason) for e in self.loop.history]
+        return r
+
+    # --- arrival and routing -------------------------------------------------------------------------------
+
+    def _arrive(self, req: Req) -> None:
+        now = self.events.now_s
+        self.arrived += 1
+        spec = req.spec
+        total = spec.input_tokens
+        shared = spec.shared_prefix_tokens
+        cache_on = self.cfg.cache.enabled and shared > 0
+        routing = self.cfg.routing
+        if routing == "local":
+            l_pd = self.pd_pool.lookup(spec.session, shared) if cache_on else 0
+            self._record_length(now, total - l_pd)
+            self._to_pd_prefill(req, total - l_pd)
+            return
+        l_pd = self.pd_pool.lookup(spec.session, shared) if cache_on else 0
+        l_prf = self.prfaas_pool.lookup(spec.session, shared) if cache_on else 0
+        if routing == "remote":
+            self._record_length(now, total - l_prf)
+            self._to_remote(req, total - l_prf, transfer_bytes(self.kv, total, l_pd))
+            return
+        view = RoutingView(
+            self.t, self.link_state.mode, self.ledger.estimate_gbps(now, self.link_params), self.link_params, True
+        )
+        decision = decide_route(RouteRequest(total, l_pd, l_prf), view, self.kv, self.prfaas_seconds)
+        self._record_length(now, decision.uncached_tokens)
+        moved = decision.cache_transfer_tokens
+        if decision.target == "remote":
+            self._to_remote(req, decision.uncached_tokens, decision.transfer_bytes, l_prf + moved, l_prf)
+        elif moved:
+            # abundant mode: the longer prefix sits in PrFaaS's pool; it crosses the link first
+            best = l_pd + moved
+            nbytes = transfer_bytes(self.kv, best, l_pd)
+            self.result.cache_move_bytes += nbytes
+            uncached = decision.uncached_tokens
+            self.link.start(("move", req), nbytes, now, now, lambda _k: self._moved_to_pd(req, best, uncached))
+        else:
+            self._to_pd_prefill(req, decision.uncached_tokens)
+
+    def _record_length(self, now: float, uncached: int) -> None:
+        if self.cfg.live_threshold:
+            self.window.append((now, uncached))
+        if self.loop is not None:
+            self.control.lengths.append((now, uncached))
+
+    def redispatch_prefill(self, req: Req) -> None:
+        """A queued PD prefill whose instance was flipped before it started (forced flip)."""
+        self._to_pd_prefill(req, req.uncached)
+
+    def redispatch_decode(self, req: Req) -> None:
+        """A stream waiting on an instance flipped to prefill (forced flip)."""
+        self._to_decode(req)
+
+    def _moved_to_pd(self, req: Req, best: int, uncached: int) -> None:
+        self.pd_pool.import_prefix(req.spec.session, best)
+        self._to_pd_prefill(req, uncached)
+
+    # --- prefill ----------------------------------------------------------------------------------------------
+
+    def _to_pd_prefill(self, req: Req, uncached: int) -> None:
+        now = self.events.now_s
+        req.uncached = uncached
+        inst = self._pick_prefill(self.pd, req, uncached, self.pd_seconds, now)
+        job = inst.enqueue_prefill(req, now, self.pd_seconds(float(max(uncached, 1))))
+        self.events.at(job.end_s, self._prefill_end, (job, job.gen))
+
+    def _to_remote(self, req: Req, uncached: int, nbytes: float, move_best: int = 0, prfaas_has: int = 0) -> None:
+        """Remote prefill; with ``move_best`` PD's longer prefix (``move_best`` tokens, PrFaaS holding
+        ``prfaas_has``) is first moved to PrFaaS over the reverse direction (abundant mode)."""
+        now = self.events.now_s
+        req.remote = True
+        req.uncached = uncached
+        req.transfer_bytes = nbytes
+        duration = self.prfaas_seconds(float(max(uncached, 1)))
+        self.ledger.start(str(req.spec.id), nbytes, now, duration)
+        if move_best > prfaas_has:
+            size = transfer_bytes(self.kv, move_best, prfaas_has)
+            self.result.cache_move_bytes += size
+            self.reverse.start(
+                ("move", req), size, now, now, lambda _k: self._moved_to_prfaas(req, move_best, duration)
+            )
+            return
+        self._enqueue_remote(req, duration)
+
+    def _moved_to_prfaas(self, req: Req, tokens: int, duration: float) -> None:
+        self.prfaas_pool.import_prefix(req.spec.session, tokens)
+        self._enqueue_remote(req, duration)
+
+    def _enqueue_remote(self, req: Req, duration: float) -> None:
+        now = self.events.now_s
+        inst = self._pick_prefill(self.prfaas, req, req.uncached, self.prfaas_seconds, now)
+        job = inst.enqueue_prefill(req, now, duration)
+        self.events.at(job.start_s, self._remote_start, (job, job.gen))
+        self.events.at(job.end_s, self._prefill_end, (job, job.gen))
+
+    def _pick_prefill(
+        self, pool: list[Instance], req: Req, uncached: int, seconds: Callable[[float], float], now: float
+    ) -> Instance:
+        total = req.spec.input_tokens
+        cached = total - uncached
+        views = [
+            InstanceView(i.name, i.queued_prefill_s(now), cached, healthy=now >= i.available_at_s, draining=i.draining)
+            for i in pool
+            if i.role == "prefill"
+        ]
+        pick = pick_prefill_instance(views, total, seconds)
+        if pick.name is None:  # every prefill instance drains or warms up: queue on the least busy one
+            candidates = [i for i in pool if i.role == "prefill"] or pool
+            return min(candidates, key=lambda i: (i.queued_prefill_s(now), i.name))
+        return self._instance(pool, pick.name)
+
+    @staticmethod
+    def _instance(pool: list[Instance], name: str) -> Instance:
+        for i in pool:
+            if i.name == name:
+                return i
+        raise KeyError(name)  # pragma: no cover - the picker only returns names it was given
+
+    def _remote_start(self, arg: tuple[Job, int]) -> None:
+        job, gen = arg
+        if gen != job.gen:
+            return
+        req: Req = job.req  # type: ignore[assignment]
+        self.link.start(req, req.transfer_bytes, job.start_s, job.end_s, self._kv_arrived)
+
+    def _prefill_end(self, arg: tuple[Job, int]) -> None:
+        job, gen = arg
+        if gen != job.gen:
+            return
+        job.instance.finish_prefill(job)
+        req: Req = job.req  # type: ignore[assignment]
+        spec = req.spec
+        now = self.events.now_s
+        req.prefill_end_s = now
+        if req.remote:
+            self.result.busy_prfaas_s += job.duration_s
+            if self.cfg.cache.enabled:
+                self.prfaas_pool.store(spec.session, spec.input_tokens, spec.shared_prefix_tokens)
+            return  # the KV is still streaming: _kv_arrived continues
+        self.result.busy_pd_prefill_s += job.duration_s
+        if self.cfg.cache.enabled:
+            self.pd_pool.store(spec.session, spec.input_tokens, spec.shared_prefix_tokens)
+        req.kv_ready_s = now
+        self._to_decode(req)
+
+    def _kv_arrived(self, req: Req) -> None:
+        req.kv_ready_s = self.events.now_s
+        self.result.transferred_bytes += req.transfer_bytes
+        self._to_decode(req)
+
+    # --- decode -------------------------------------------------------------------------------------------
+
+    def _to_decode(self, req: Req) -> None:
+        now = self.events.now_s
+        views = [
+            InstanceView(
+                i.name,
+                active_decodes=i.decode_load,
+                decode_slots=i.decode_slots,
+                healthy=now >= i.available_at_s,
+                draining=i.draining,
+            )
+            for i in self.pd
+            if i.role == "decode"
+        ]
+        pick = pick_decode_instance(views)
+        if pick.name is None:
+            candidates = [i for i in self.pd if i.role == "decode"] or self.pd
+            inst = min(candidates, key=lambda i: (i.decode_load, i.name))
+        else:
+            inst = self.by_name[pick.name]
+        self.admit_decode(inst, req)
+
+    def admit_decode(self, inst: Instance, req: Req) -> None:
+        if inst.active < inst.decode_slots:
+            self._start_stream(inst, req)
+        else:
+            inst.waiting.append(req)
+
+    def _start_stream(self, inst: Instance, req: Req) -> None:
+        now = self.events.now_s
+        inst.active += 1
+        if req.remote:  # like the router: the ledger entry ends when the decode answers (its first token)
+            self.ledger.finish(str(req.spec.id))
+        req.first_token_s = now + self.step_s
+        self.events.at(now + req.spec.output_tokens * self.step_s, self._stream_end, (inst, req))
+
+    def _stream_end(self, arg: tuple[Instance, Req]) -> None:
+        inst, req = arg
+        now = self.events.now_s
+        inst.active -= 1
+        req.done_s = now
+        spec = req.spec
+        if self.cfg.cache.enabled:
+            ctx = spec.input_tokens + spec.output_tokens
+            self.pd_pool.store(spec.session, ctx, ctx)
+        self.completed += 1
+        self.result.record(req, self.cfg.slo)
+        if inst.waiting and inst.active < inst.decode_slots:
+            self._start_stream(inst, inst.waiting.popleft())  # type: ignore[arg-type]
+
+    # --- link capacity, ticks, the role loop ----------------------------------------------------------------
+
+    def _set_capacity(self, gbps: float) -> None:
+        cap = gbps * GBPS_BITS / 8.0
+        self.link.set_capacity(cap)
+        self.reverse.set_capacity(cap)
+        p = self.link_params
+        self.link_params = LinkParams(p.name, gbps, p.max_utilization, p.scarce_watermark, p.abundant_watermark)
+        self.result.capacity_changes.append((self.events.now_s, gbps))
+        self._window_capacity_gbps = max(self._window_capacity_gbps, gbps)
+
+    def _tick(self, _: object) -> None:
+        now = self.events.now_s
+        sent = self.link.bytes_sent(now)
+        egress = (sent - self._last_sent) * 8.0 / GBPS_BITS
+        self._last_sent = sent
+        params = self.link_params
+        self.ledger.record_measurement(egress, now)
+        estimate = self.ledger.estimate_gbps(now, params)
+        self.link_state = next_link_state(self.link_state, estimate, params, now)
+        if self.cfg.live_threshold and now <= self.duration_s:  # after the last arrival nothing reads t
+            horizon = now - self.cfg.threshold_window_s
+            window = self.window
+            while window and window[0][0] < horizon:
+                window.popleft()
+            decision = decide_threshold(
+                self.link_state.mode,
+                ThresholdBounds(self.t_min),
+                [length for _, length in window],
+                min(self.cfg.threshold_window_s, now),
+                self.kv,
+                params,
+            )
+            self.t = decision.tokens
+            self.threshold_reason = decision.reason
+        in_system = self.arrived - self.completed
+        self.control.sample(now)
+        s: Series = self.series
+        s.time_s.append(now)
+        s.egress_gbps.append(egress)
+        s.capacity_gbps.append(self._window_capacity_gbps)
+        self._window_capacity_gbps = params.capacity_gbps
+        s.threshold_tokens.append(self.t)
+        s.scarce.append(1 if self.link_state.scarce else 0)
+        s.in_system.append(in_system)
+        control = self.control
+        s.n_prefill.append(control.n_prefill)
+        s.n_decode.append(control.n_decode)
+        q_pdp, q_prf, q_dec = control.last_queues
+        s.queue_prefill.append(q_pdp)
+        s.queue_prfaas.append(q_prf)
+        s.queue_decode.append(q_dec)
+        if self._progress is not None and int(now) % 60 == 0:
+            self._progress(min(1.0, now / self.duration_s))
+        if now < self.duration_s or (in_system > 0 and now + 1.0 <= self._stop_s):
+            self.events.at(now + 1.0, self._tick, None)
+
+    def _run_loop(self, _: object) -> None:
+        assert self.loop is not None
+        now = self.events.now_s
+        if now >= self.duration_s and self.arrived == self.completed:
+            return
+        self.loop.run_once(now)
+        self.events.at(max(self.loop.next_due_s(), now + 1e-3), self._run_loop, None)
