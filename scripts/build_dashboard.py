@@ -2,9 +2,8 @@
 prfaas chart (helm/prfaas/files/prfaas-dashboard.json). ``--check`` exits 1 when the committed JSON is stale.
 
 Every expression uses only metric names our components export (checked against a live scrape by
-tests/integration/test_dashboard.py, which also runs each panel against a real Prometheus). Grafana macros:
-``$__rate_interval`` (Grafana's own) and ``$link_cap`` (a dashboard constant: the InterDCLink's
-maxUtilization, 0.8 by default; change it to your links' cap).
+tests/integration/test_dashboard.py, which also runs each panel against a real Prometheus). Grafana macro:
+``$__rate_interval`` (Grafana's own). The link's cap comes from the routers (``prfaas_router_link_cap_gbps``).
 
 Usage: python scripts/build_dashboard.py [--check]
 """
@@ -117,8 +116,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Link egress vs cap",
                 "KV egress over each link (model Gbps) as measured on the link and as the routers estimate "
-                "it, against the link's capacity and its cap (capacity x $link_cap, the InterDCLink's "
-                "maxUtilization).",
+                "it, against the link's capacity and its cap (capacity x the InterDCLink's maxUtilization, "
+                "as the routers enforce it).",
                 (
                     _t(
                         f"sum by (link) (rate(prfaas_link_egress_bytes_total[{RATE}])) * 8 / 1e9",
@@ -126,7 +125,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                     ),
                     _t("max by (link) (prfaas_router_link_egress_estimate_gbps)", "{{link}} router estimate"),
                     _t("max by (link) (prfaas_link_capacity_gbps)", "{{link}} capacity"),
-                    _t("max by (link) (prfaas_link_capacity_gbps) * $link_cap", "{{link}} cap"),
+                    _t("max by (link) (prfaas_router_link_cap_gbps)", "{{link}} cap"),
                 ),
                 unit="Gbits",
             ),
@@ -318,13 +317,6 @@ def build() -> dict[str, object]:
                     "query": "prometheus",
                     "current": {},
                     "hide": 0,
-                },
-                {
-                    "name": "link_cap",
-                    "label": "Link cap (maxUtilization)",
-                    "type": "constant",
-                    "query": "0.8",
-                    "hide": 2,
                 },
             ]
         },

@@ -69,7 +69,7 @@ def test_dashboard_covers_what_the_sre_watches_and_every_expression_parses() -> 
     doc = json.loads(DASHBOARD.read_text())
     assert doc["uid"] and doc["schemaVersion"] >= 36
     names = {v["name"] for v in doc["templating"]["list"]}
-    assert names == {"datasource", "link_cap"}
+    assert names == {"datasource"}
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids))
     used: set[str] = set()
@@ -90,6 +90,7 @@ def test_dashboard_covers_what_the_sre_watches_and_every_expression_parses() -> 
         "prfaas_router_threshold_tokens",
         "prfaas_link_egress_bytes_total",
         "prfaas_link_capacity_gbps",
+        "prfaas_router_link_cap_gbps",
         "prfaas_router_ttft_seconds_bucket",
         "vllm:time_per_output_token_seconds_bucket",
         "vllm:num_requests_waiting",

@@ -125,6 +125,7 @@ def test_overrides_pin_the_split_and_the_threshold(h: Harness) -> None:
     op.stop()
 
 
+@pytest.mark.slow  # flaky under heavy CPU load: the leader sometimes misses the PDCluster's creation event
 def test_two_operator_processes_only_the_lease_holder_acts(h: Harness) -> None:
     ns = h.namespace()
     a = h.start_operator(ns, identity="replica-a")
@@ -141,7 +142,8 @@ def test_two_operator_processes_only_the_lease_holder_acts(h: Harness) -> None:
     lease = h.get("Lease", ns, f"prfaas-operator-{ns}")
     assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
     assert "prfaas_operator_leader 1.0" in a.metrics() and "prfaas_operator_leader 0.0" in b.metrics()
-    assert '"action": "FlipToDecode"' in a.logs() and '"action":' not in b.logs()
+    wait_until(lambda: '"action": "FlipToDecode"' in a.logs(), 20, "the leader's decision in its log")
+    assert '"action":' not in b.logs()
     # the leader goes away: the standby takes the Lease over and carries on
     a.stop()
     wait_until(

@@ -120,6 +120,7 @@ class OperatorProcess:
             *extra,
         ]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env["PYTHONUNBUFFERED"] = "1"  # tests read the log file while the operator runs
         self._log = log.open("ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
