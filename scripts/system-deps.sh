@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Idempotent: installs the system packages the test suite runs for real (Debian): Prometheus, which the
-# integration tests start on 127.0.0.1 to scrape the engine and link emulators. Runs `apt-get update` once,
-# and only when something is missing; a second run does nothing.
+# Idempotent: installs the system packages the test suite and benchmarks run for real (Debian): Prometheus,
+# which the integration tests start on 127.0.0.1 to scrape the engine and link emulators, and wrk, the load
+# generator of benchmarks/router_overhead.py and benchmarks/testbed.py. Runs `apt-get update` once, and only
+# when something is missing; a second run does nothing.
 set -euo pipefail
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi

@@ -11,17 +11,20 @@ seconds (wall x time_scale), the unit the SLOs are written in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from prfaas_core.trace import TraceRecord
 
 ROUTE_HEADER = "x-prfaas-route"
+EGRESS = "prfaas_link_egress_bytes_total"
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class Result:
     tpot_s: float | None = None
     e2e_s: float | None = None
     error: str = ""
+    sent_at: float | None = None
+    """Wall clock (perf_counter) when the request was sent; None while not sent."""
+    done: bool = False
 
     def meets(self, slo: Slo) -> bool:
         if self.status != 200 or self.ttft_s is None:
@@ -56,13 +62,34 @@ class Result:
             return False
         return self.tpot_s is None or self.tpot_s <= 1.0 / slo.min_decode_tps
 
+    def missed(self, slo: Slo, now: float, time_scale: float) -> bool:
+        """Already certain to miss the SLO: finished and not met, or still without a first token past its TTFT
+        limit (a replay can stop early once enough requests have missed)."""
+        if self.done:
+            return not self.meets(slo)
+        if self.sent_at is None or self.ttft_s is not None:
+            return False
+        return (now - self.sent_at) * time_scale > slo.ttft_limit_s(self.uncached_tokens)
+
+    def miss_reason(self, slo: Slo) -> str | None:
+        """Why a finished request missed the SLO (``error``, ``ttft`` or ``tpot``), None when it met it."""
+        if self.status != 200 or self.ttft_s is None:
+            return "error"
+        if self.ttft_s > slo.ttft_limit_s(self.uncached_tokens):
+            return "ttft"
+        if self.tpot_s is not None and self.tpot_s > 1.0 / slo.min_decode_tps:
+            return "tpot"
+        return None
+
 
 @dataclass
 class PromptBuilder:
-    """Token-id prompts honouring the trace's per-session shared prefixes."""
+    """Token-id prompts honouring the trace's per-session shared prefixes.
+
+    Fresh ids are drawn 16 bits at a time (every id below 65 536 is in any vocabulary the emulators use):
+    a 30K-token prompt costs well under a millisecond, not tens of ms of ``randrange`` calls."""
 
     seed: int = 0
-    vocab: int = 151_936
     _last: dict[str, list[int]] = field(default_factory=dict)
     _rng: random.Random = field(init=False)
 
@@ -72,38 +99,55 @@ class PromptBuilder:
     def ids(self, rec: TraceRecord) -> list[int]:
         prev = self._last.get(rec.session_id, [])
         shared = prev[: min(rec.shared_prefix_tokens, len(prev), rec.input_tokens)]
-        fresh = [self._rng.randrange(self.vocab) for _ in range(rec.input_tokens - len(shared))]
+        n = rec.input_tokens - len(shared)
+        fresh = array("H", self._rng.randbytes(2 * n)).tolist() if n > 0 else []
         ids = shared + fresh
         self._last[rec.session_id] = ids
         return ids
 
 
-async def _one(
-    client: httpx.AsyncClient, url: str, model: str, index: int, rec: TraceRecord, ids: list[int], scale: float
-) -> Result:
-    res = Result(index, rec.input_tokens, rec.uncached_tokens, rec.output_tokens)
+def request_body(ids: list[int], output_tokens: int, model: str = "prfaas") -> bytes:
+    """The streamed completions request (with usage) the replay sends, encoded once."""
     body = {
         "model": model,
         "prompt": ids,
-        "max_tokens": rec.output_tokens,
-        "min_tokens": rec.output_tokens,
+        "max_tokens": output_tokens,
+        "min_tokens": output_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    start = time.perf_counter()
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def prepare_bodies(records: Sequence[TraceRecord], seed: int = 0, model: str = "prfaas") -> list[bytes]:
+    """Every request body of a replay, built before its clock starts (the client's CPU then stays out of the
+    measured window; about 6 bytes per prompt token)."""
+    builder = PromptBuilder(seed)
+    return [request_body(builder.ids(rec), rec.output_tokens, model) for rec in records]
+
+
+async def _one(session: aiohttp.ClientSession, url: str, res: Result, body: bytes, scale: float) -> Result:
+    try:
+        return await _send(session, url, res, body, scale)
+    finally:
+        res.done = True
+
+
+async def _send(session: aiohttp.ClientSession, url: str, res: Result, body: bytes, scale: float) -> Result:
+    start = res.sent_at = time.perf_counter()
     first: float | None = None
     tokens = 0
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            res.status = resp.status_code
+        async with session.post(f"{url}/v1/completions", data=body, headers=_JSON) as resp:
+            res.status = resp.status
             res.route = resp.headers.get(ROUTE_HEADER, "n/a")
-            if resp.status_code != 200:
-                res.error = (await resp.aread()).decode(errors="replace")[:200]
+            if resp.status != 200:
+                res.error = (await resp.read()).decode(errors="replace")[:200]
                 return res
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for raw in resp.content:
+                if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):
                     continue
-                chunk = json.loads(line[6:])
+                chunk = json.loads(raw[6:])
                 if "error" in chunk:
                     res.status, res.error = 502, str(chunk["error"])[:200]
                     return res
@@ -111,7 +155,8 @@ async def _one(
                     tokens += 1
                     if first is None:
                         first = time.perf_counter()
-    except httpx.HTTPError as exc:
+                        res.ttft_s = (first - start) * scale
+    except (aiohttp.ClientError, TimeoutError) as exc:
         res.status, res.error = 599, f"{exc.__class__.__name__}: {exc}"[:200]
         return res
     end = time.perf_counter()
@@ -123,6 +168,9 @@ async def _one(
     return res
 
 
+_JSON = {"Content-Type": "application/json"}
+
+
 async def replay(
     url: str,
     records: Sequence[TraceRecord],
@@ -131,24 +179,78 @@ async def replay(
     seed: int = 0,
     on_result: Callable[[Result], None] | None = None,
     max_connections: int = 2048,
+    bodies: Sequence[bytes] | None = None,
+    abort_when: Callable[[Sequence[Result]], bool] | None = None,
 ) -> list[Result]:
-    """Send every request at ``arrival_s / time_scale`` wall seconds after the start; wait for all."""
-    builder = PromptBuilder(seed)
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=256)
-    timeout = httpx.Timeout(600.0, connect=10.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        start = time.perf_counter()
+    """Send every request at ``arrival_s / time_scale`` wall seconds after the start; wait for all.
+
+    ``bodies`` (from :func:`prepare_bodies`) are built here when not given, before the clock starts.
+    ``abort_when`` is asked about 4 times a second (wall) with the results so far (filled in place); once it
+    answers True nothing more is sent, requests in flight are cancelled (their connections close, so the
+    router cancels both legs) and the unfinished ones come back with status 0."""
+    if bodies is None:
+        bodies = prepare_bodies(records, seed, model)
+    results = [Result(i, rec.input_tokens, rec.uncached_tokens, rec.output_tokens) for i, rec in enumerate(records)]
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections)
+    timeout = aiohttp.ClientTimeout(total=600.0, sock_connect=10.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
         tasks: list[asyncio.Task[Result]] = []
-        for i, rec in enumerate(records):
-            ids = builder.ids(rec)
-            delay = rec.arrival_s / time_scale - (time.perf_counter() - start)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            task = asyncio.create_task(_one(client, url, model, i, rec, ids, time_scale))
-            if on_result is not None:
-                task.add_done_callback(lambda t: on_result(t.result()) if not t.cancelled() else None)
-            tasks.append(task)
-        return list(await asyncio.gather(*tasks))
+
+        async def send_all() -> None:
+            start = time.perf_counter()
+            for i, rec in enumerate(records):
+                delay = rec.arrival_s / time_scale - (time.perf_counter() - start)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(_one(session, url, results[i], bodies[i], time_scale))
+                if on_result is not None:
+                    task.add_done_callback(lambda t: on_result(t.result()) if not t.cancelled() else None)
+                tasks.append(task)
+            await asyncio.gather(*tasks)
+
+        sender = asyncio.create_task(send_all())
+        while not sender.done():
+            await asyncio.wait({sender}, timeout=0.25)
+            if abort_when is not None and not sender.done() and abort_when(results):
+                sender.cancel()
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(sender, *tasks, return_exceptions=True)
+                for i, res in enumerate(results):
+                    if i >= len(tasks) or tasks[i].cancelled():
+                        res.status, res.error, res.done = 0, "cancelled: the replay stopped early", True
+                break
+        if not sender.cancelled():
+            sender.result()  # re-raise a failure of the sender itself
+    return results
+
+
+async def sample_egress(
+    urls: Sequence[str], time_scale: float, stop: asyncio.Event, samples: list[float], metric: str = EGRESS
+) -> None:
+    """Link egress (model Gbps) per 1-second *model* window, summed over the link's relays' counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+        last: tuple[float, float] | None = None
+        while not stop.is_set():
+            total = 0.0
+            for url in urls:
+                try:
+                    async with session.get(url) as resp:
+                        text = await resp.text()
+                except (aiohttp.ClientError, TimeoutError):
+                    continue
+                for fam in text_string_to_metric_families(text):
+                    for s in fam.samples:
+                        if s.name == metric:
+                            total += s.value
+            now = time.perf_counter()
+            if last is not None and now > last[0]:
+                samples.append((total - last[1]) * 8 / 1e9 / ((now - last[0]) * time_scale))
+            last = (now, total)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0 / time_scale)
 
 
 @dataclass(frozen=True)
@@ -160,6 +262,8 @@ class Summary:
     ttft_p50_s: float | None
     ttft_p90_s: float | None
     routes: dict[str, int]
+    misses: dict[str, int] = field(default_factory=dict)
+    """Requests that missed the SLO, by why: error, ttft or tpot."""
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -170,6 +274,7 @@ class Summary:
             "ttft_p50_s": None if self.ttft_p50_s is None else round(self.ttft_p50_s, 3),
             "ttft_p90_s": None if self.ttft_p90_s is None else round(self.ttft_p90_s, 3),
             "routes": self.routes,
+            "slo_misses": self.misses,
         }
 
 
@@ -185,8 +290,12 @@ def summarize(results: Sequence[Result], slo: Slo) -> Summary:
     meets = sum(1 for r in results if r.meets(slo))
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     routes: dict[str, int] = {}
+    misses: dict[str, int] = {}
     for r in results:
         routes[r.route] = routes.get(r.route, 0) + 1
+        why = r.miss_reason(slo)
+        if why is not None:
+            misses[why] = misses.get(why, 0) + 1
     return Summary(
         len(results),
         len(ok),
@@ -195,4 +304,5 @@ def summarize(results: Sequence[Result], slo: Slo) -> Summary:
         _quantile(ttfts, 0.5),
         _quantile(ttfts, 0.9),
         routes,
+        misses,
     )

@@ -5,7 +5,6 @@ file) the prefill gateway in front of a PrFaaS cluster. The file is a RouterConf
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -48,7 +47,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prfaas_router.app import serve
+    from prfaas_router.app import run as run_router
     from prfaas_router.config import ConfigError, load_config
 
     configure_logging(args.log_level)
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         settings = Path(args.settings) if args.settings else None
-        asyncio.run(serve(Path(args.config), args.host, args.port, settings))
+        run_router(Path(args.config), args.host, args.port, settings)
     except KeyboardInterrupt:
         return 0
     return 0

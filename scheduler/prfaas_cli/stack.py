@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,12 +64,66 @@ class LocalStack:
         return self.work_dir / "router.json"
 
     def _start(self, name: str, args: list[str]) -> None:
+        self.spawn(name, [*PRFAAS, *args])
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start a process that belongs to the stack (log in logs/NAME.log; stopped by :meth:`stop`)."""
+        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
         log = open(self.work_dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 - the child keeps its descriptor
-        proc = subprocess.Popen([*PRFAAS, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env} if env else None,
+        )
         log.close()
         self.procs.append((name, proc))
+        return proc
+
+    def terminate(self, name: str) -> None:
+        """Stop one process of the stack (SIGTERM, then SIGKILL after 5 s) and forget it."""
+        for entry in [e for e in self.procs if e[0] == name]:
+            _stop([entry[1]])
+            self.procs.remove(entry)
+
+    def engine_urls(self) -> list[str]:
+        """Every engine of both regions (PrFaaS, then PD)."""
+        return [url for name, url in self.urls.items() if name.startswith(("prfaas-", "pd-"))]
+
+    def wait_idle(self, timeout_s: float = 300.0) -> bool:
+        """Until no engine has a request running, waiting or loading KV; False after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                busy = 0
+                for url in self.engine_urls():
+                    try:
+                        st = client.get(f"{url}/admin/state").json()
+                    except (httpx.HTTPError, ValueError):
+                        busy += 1
+                        continue
+                    busy += int(st["running"]) + int(st["waiting"]) + int(st.get("loading_kv", 0))
+                if busy == 0:
+                    return True
+                time.sleep(0.2)
+        return False
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each running process of the stack has used so far (Linux /proc)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for name, proc in self.procs:
+            try:
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+        return out
 
     def start(self) -> None:
+        exit_on_sigterm()
         s = self.spec
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
         scale = ["--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale)]
@@ -165,8 +220,8 @@ class LocalStack:
         (self.work_dir / "gateway.json").write_text(json.dumps(gateway, indent=2))
         gw_url = f"http://127.0.0.1:{gw_port}"
         self.urls["gateway"], self.urls["router"] = gw_url, f"http://127.0.0.1:{router_port}"
-        # one logical link (total capacity) made of one relay per PrFaaS engine; the router's own in-flight
-        # egress covers all of them, its measured correction reads the first relay
+        # one logical link (total capacity) made of one relay per PrFaaS engine: the router admits against
+        # the total; its own in-flight egress covers every relay, its measured correction reads the first
         self.router_config = RouterConfig.model_validate(
             {
                 "pdCluster": "pd-h20",
@@ -185,7 +240,7 @@ class LocalStack:
                 "links": [
                     {
                         "name": "a-to-b",
-                        "capacityGbps": per_relay_gbps,
+                        "capacityGbps": s.link_gbps,
                         "maxUtilization": s.link_max_utilization,
                         "metricsUrl": link_metrics[0],
                     }
@@ -227,12 +282,27 @@ class LocalStack:
         raise RuntimeError(f"the stack was not ready after {timeout_s:.0f} s (logs in {self.work_dir / 'logs'})")
 
     def stop(self) -> None:
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, proc in self.procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        _stop([proc for _, proc in self.procs])
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit`` (in the main thread), so the ``finally`` that stops a stack runs when
+    the process itself is terminated, not only on Ctrl-C or an error."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)

@@ -20,17 +20,16 @@ from typing import Any
 
 import httpx
 
+from prfaas_core.names import METRIC_ROUTER_THRESHOLD_TOKENS
 from prfaas_core.plan_inputs import case_study_inputs
 from prfaas_core.planner import plan
 from prfaas_core.policy.loop import LongTermLoop
 from prfaas_core.policy.roles import RolePolicyParams
 from prfaas_core.trace import TraceRecord, parse_trace
 
-from .load import Result, Slo, replay, summarize
+from .load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
 from .local_loop import LocalCluster, decision_json
 from .stack import LocalStack, StackSpec
-
-EGRESS = "prfaas_link_egress_bytes_total"
 
 
 def register(sub: Any) -> None:
@@ -40,10 +39,28 @@ def register(sub: Any) -> None:
     p.add_argument("--prfaas", type=int, default=2, help="PrFaaS (H200) engines (default 2)")
     p.add_argument("--pd", type=int, default=4, help="PD (H20) engines (default 4)")
     p.add_argument("--link-gbps", type=float, default=100.0, help="link capacity, model Gbps (default 100)")
-    p.add_argument("--load", type=float, default=0.8, help="arrival rate as a fraction of the planner's Λ_max")
+    p.add_argument(
+        "--load",
+        type=float,
+        default=0.5,
+        help="arrival rate as a fraction of the planner's Λ_max (default 0.5: Λ_max is a throughput, so queues "
+        "make TTFT miss its SLO well below it; the simulator puts this stack's goodput near 0.65)",
+    )
     p.add_argument("--duration", type=float, default=240.0, help="model seconds of traffic (default 240)")
-    p.add_argument("--time-scale", type=float, default=8.0, help="model seconds per wall second (default 8)")
-    p.add_argument("--output-tokens", type=int, default=128, help="output tokens per request (default 128)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=2.0,
+        help="model seconds per wall second (default 2: every engine, the link and the router share this "
+        "machine's cores, and a faster clock turns their CPU time into model latency)",
+    )
+    p.add_argument(
+        "--output-tokens",
+        type=int,
+        default=32,
+        help="output tokens per request (default 32: the PD decode stage is far from its limit either way, and "
+        "every streamed token costs CPU in three processes)",
+    )
     p.add_argument("--trace", help="replay this trace (JSONL, prfaas_core.trace) instead of generating one")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="where configs, logs and summary.json go (default: a temp dir)")
@@ -73,29 +90,19 @@ def generate_trace(rate_rps: float, duration_s: float, output_tokens: int, seed:
         i += 1
 
 
-async def _egress_sampler(urls: list[str], scale: float, stop: asyncio.Event, samples: list[float]) -> None:
-    """Link egress per 1-second (model) window, summed over the relays."""
+def _router_threshold(url: str) -> float | None:
+    """The ``t`` in force at the router (its own gauge)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        last: tuple[float, float] | None = None
-        while not stop.is_set():
-            total = 0.0
-            for url in urls:
-                try:
-                    text = (await client.get(url)).text
-                except httpx.HTTPError:
-                    continue
-                for fam in text_string_to_metric_families(text):
-                    for s in fam.samples:
-                        if s.name == EGRESS:
-                            total += s.value
-            now = time.perf_counter()
-            if last is not None and now > last[0]:
-                samples.append((total - last[1]) * 8 / 1e9 / ((now - last[0]) * scale))
-            last = (now, total)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0 / scale)
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return None
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            if sample.name == METRIC_ROUTER_THRESHOLD_TOKENS:
+                return sample.value
+    return None
 
 
 def _view(
@@ -138,6 +145,7 @@ async def _run(
     )
     loop = LongTermLoop(params, inputs, cluster, cluster, lambda: float(cluster.config.threshold_min_tokens))
     scale = stack.spec.time_scale
+    bodies = prepare_bodies(records, args.seed)
     results: list[Result] = []
     egress: list[float] = []
     stop = asyncio.Event()
@@ -166,10 +174,11 @@ async def _run(
     tasks = [
         asyncio.create_task(driver()),
         asyncio.create_task(viewer()),
-        asyncio.create_task(_egress_sampler(stack.link_metric_urls, scale, stop, egress)),
+        asyncio.create_task(sample_egress(stack.link_metric_urls, scale, stop, egress)),
     ]
     try:
-        await replay(stack.urls["router"], records, scale, seed=args.seed, on_result=results.append)
+        await replay(stack.urls["router"], records, scale, on_result=results.append, bodies=bodies)
+        router_t = await asyncio.to_thread(_router_threshold, stack.urls["router"])
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -182,6 +191,10 @@ async def _run(
         sub = [r for r in results if r.route == route]
         by_route[route] = summarize(sub, slo).as_json()
     flips = [decision_json(d) for d in cluster.decisions if d.action in ("FlipToDecode", "FlipToPrefill")]
+    actions: dict[str, int] = {}
+    for d in cluster.decisions:
+        actions[d.action] = actions.get(d.action, 0) + 1
+    published = json.loads(stack.config_path.read_text())
     return {
         "requests": summary.as_json(),
         "by_route": by_route,
@@ -191,6 +204,13 @@ async def _run(
         "role_flips": flips,
         "final_roles": dict(zip(("prefill", "decode"), cluster.counts(), strict=True)),
         "threshold_tokens": cluster.config.threshold_min_tokens,
+        "loop": {
+            "cycles": len(cluster.decisions),
+            "actions": actions,
+            "published_threshold_min_tokens": published["thresholdMinTokens"],
+            "router_threshold_tokens": router_t,
+        },
+        "wall_seconds": round(time.perf_counter() - start, 1),
         "last_decisions": [decision_json(d) for d in cluster.decisions[-5:]],
         "errors": sorted({f"{r.status}: {r.error}" for r in results if r.status != 200})[:5],
     }
@@ -272,10 +292,17 @@ def run(args: argparse.Namespace) -> int:
                 f"  {route:9s} {s['requests']:5d} requests, TTFT p50/p90 {s['ttft_p50_s']}/{s['ttft_p90_s']} s, "
                 f"SLO {s['slo_attainment']:.1%}"
             )
+        if r["slo_misses"]:
+            print(f"  missed the SLO by: {r['slo_misses']}")
         print(
             f"egress mean/peak {out['egress_mean_gbps']}/{out['egress_peak_gbps']} Gbps vs cap "
             f"{out['link_cap_gbps']:g}; roles now {out['final_roles']}; t {out['threshold_tokens']}; "
             f"flips {len(out['role_flips'])}"
+        )
+        lp = out["loop"]
+        print(
+            f"long-term loop: {lp['cycles']} cycles {lp['actions']}; t_min published "
+            f"{lp['published_threshold_min_tokens']}, t in force at the router {lp['router_threshold_tokens']}"
         )
         print(f"summary: {work / 'summary.json'}")
     return 0

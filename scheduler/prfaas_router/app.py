@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
@@ -55,6 +56,7 @@ def create_app(
         watcher.poll()  # record the current digest
 
     async def background(app: web.Application) -> AsyncIterator[None]:
+        proxy.open()
         await proxy.sync_remotes()
         stop = asyncio.Event()
 
@@ -84,7 +86,7 @@ def create_app(
         yield
         stop.set()
         await task
-        await proxy.close()
+        await proxy.shutdown()
         await http.aclose()
 
     app.cleanup_ctx.append(background)
@@ -131,6 +133,17 @@ def server_ssl_context(config: RouterConfig) -> ssl.SSLContext | None:
     return ctx
 
 
+def run(config_path: Path, host: str, port: int, settings_path: Path | None = None) -> None:
+    """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies)."""
+    try:
+        import uvloop
+    except ImportError:  # optional speedup
+        asyncio.run(serve(config_path, host, port, settings_path))
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(config_path, host, port, settings_path))
+
+
 async def serve(config_path: Path, host: str, port: int, settings_path: Path | None = None) -> None:
     """Run until cancelled (the CLI's ``prfaas router``)."""
     config, _ = load_config(config_path, settings_path)
@@ -139,6 +152,7 @@ async def serve(config_path: Path, host: str, port: int, settings_path: Path | N
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=server_ssl_context(config), backlog=4096)
     await site.start()
+    gc.freeze()  # what startup allocated (config, profiles, modules) stays out of every later collection
     log.info("router listening", host=host, port=port, mode=config.mode, config=str(config_path))
     try:
         await asyncio.Event().wait()

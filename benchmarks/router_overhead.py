@@ -1,0 +1,277 @@
+"""What the router costs as a plain proxy: our router vs vllm-router in front of the same trivial backend, and
+both vs a direct connection to it.
+
+* backend: a minimal aiohttp server answering ``POST /v1/completions`` with a fixed one-token completion (and
+  ``/health``, ``/metrics`` with the two vLLM queue gauges, which both routers poll);
+* ours: ``prfaas router`` with a RouterConfig of one ``both`` endpoint and no remote — the plain-proxy path
+  (no disaggregation: ``Runtime.plan_local`` returns no prefill instance, one leg goes to the backend);
+* vllm-router 0.1.17: ``--worker-urls BACKEND`` (regular mode, its default policy);
+* direct: the client talks to the backend itself.
+
+Measured with wrk (Debian package, a C load generator, 2 threads): the maximum request rate (closed loop,
+``--connections`` connections), and the latency at a fixed rate (wrk's Lua ``delay()`` hook paces each
+connection: 25 connections, one request per 50 ms each = 500 req/s, the pause calibrated per target from a
+short run; the achieved rate is reported) — p50/p99, and the added
+latency = through the router minus direct at the same percentile. The routing decision's own time comes from
+``benchmarks/router_decision.py`` (in-process, the policy call alone; tokenisation and prefix hashing apart).
+Every process shares this machine's cores with wrk, so the absolute figures are the machine's; the ratios are
+the point.
+
+    .venv/bin/python benchmarks/router_overhead.py [--seconds 5] [--connections 32] [--rate 500]
+
+Prints JSON and writes it to out/bench/overhead.json. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prfaas_core.profiles import builtin_model_profiles
+
+PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
+BIN = Path(sys.executable).parent
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*", "no_proxy": "*"}
+BACKEND = textwrap.dedent(
+    """
+    import json, sys
+    from aiohttp import web
+    BODY = json.dumps({"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": " the", "finish_reason": "length", "logprobs": None}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    METRICS = (b"# TYPE vllm:num_requests_running gauge\\nvllm:num_requests_running{model_name=\\"m\\"} 0.0\\n"
+               b"# TYPE vllm:num_requests_waiting gauge\\nvllm:num_requests_waiting{model_name=\\"m\\"} 0.0\\n")
+    async def complete(request):
+        await request.read()
+        return web.Response(body=BODY, content_type="application/json")
+    async def health(request):
+        return web.Response(text="ok")
+    async def metrics(request):
+        return web.Response(body=METRICS, content_type="text/plain")
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+    """
+)
+POST_LUA = """wrk.method = "POST"
+wrk.body = '{"model": "m", "prompt": "hi", "max_tokens": 1}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+PACED_LUA = POST_LUA + "function delay() return {delay_ms} end\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_post(url: str, deadline_s: float = 60.0) -> None:
+    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 1}).encode()
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        req = urllib.request.Request(
+            f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not serve within {deadline_s:.0f} s")
+
+
+def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+        )
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _ms(value: str, unit: str) -> float:
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def wrk(url: str, seconds: float, connections: int, script: str) -> dict[str, float]:
+    """One wrk run: requests/s and latency percentiles (ms); errors (non-2xx, socket) counted."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    try:
+        argv = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", f.name]
+        out = subprocess.run([*argv, f"{url}/v1/completions"], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    pct = {q: _ms(*m.groups()) for q, m in ((q, re.search(rf"\s{q}%\s+([\d.]+)(us|ms|s)", out)) for q in (50, 99)) if m}
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = (int(non2xx.group(1)) if non2xx else 0) + (sum(int(x) for x in sock.groups()) if sock else 0)
+    return {"rps": round(rps, 1), "p50_ms": pct[50], "p99_ms": pct[99], "errors": errors}
+
+
+def our_config(backend: str, path: Path) -> None:
+    model = builtin_model_profiles()["internal-1t"].model_dump(mode="json", by_alias=True, exclude_none=True)
+    config = {
+        "pdCluster": "bench",
+        "thresholdMinTokens": 19_634,
+        "model": model,
+        "endpoints": [{"name": "backend", "url": backend, "role": "both"}],
+        "routing": {"refreshIntervalSeconds": 1.0},
+    }
+    path.write_text(json.dumps(config))
+
+
+def decision_time() -> dict[str, Any]:
+    script = Path(__file__).with_name("router_decision.py")
+    out = subprocess.run(
+        [sys.executable, str(script), "--requests", "20000"], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(json.loads(out))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=5.0, help="duration of each wrk run")
+    ap.add_argument("--connections", type=int, default=32, help="connections of the max-rate runs")
+    ap.add_argument("--rate", type=float, default=500.0, help="the fixed rate of the latency runs, req/s")
+    ap.add_argument("--paced-connections", type=int, default=25, help="connections of the fixed-rate runs")
+    ap.add_argument("--out", default="out/bench/overhead.json")
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        print("error: wrk is not installed (scripts/system-deps.sh installs it)", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="prfaas-overhead-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, dict[str, Any]] = {}
+    cycle_ms = args.paced_connections * 1000.0 / args.rate  # per connection: one request per cycle
+    started = time.perf_counter()
+    try:
+        port = free_port()
+        procs.append(spawn([sys.executable, "-c", BACKEND, str(port)], work / "backend.log"))
+        backend = f"http://127.0.0.1:{port}"
+        targets = {"direct": backend}
+        ours = free_port()
+        our_config(backend, work / "router.json")
+        procs.append(
+            spawn([*PRFAAS, "router", "--config", str(work / "router.json"), "--port", str(ours)], work / "ours.log")
+        )
+        targets["prfaas_router"] = f"http://127.0.0.1:{ours}"
+        vllm = free_port()
+        procs.append(
+            spawn(
+                [
+                    str(BIN / "vllm-router"), "--worker-urls", backend, "--host", "127.0.0.1", "--port", str(vllm),
+                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
+                ],
+                work / "vllm-router.log",
+                env=OFFLINE_ENV,
+            )
+        )  # fmt: skip
+        targets["vllm_router"] = f"http://127.0.0.1:{vllm}"
+        for url in targets.values():
+            wait_post(url)
+        for name, url in targets.items():
+            wrk(url, 1, args.connections, POST_LUA)  # warm-up: connection pools, caches
+            max_rate = wrk(url, args.seconds, args.connections, POST_LUA)
+            # pacing: each connection waits delay_ms after each answer, so a cycle is delay + latency; a short
+            # calibration run measures the latency and the delay is set so the cycle hits the target rate
+            delay_ms = max(1, round(cycle_ms))
+            probe = wrk(url, 2, args.paced_connections, PACED_LUA.replace("{delay_ms}", str(delay_ms)))
+            latency_ms = max(0.0, args.paced_connections * 1000.0 / max(probe["rps"], 1.0) - delay_ms)
+            delay_ms = max(1, round(cycle_ms - latency_ms))
+            fixed = wrk(url, args.seconds, args.paced_connections, PACED_LUA.replace("{delay_ms}", str(delay_ms)))
+            fixed["delay_ms"] = delay_ms
+            results[name] = {"max": max_rate, "fixed_rate": fixed}
+            print(f"{name}: max {max_rate}, at ~{args.rate:g} req/s {fixed}", file=sys.stderr)
+    finally:
+        stop(procs)
+    direct = results["direct"]["fixed_rate"]
+    added: dict[str, dict[str, float]] = {}
+    for name in ("prfaas_router", "vllm_router"):
+        fixed = results[name]["fixed_rate"]
+        added[name] = {
+            "p50_ms": round(fixed["p50_ms"] - direct["p50_ms"], 3),
+            "p99_ms": round(fixed["p99_ms"] - direct["p99_ms"], 3),
+        }
+    decision = decision_time()
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 3) if b > 0 else None
+
+    out = {
+        "benchmark": "router_overhead",
+        "setup": {
+            "backend": "minimal aiohttp server, fixed one-token completion",
+            "load_generator": f"wrk -t2; max rate: {args.connections} connections closed loop; fixed rate: "
+            f"{args.paced_connections} connections each pausing between requests (delay() hook) so that each "
+            f"makes one request per {cycle_ms:g} ms (pause calibrated per target)",
+            "seconds_per_run": args.seconds,
+            "ours": "prfaas router, one 'both' endpoint, no remote (plain proxy)",
+            "vllm_router": "0.1.17, --worker-urls (regular mode), default policy",
+            "cpus": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        },
+        "max_rps": {name: r["max"]["rps"] for name, r in results.items()},
+        "max_rps_ratio_ours_over_vllm_router": ratio(
+            results["prfaas_router"]["max"]["rps"], results["vllm_router"]["max"]["rps"]
+        ),
+        "fixed_rate": {name: r["fixed_rate"] for name, r in results.items()},
+        "added_latency_ms": added,
+        "added_p99_ratio_ours_over_vllm_router": ratio(
+            added["prfaas_router"]["p99_ms"], added["vllm_router"]["p99_ms"]
+        ),
+        "decision_time_us": {
+            "policy_call": decision["policy_call_us"],
+            "decision_incl_prefix_lookups": decision["decision_incl_remote_lookup_us"],
+            "instance_pick": decision["instance_pick_us"],
+            "reported_apart": {
+                "tokenize_27k_tokens_ms": decision["tokenize_27k_tokens_ms"],
+                "prefix_hash_27k_tokens_ms": decision["prefix_hash_27k_tokens_ms"],
+            },
+        },
+        "targets": {"added_p99_ms_at_most": 1.0, "decision_p99_us_at_most": 50},
+        "wall_s": round(time.perf_counter() - started, 1),
+        "raw": results,
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
