@@ -54,9 +54,15 @@ BACKEND = textwrap.dedent(
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
     METRICS = (b"# TYPE vllm:num_requests_running gauge\\nvllm:num_requests_running{model_name=\\"m\\"} 0.0\\n"
                b"# TYPE vllm:num_requests_waiting gauge\\nvllm:num_requests_waiting{model_name=\\"m\\"} 0.0\\n")
+    COUNT = {"completions": 0, "prefill_legs": 0}
     async def complete(request):
-        await request.read()
+        raw = await request.read()
+        COUNT["completions"] += 1
+        if b"do_remote_decode" in raw:
+            COUNT["prefill_legs"] += 1
         return web.Response(body=BODY, content_type="application/json")
+    async def count(request):
+        return web.json_response(COUNT)
     async def health(request):
         return web.Response(text="ok")
     async def metrics(request):
@@ -68,6 +74,7 @@ BACKEND = textwrap.dedent(
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/count", count)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
     """
 )
@@ -135,10 +142,17 @@ def wrk(url: str, seconds: float, connections: int, script: str) -> dict[str, fl
         os.unlink(f.name)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     pct = {q: _ms(*m.groups()) for q, m in ((q, re.search(rf"\s{q}%\s+([\d.]+)(us|ms|s)", out)) for q in (50, 99)) if m}
+    total = re.search(r"(\d+) requests in", out)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     errors = (int(non2xx.group(1)) if non2xx else 0) + (sum(int(x) for x in sock.groups()) if sock else 0)
-    return {"rps": round(rps, 1), "p50_ms": pct[50], "p99_ms": pct[99], "errors": errors}
+    requests = int(total.group(1)) if total else 0
+    return {"rps": round(rps, 1), "p50_ms": pct[50], "p99_ms": pct[99], "errors": errors, "requests": requests}
+
+
+def backend_count(url: str) -> dict[str, int]:
+    with urllib.request.urlopen(f"{url}/count", timeout=5) as resp:
+        return dict(json.loads(resp.read()))
 
 
 def our_config(backend: str, path: Path) -> None:
@@ -204,7 +218,14 @@ def main() -> int:
             wait_post(url)
         for name, url in targets.items():
             wrk(url, 1, args.connections, POST_LUA)  # warm-up: connection pools, caches
+            before = backend_count(backend)
             max_rate = wrk(url, args.seconds, args.connections, POST_LUA)
+            after = backend_count(backend)
+            # legs per client request (wrk's count misses the requests in flight when it stops: ~connections)
+            max_rate["backend_requests_per_request"] = round(
+                (after["completions"] - before["completions"]) / max(max_rate["requests"], 1), 3
+            )
+            max_rate["prefill_legs"] = after["prefill_legs"] - before["prefill_legs"]
             # pacing: each connection waits delay_ms after each answer, so a cycle is delay + latency; a short
             # calibration run measures the latency and the delay is set so the cycle hits the target rate
             delay_ms = max(1, round(cycle_ms))
@@ -247,6 +268,10 @@ def main() -> int:
         "max_rps_ratio_ours_over_vllm_router": ratio(
             results["prfaas_router"]["max"]["rps"], results["vllm_router"]["max"]["rps"]
         ),
+        "ours_plain_proxy_path": {
+            "backend_requests_per_client_request": results["prfaas_router"]["max"]["backend_requests_per_request"],
+            "prefill_legs_sent": results["prfaas_router"]["max"]["prefill_legs"],
+        },
         "fixed_rate": {name: r["fixed_rate"] for name, r in results.items()},
         "added_latency_ms": added,
         "added_p99_ratio_ours_over_vllm_router": ratio(

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from prfaas_core.api import RemoteGateway, RouterConfig, RouterEndpoint
 from prfaas_core.hardware import HardwareProfile, builtin_hardware, hardware_from_spec
@@ -59,8 +60,9 @@ class Compiled:
     decode_slots: int
     breaker: BreakerParams
 
-    @property
+    @cached_property
     def by_name(self) -> dict[str, RouterEndpoint]:
+        """Built once per configuration (the hot path looks endpoints up on every leg)."""
         return {e.name: e for e in self.config.endpoints}
 
 
