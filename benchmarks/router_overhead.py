@@ -5,7 +5,8 @@ both vs a direct connection to it.
   ``/health``, ``/metrics`` with the two vLLM queue gauges, which both routers poll);
 * ours: ``prfaas router`` with a RouterConfig of one ``both`` endpoint and no remote — the plain-proxy path
   (no disaggregation: ``Runtime.plan_local`` returns no prefill instance, one leg goes to the backend);
-* vllm-router 0.1.17: ``--worker-urls BACKEND`` (regular mode, its default policy);
+* vllm-router 0.1.17: ``--worker-urls BACKEND`` (regular mode), with its default policy (``cache_aware``,
+  which matches every prompt against a prefix tree) and with ``--policy round_robin`` (the bare proxy);
 * direct: the client talks to the backend itself.
 
 Measured with wrk (Debian package, a C load generator, 2 threads): the maximum request rate (closed loop,
@@ -202,18 +203,20 @@ def main() -> int:
             spawn([*PRFAAS, "router", "--config", str(work / "router.json"), "--port", str(ours)], work / "ours.log")
         )
         targets["prfaas_router"] = f"http://127.0.0.1:{ours}"
-        vllm = free_port()
-        procs.append(
-            spawn(
-                [
-                    str(BIN / "vllm-router"), "--worker-urls", backend, "--host", "127.0.0.1", "--port", str(vllm),
-                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
-                ],
-                work / "vllm-router.log",
-                env=OFFLINE_ENV,
-            )
-        )  # fmt: skip
-        targets["vllm_router"] = f"http://127.0.0.1:{vllm}"
+        for name, policy in (("vllm_router", []), ("vllm_router_round_robin", ["--policy", "round_robin"])):
+            vllm = free_port()
+            procs.append(
+                spawn(
+                    [
+                        str(BIN / "vllm-router"), "--worker-urls", backend, "--host", "127.0.0.1", "--port", str(vllm),
+                        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                        "--log-level", "warning", *policy,
+                    ],
+                    work / f"{name}.log",
+                    env=OFFLINE_ENV,
+                )
+            )  # fmt: skip
+            targets[name] = f"http://127.0.0.1:{vllm}"
         for url in targets.values():
             wait_post(url)
         for name, url in targets.items():
@@ -240,7 +243,7 @@ def main() -> int:
         stop(procs)
     direct = results["direct"]["fixed_rate"]
     added: dict[str, dict[str, float]] = {}
-    for name in ("prfaas_router", "vllm_router"):
+    for name in ("prfaas_router", "vllm_router", "vllm_router_round_robin"):
         fixed = results[name]["fixed_rate"]
         added[name] = {
             "p50_ms": round(fixed["p50_ms"] - direct["p50_ms"], 3),
@@ -260,13 +263,17 @@ def main() -> int:
             f"makes one request per {cycle_ms:g} ms (pause calibrated per target)",
             "seconds_per_run": args.seconds,
             "ours": "prfaas router, one 'both' endpoint, no remote (plain proxy)",
-            "vllm_router": "0.1.17, --worker-urls (regular mode), default policy",
+            "vllm_router": "0.1.17, --worker-urls (regular mode): its default policy (cache_aware: a prefix tree "
+            "over the prompt text per request) and --policy round_robin (no routing work: the bare proxy)",
             "cpus": os.cpu_count(),
             "load_average": [round(x, 2) for x in os.getloadavg()],
         },
         "max_rps": {name: r["max"]["rps"] for name, r in results.items()},
         "max_rps_ratio_ours_over_vllm_router": ratio(
             results["prfaas_router"]["max"]["rps"], results["vllm_router"]["max"]["rps"]
+        ),
+        "max_rps_ratio_ours_over_vllm_router_round_robin": ratio(
+            results["prfaas_router"]["max"]["rps"], results["vllm_router_round_robin"]["max"]["rps"]
         ),
         "ours_plain_proxy_path": {
             "backend_requests_per_client_request": results["prfaas_router"]["max"]["backend_requests_per_request"],
@@ -276,6 +283,9 @@ def main() -> int:
         "added_latency_ms": added,
         "added_p99_ratio_ours_over_vllm_router": ratio(
             added["prfaas_router"]["p99_ms"], added["vllm_router"]["p99_ms"]
+        ),
+        "added_p99_ratio_ours_over_vllm_router_round_robin": ratio(
+            added["prfaas_router"]["p99_ms"], added["vllm_router_round_robin"]["p99_ms"]
         ),
         "decision_time_us": {
             "policy_call": decision["policy_call_us"],

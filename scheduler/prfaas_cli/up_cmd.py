@@ -44,7 +44,8 @@ def register(sub: Any) -> None:
         type=float,
         default=0.5,
         help="arrival rate as a fraction of the planner's Λ_max (default 0.5: Λ_max is a throughput, so queues "
-        "make TTFT miss its SLO well below it; the simulator puts this stack's goodput near 0.65)",
+        "make TTFT miss its SLO well below it; the simulator puts this stack's goodput near 0.65 of it, "
+        "benchmarks/goodput_vs_peers.py measures 0.5-0.57)",
     )
     p.add_argument("--duration", type=float, default=240.0, help="model seconds of traffic (default 240)")
     p.add_argument(
