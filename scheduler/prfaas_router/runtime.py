@@ -185,7 +185,11 @@ class Runtime:
         else:
             link_params = c.links[remote.link]
             state = snap.links.get(remote.link, LinkState())
-            mode, estimate, why = state.mode, self.ledgers[remote.link].estimate_gbps(self.model_now(), link_params), ""
+            mode, estimate, why = (
+                state.mode,
+                self.ledgers[remote.link].admission_gbps(self.model_now(), link_params),
+                "",
+            )
             l_prfaas = self.remote_index.match(hashes).get(remote.name, 0)
         view = RoutingView(
             snap.threshold.tokens,

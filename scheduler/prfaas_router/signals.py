@@ -97,18 +97,22 @@ class Signals:
         gbps = per_wall_s / rt.compiled.scale.time_scale * 8.0 / GBPS_BITS
         rt.ledgers[name].record_measurement(gbps, rt.model_now())
 
-    async def _remote(self, name: str, url: str | None, client: httpx.AsyncClient) -> tuple[str, str | None]:
+    async def _remote(
+        self, name: str, url: str | None, client: httpx.AsyncClient
+    ) -> tuple[str, str | None, int | None]:
+        """(name, why it is not usable or None, its ready instance count when the status said so)."""
         if url is None:
-            return name, None
+            return name, None, None
         try:
             resp = await client.get(url, timeout=2.0)
             resp.raise_for_status()
             status = GatewayStatus.model_validate_json(resp.content)
         except (httpx.HTTPError, ValueError) as exc:
             fails = self.remote_failures[name] = self.remote_failures.get(name, 0) + 1
-            return name, (f"status endpoint unreachable ({exc.__class__.__name__})" if fails >= 3 else None)
+            return name, (f"status endpoint unreachable ({exc.__class__.__name__})" if fails >= 3 else None), None
         self.remote_failures[name] = 0
-        return name, None if status.ready_instances > 0 else "no ready PrFaaS instance"
+        ready = status.ready_instances
+        return name, None if ready > 0 else "no ready PrFaaS instance", ready
 
     async def refresh(self, remote_clients: dict[str, httpx.AsyncClient]) -> Snapshot:
         rt = self.runtime
@@ -117,11 +121,17 @@ class Signals:
         await asyncio.gather(
             *(self._link(n, lk.metrics_url) for n, lk in ((lk.name, lk) for lk in c.config.links) if lk.metrics_url)
         )
-        remotes = dict(
-            await asyncio.gather(
-                *(self._remote(r.name, r.status_url, remote_clients.get(r.name, self.http)) for r in c.remotes)
-            )
+        polled = await asyncio.gather(
+            *(self._remote(r.name, r.status_url, remote_clients.get(r.name, self.http)) for r in c.remotes)
         )
+        remotes = {name: why for name, why, _ in polled}
+        # the ledger schedules its streams on the PrFaaS instances that prefill in parallel (its lanes)
+        lanes: dict[str, int] = {}
+        for remote, (_, _, ready) in zip(c.remotes, polled, strict=True):
+            if ready is not None:
+                lanes[remote.link] = lanes.get(remote.link, 0) + ready
+        for link_name, count in lanes.items():
+            rt.ledgers[link_name].set_lanes(count)
         now = rt.model_now()
         links: dict[str, LinkState] = {}
         for name, params in c.links.items():

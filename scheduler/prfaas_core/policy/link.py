@@ -7,7 +7,9 @@ before the cap is reached.
 
 Many routers share one link, so a replica's estimate is the link's *measured* total (read about once a
 second, so slightly stale) corrected by this replica's own change in in-flight egress since that
-measurement; with no fresh measurement it falls back to its own in-flight egress.
+measurement; with no fresh measurement it falls back to its own in-flight egress. Admission looks ahead:
+a remote prefill dispatched now streams only once a PrFaaS instance takes it, so the ledger schedules its own
+streams on the PrFaaS instances ("lanes") and admits a new one against the egress expected during its window.
 """
 
 from __future__ import annotations
@@ -87,11 +89,21 @@ def next_link_state(prev: LinkState, egress_gbps: float, params: LinkParams, now
 
 @dataclass(frozen=True)
 class Transfer:
-    """One KV stream this replica started: ``bytes`` over ``[start_s, start_s + duration_s]``."""
+    """One KV stream this replica dispatched: ``bytes`` over ``[start_s, start_s + duration_s]``.
+
+    ``start_s`` is when it is expected to *stream*: its dispatch time plus its expected wait in the PrFaaS
+    queue (see :class:`EgressLedger`'s lanes); ``lane`` is the PrFaaS instance slot it was scheduled on
+    (-1 when the ledger does not model the queue).
+    """
 
     bytes: float
     start_s: float
     duration_s: float
+    lane: int = -1
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
 
     @property
     def rate_gbps(self) -> float:
@@ -102,28 +114,59 @@ class Transfer:
 class EgressLedger:
     """This replica's in-flight KV streams on one link (a small state machine; time is a parameter).
 
-    ``start`` when a remote prefill is dispatched (its KV streams during prefill, layer-wise), ``finish``
+    ``start`` when a remote prefill is dispatched (its KV streams during its prefill, layer-wise), ``finish``
     when it completes or fails; a transfer past its expected end counts until ``finish`` or ``expire_s``.
+
+    **Lanes.** A long remote prefill first waits in the PrFaaS queue, and its KV crosses the link only while
+    it is prefilled. With ``lanes`` = the number of ready PrFaaS instances (from the gateway's status), each
+    dispatched transfer is scheduled on the lane (instance) that frees first, so a queued transfer counts from
+    its expected streaming start instead of from dispatch; admission then checks the egress *during the new
+    stream's window* (:meth:`admission_gbps`). With ``lanes = 0`` (unknown), every transfer counts from
+    dispatch: always safe, but a long PrFaaS queue makes the link look busier than the wire is.
     """
 
     expire_s: float = 120.0
+    lanes: int = 0
     _active: dict[str, Transfer] = field(default_factory=dict)
     _measured_gbps: float | None = None
     _measured_at_s: float = 0.0
     _own_at_measurement_gbps: float = 0.0
 
-    def start(self, key: str, bytes_: float, now_s: float, duration_s: float) -> None:
-        self._active[key] = Transfer(bytes_, now_s, duration_s)
+    def set_lanes(self, lanes: int) -> None:
+        """The number of PrFaaS instances that prefill in parallel (0: unknown, count from dispatch)."""
+        self.lanes = max(0, lanes)
+
+    def _lane_ends(self, now_s: float) -> list[float]:
+        """When each lane frees up: the end of its last scheduled stream, never before ``now_s``."""
+        ends = [now_s] * self.lanes
+        for t in self._active.values():
+            if 0 <= t.lane < self.lanes and t.end_s > ends[t.lane]:
+                ends[t.lane] = t.end_s
+        return ends
+
+    def start(self, key: str, bytes_: float, now_s: float, duration_s: float) -> Transfer:
+        """Record a dispatched stream; returns it with its expected streaming window."""
+        if self.lanes <= 0:
+            transfer = Transfer(bytes_, now_s, duration_s)
+        else:
+            ends = self._lane_ends(now_s)
+            lane = min(range(self.lanes), key=ends.__getitem__)
+            transfer = Transfer(bytes_, ends[lane], duration_s, lane)
+        self._active[key] = transfer
+        return transfer
 
     def finish(self, key: str) -> None:
         self._active.pop(key, None)
 
-    def own_gbps(self, now_s: float) -> float:
-        """Sum of the rates of this replica's streams in flight at ``now_s``."""
+    def _expire(self, now_s: float) -> None:
         stale = [k for k, t in self._active.items() if now_s - t.start_s > max(self.expire_s, t.duration_s)]
         for k in stale:
             del self._active[k]
-        return sum(t.rate_gbps for t in self._active.values())
+
+    def own_gbps(self, now_s: float) -> float:
+        """Sum of the rates of this replica's streams on the wire at ``now_s`` (started, not finished)."""
+        self._expire(now_s)
+        return sum(t.rate_gbps for t in self._active.values() if t.start_s <= now_s)
 
     @property
     def in_flight(self) -> int:
@@ -135,20 +178,46 @@ class EgressLedger:
         self._measured_at_s = now_s
         self._own_at_measurement_gbps = self.own_gbps(now_s)
 
+    def _others_gbps(self, now_s: float, params: LinkParams) -> float | None:
+        """Other replicas' egress: the fresh measurement less this replica's share of it (None: no fresh one)."""
+        if self._measured_gbps is None or now_s - self._measured_at_s > params.measurement_max_age_s:
+            return None
+        return max(0.0, self._measured_gbps - self._own_at_measurement_gbps)
+
     def estimate_gbps(self, now_s: float, params: LinkParams) -> float:
-        """Best estimate of the link's total egress, present and committed.
+        """Best estimate of the link's total egress now.
 
         With a fresh measurement: the measured total corrected by this replica's change since it was taken,
-        but never below this replica's own admitted streams — streams admitted at dispatch may still wait
-        in the PrFaaS queue and will cross the link later, and a saturated link measures only its capacity.
-        Counting them keeps admitted egress under the cap (what admission guarantees); the price is that a
-        long PrFaaS queue makes the link look busier than the wire is (see the notes of the simulator issue).
-        Without a fresh measurement: the own figure.
+        but never below this replica's own streams — a saturated link measures only its capacity. Without a
+        fresh measurement: the own figure.
         """
         own = self.own_gbps(now_s)
-        if self._measured_gbps is None or now_s - self._measured_at_s > params.measurement_max_age_s:
-            return own
-        return max(own, self._measured_gbps + own - self._own_at_measurement_gbps)
+        others = self._others_gbps(now_s, params)
+        return own if others is None else own + others
+
+    def admission_gbps(self, now_s: float, params: LinkParams) -> float:
+        """The egress a new stream would share the wire with, for :func:`admit`.
+
+        Without lanes: everything dispatched counts now (:meth:`estimate_gbps` over all in-flight streams).
+        With lanes: the new stream takes the lane that frees first, at ``s``; it will run next to the
+        streams past their expected end (still unfinished: summed) and, on each other lane, the heaviest
+        stream still scheduled after ``s`` (streams on one lane run one after another).
+        """
+        self._expire(now_s)
+        others = self._others_gbps(now_s, params) or 0.0
+        if self.lanes <= 0:
+            return others + sum(t.rate_gbps for t in self._active.values())
+        ends = self._lane_ends(now_s)
+        chosen = min(range(self.lanes), key=ends.__getitem__)
+        s = ends[chosen]
+        overrun = 0.0
+        heaviest = [0.0] * self.lanes
+        for t in self._active.values():
+            if t.end_s <= now_s or not 0 <= t.lane < self.lanes:
+                overrun += t.rate_gbps
+            elif t.end_s > s and t.lane != chosen and t.rate_gbps > heaviest[t.lane]:
+                heaviest[t.lane] = t.rate_gbps
+        return others + overrun + sum(heaviest)
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ class Simulation:
         cap = link.capacity_gbps * GBPS_BITS / 8.0
         self.link = FluidLink(self.events, cap, one_way)
         self.reverse = FluidLink(self.events, cap, one_way)
-        self.ledger = EgressLedger()
+        self.ledger = EgressLedger(lanes=config.n_prfaas)  # like a router reading the gateway's ready count
         self.link_state = LinkState()
         cache = config.cache
         pool_bytes = cache.pool_capacity_gib * GIB
@@ -184,7 +184,7 @@ class Simulation:
             self._to_remote(req, total - l_prf, transfer_bytes(self.kv, total, l_pd))
             return
         view = RoutingView(
-            self.t, self.link_state.mode, self.ledger.estimate_gbps(now, self.link_params), self.link_params, True
+            self.t, self.link_state.mode, self.ledger.admission_gbps(now, self.link_params), self.link_params, True
         )
         decision = decide_route(RouteRequest(total, l_pd, l_prf), view, self.kv, self.prfaas_seconds)
         self._record_length(now, decision.uncached_tokens)
