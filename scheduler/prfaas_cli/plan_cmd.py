@@ -10,7 +10,6 @@ ModelProfile, PrefillCluster, PDCluster and InterDCLink they hold. ``--workload`
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -39,6 +38,7 @@ from prfaas_core.validation import validate_documents
 from prfaas_core.workload import WorkloadSpec, mean, workload_from_trace
 
 from .manifests import InputError, load_documents
+from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
 KINDS_NEEDED = ("ModelProfile", "PrefillCluster", "PDCluster", "InterDCLink")
 
@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         inputs = build_inputs(args)
         result = plan(inputs)
         images = render_plots(inputs, result) if args.plot_dir else {}
-        plot_dir = _prepare_plot_dir(args.plot_dir) if args.plot_dir else None
-    except (PlanCliError, InputError) as exc:
+        plot_dir = check_plot_dir(args.plot_dir, create=True) if args.plot_dir else None
+    except (PlanCliError, InputError, PlotDirError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.output == "json":
@@ -87,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_table(inputs, result))
     if plot_dir is not None:
-        for name, data in images.items():
-            (plot_dir / name).write_bytes(data)
-            print(f"wrote {plot_dir / name}", file=sys.stderr)
+        try:
+            write_plots(plot_dir, images)
+        except PlotDirError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -348,29 +350,13 @@ def _print_hardware(output: str) -> None:
 # --- Plots (paper Fig. 5) ----------------------------------------------------------------------------------
 
 
-def _prepare_plot_dir(path_text: str) -> Path:
-    path = Path(path_text)
-    if path.exists() and not path.is_dir():
-        raise PlanCliError(f"--plot-dir {path}: exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PlanCliError(f"--plot-dir {path}: cannot create: {exc}") from None
-    return path
-
-
 def render_plots(inputs: PlanInputs, result: Plan) -> dict[str, bytes]:
     """Fig. 5(a) Λ_max vs N_p at the chosen t, and 5(b) Λ_max vs t at the chosen split, as PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     best = result.prfaas_pd.point
     t_star = best.split.threshold_tokens
     out: dict[str, bytes] = {}
 
-    fig = Figure(figsize=(6, 4))
+    fig = figure(6, 4)
     ax = fig.add_subplot()
     points = sweep_splits(inputs, t_star)
     xs = [pt.n_prefill for pt in points]
@@ -387,9 +373,9 @@ def render_plots(inputs: PlanInputs, result: Plan) -> dict[str, bytes]:
         xlabel=f"N_p (N_d = {inputs.n_pd} − N_p)", ylabel="req/s", title=f"(a) Λ_max vs N_p at t = {t_star:.0f} tokens"
     )
     ax.legend(fontsize=8)
-    out["fig5a-lambda-vs-np.png"] = _png(fig)
+    out["fig5a-lambda-vs-np.png"] = png(fig, dpi=120)
 
-    fig = Figure(figsize=(6, 4))
+    fig = figure(6, 4)
     ax = fig.add_subplot()
     hi = inputs.lengths.support()[1]
     top = min(hi, max(60 * K_TOKENS, 3 * t_star))
@@ -409,11 +395,5 @@ def render_plots(inputs: PlanInputs, result: Plan) -> dict[str, bytes]:
         title=f"(b) Λ_max vs t at {best.n_prefill}P/{best.n_decode}D",
     )
     ax.legend(fontsize=8)
-    out["fig5b-lambda-vs-threshold.png"] = _png(fig)
+    out["fig5b-lambda-vs-threshold.png"] = png(fig, dpi=120)
     return out
-
-
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    return buf.getvalue()

@@ -13,7 +13,6 @@ the scenario's own rates. ``--plot-dir`` writes PNGs (TTFT CDF, egress vs cap, r
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import multiprocessing
 import os
@@ -41,6 +40,8 @@ from prfaas_core.sim.search import (
     static_split_report,
 )
 from prfaas_core.trace import TraceError, TraceRecord, dump_trace, parse_trace
+
+from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
 
 class SimulateCliError(Exception):
@@ -240,24 +241,13 @@ def _drain(q: Any, bar: ProgressBar | None) -> None:
 # --- plots ------------------------------------------------------------------------------------------------
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return buf.getvalue()
-
-
 def render_plots(c: Comparison) -> dict[str, bytes]:
     """TTFT CDF per deployment; egress per second against the cap; PD roles and ``t`` over time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     out: dict[str, bytes] = {}
     reps = c.deployments
     sc = c.prepared.scenario
 
-    fig = Figure(figsize=(7, 4.5))
+    fig = figure(7, 4.5)
     ax = fig.add_subplot()
     for name, rep in reps.items():
         xs = sorted(rep.result.ttft_s)
@@ -267,9 +257,9 @@ def render_plots(c: Comparison) -> dict[str, bytes]:
     ax.set(xlabel="TTFT (s)", ylabel="fraction of requests", title=f"TTFT CDF at the scenario's rates ({sc.name})")
     ax.grid(True, which="both", lw=0.3)
     ax.legend(fontsize=8)
-    out["ttft-cdf.png"] = _png(fig)
+    out["ttft-cdf.png"] = png(fig)
 
-    fig = Figure(figsize=(8, 4.5))
+    fig = figure(8, 4.5)
     ax = fig.add_subplot()
     cap_drawn = False
     for name, rep in reps.items():
@@ -285,9 +275,9 @@ def render_plots(c: Comparison) -> dict[str, bytes]:
     ax.set(xlabel="simulated time (s)", ylabel="Gbps over 1-s windows", title="PrFaaS -> PD egress against the cap")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)
-    out["egress.png"] = _png(fig)
+    out["egress.png"] = png(fig)
 
-    fig = Figure(figsize=(8, 6))
+    fig = figure(8, 6)
     ax, ax2 = fig.subplots(2, 1, sharex=True)
     for name, rep in reps.items():
         ser = rep.result.series
@@ -303,15 +293,8 @@ def render_plots(c: Comparison) -> dict[str, bytes]:
     ax.legend(fontsize=7)
     ax2.set(xlabel="simulated time (s)", ylabel="threshold t (K tokens)")
     ax2.legend(fontsize=7)
-    out["roles-threshold.png"] = _png(fig)
+    out["roles-threshold.png"] = png(fig)
     return out
-
-
-def _prepare_plot_dir(path_text: str) -> Path:
-    path = Path(path_text)
-    if path.exists() and not path.is_dir():
-        raise SimulateCliError(f"--plot-dir {path}: exists and is not a directory")
-    return path
 
 
 # --- entry point --------------------------------------------------------------------------------------------
@@ -328,14 +311,14 @@ def run(args: argparse.Namespace) -> int:
             scenario = quick(scenario)
         if args.jobs is not None and args.jobs < 1:
             raise SimulateCliError(f"--jobs: must be ≥ 1, got {args.jobs}")
-        plot_dir = _prepare_plot_dir(args.plot_dir) if args.plot_dir else None
+        plot_dir = check_plot_dir(args.plot_dir) if args.plot_dir else None
         trace = load_trace(scenario, path)
         source = str(path) if path is not None else "case study"
         try:
             prepared = prepare(scenario, trace)
         except ScenarioError as exc:
             raise SimulateCliError(f"{source}: {exc}") from None
-    except SimulateCliError as exc:
+    except (SimulateCliError, PlotDirError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.write_trace:
@@ -359,11 +342,8 @@ def run(args: argparse.Namespace) -> int:
         print(render_table(comparison))
     if plot_dir is not None:
         try:
-            plot_dir.mkdir(parents=True, exist_ok=True)
-            for name, data in images.items():
-                (plot_dir / name).write_bytes(data)
-                print(f"wrote {plot_dir / name}", file=sys.stderr)
-        except OSError as exc:
-            print(f"error: --plot-dir {plot_dir}: {exc}", file=sys.stderr)
+            write_plots(plot_dir, images)
+        except PlotDirError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 1
     return 0

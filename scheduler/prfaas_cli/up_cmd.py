@@ -14,7 +14,7 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from prfaas_core.trace import TraceRecord, parse_trace
 
 from .load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
 from .local_loop import LocalCluster, decision_json
+from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
 from .stack import LocalStack, StackSpec
 
 
@@ -66,6 +67,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="where configs, logs and summary.json go (default: a temp dir)")
     p.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--plot-dir", metavar="DIR", help="write up.png here: TTFT by route vs the SLO, egress vs the cap, roles and t"
+    )
     p.set_defaults(handler=run)
 
 
@@ -135,7 +139,7 @@ async def _run(
     params: RolePolicyParams,
     inputs: Any,
     slo: Slo,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], PlotData]:
     assert stack.router_config is not None
     cluster = LocalCluster(
         stack.config_path,
@@ -149,6 +153,7 @@ async def _run(
     bodies = prepare_bodies(records, args.seed)
     results: list[Result] = []
     egress: list[float] = []
+    timeline: list[tuple[float, int, int, int]] = []  # (model s, prefill, decode, t_min published)
     stop = asyncio.Event()
     start = time.perf_counter()
     cap = stack.spec.link_gbps * stack.spec.link_max_utilization
@@ -162,6 +167,7 @@ async def _run(
                     await asyncio.to_thread(loop.run_once, model_now)
                 except (httpx.HTTPError, RuntimeError) as exc:
                     print(f"long-term loop: cycle failed, will retry: {exc}", file=sys.stderr)
+            timeline.append((model_now, *cluster.counts(), cluster.config.threshold_min_tokens))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
 
@@ -214,7 +220,7 @@ async def _run(
         "wall_seconds": round(time.perf_counter() - start, 1),
         "last_decisions": [decision_json(d) for d in cluster.decisions[-5:]],
         "errors": sorted({f"{r.status}: {r.error}" for r in results if r.status != 200})[:5],
-    }
+    }, PlotData([(r.uncached_tokens, r.ttft_s, r.route) for r in results], egress, timeline, cap)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -266,13 +272,19 @@ def run(args: argparse.Namespace) -> int:
     )
     stack = LocalStack(spec, work)
     try:
+        plot_dir = check_plot_dir(args.plot_dir) if args.plot_dir else None
+    except PlotDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         stack.start()
-        out = asyncio.run(_run(args, stack, records, params, base, Slo()))
+        run_out = asyncio.run(_run(args, stack, records, params, base, Slo()))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
         stack.stop()
+    out, plot_data = run_out
     out["plan"] = {
         "threshold_tokens": t_best,
         "n_prefill": best.n_prefill,
@@ -306,4 +318,56 @@ def run(args: argparse.Namespace) -> int:
             f"{lp['published_threshold_min_tokens']}, t in force at the router {lp['router_threshold_tokens']}"
         )
         print(f"summary: {work / 'summary.json'}")
+    if plot_dir is not None:
+        try:
+            write_plots(plot_dir, {"up.png": render_plot(plot_data, Slo())})
+        except PlotDirError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     return 0
+
+
+@dataclass(frozen=True)
+class PlotData:
+    requests: list[tuple[int, float | None, str]]
+    """(uncached tokens, TTFT in model s or None, route) per request."""
+    egress: list[float]
+    """Model Gbps per 1-s model window."""
+    timeline: list[tuple[float, int, int, int]]
+    """(model s, PD prefill, PD decode, t_min published) as the loop driver saw them."""
+    cap: float
+
+
+def render_plot(data: PlotData, slo: Slo) -> bytes:
+    """One PNG, three panels sharing nothing but the run: TTFT against the SLO by route (which requests went
+    where and whether they made it), egress per model second against the cap, PD roles and ``t`` over time."""
+    requests, egress, timeline, cap = data.requests, data.egress, data.timeline, data.cap
+    fig = figure(8, 10)
+    ax_ttft, ax_egress, ax_roles = fig.subplots(3, 1)
+    for route in sorted({r for *_, r in requests}):
+        pts = [(u, ttft) for u, ttft, r in requests if r == route and ttft is not None]
+        if pts:
+            ax_ttft.scatter([u / 1000 for u, _ in pts], [t for _, t in pts], s=8, label=route, alpha=0.7)
+    top = max((u for u, _, _ in requests), default=1000)
+    xs = [0.0, top / 1000]
+    ax_ttft.plot(xs, [slo.ttft_limit_s(int(x * 1000)) for x in xs], "k--", lw=1, label="TTFT SLO")
+    ax_ttft.set(xlabel="uncached input (K tokens)", ylabel="TTFT (model s)", title="TTFT by route against the SLO")
+    ax_ttft.legend(fontsize=7)
+    ax_egress.plot(range(len(egress)), egress, lw=0.8, label="egress (1-s model windows)")
+    ax_egress.axhline(cap, color="k", ls="--", lw=1, label=f"cap {cap:g} Gbps")
+    ax_egress.set(xlabel="model s", ylabel="Gbps", title="PrFaaS -> PD egress against the cap")
+    ax_egress.set_ylim(bottom=0)
+    ax_egress.legend(fontsize=7)
+    if timeline:
+        ts = [row[0] for row in timeline]
+        ax_roles.step(ts, [row[1] for row in timeline], where="post", label="PD prefill instances")
+        ax_roles.step(ts, [row[2] for row in timeline], where="post", label="PD decode instances")
+        ax_t = ax_roles.twinx()
+        ax_t.step(ts, [row[3] / 1000 for row in timeline], where="post", color="grey", ls=":", label="t_min")
+        ax_t.set_ylabel("t_min (K tokens)")
+        ax_t.set_ylim(bottom=0)
+    ax_roles.set(xlabel="model s", ylabel="instances", title="Roles from the long-term loop")
+    ax_roles.set_ylim(bottom=0)
+    ax_roles.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    return png(fig)

@@ -44,12 +44,16 @@ def run_up(work: Path, *extra: str, timeout_s: float = 240.0) -> subprocess.Comp
 def test_prfaas_up_runs_the_stack_end_to_end(tmp_path: Path) -> None:
     work = tmp_path / "up"
     started = time.monotonic()
-    result = run_up(work, "--duration", "60", "--time-scale", "8", "--load", "0.4", "--seed", "3")
+    plots = tmp_path / "plots"
+    result = run_up(
+        work, "--duration", "60", "--time-scale", "8", "--load", "0.4", "--seed", "3", "--plot-dir", str(plots)
+    )
     wall = time.monotonic() - started
     assert result.returncode == 0, f"exit {result.returncode}\nstderr:\n{result.stderr[-3000:]}"
     printed: dict[str, Any] = json.loads(result.stdout)
     summary: dict[str, Any] = json.loads((work / "summary.json").read_text())
     assert printed == summary
+    assert (plots / "up.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # every request answered, by both routes
     req = summary["requests"]
