@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prfaas_core import names
 
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
+_TPOT = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 _DECISION = (2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3)
 
 
@@ -33,13 +34,21 @@ class RouterMetrics:
         self.threshold = Gauge(names.METRIC_ROUTER_THRESHOLD_TOKENS, "Routing threshold t in force.", registry=r)
         self.ttft = Histogram(
             names.METRIC_ROUTER_TTFT_SECONDS,
-            "Time to first token seen by the client, by route.",
+            "Time to first token, by route: the first streamed chunk, or for a non-streamed answer the end of its "
+            "prefill leg (which computes the first token).",
             ["route"],
             buckets=_LATENCY,
             registry=r,
         )
         self.e2e = Histogram(
             names.METRIC_ROUTER_E2E_SECONDS, "End-to-end latency, by route.", ["route"], buckets=_LATENCY, registry=r
+        )
+        self.tpot = Histogram(
+            names.METRIC_ROUTER_TPOT_SECONDS,
+            "Time per output token of streamed answers, by route: (last chunk - first chunk) / (chunks - 1).",
+            ["route"],
+            buckets=_TPOT,
+            registry=r,
         )
         self.fallbacks = Counter(
             names.METRIC_ROUTER_FALLBACKS.removesuffix("_total"),

@@ -187,8 +187,9 @@ class Proxy:
                 m.requests.labels(route, "error").inc()
                 return json_error(exc.status, f"prefill failed: {exc}", "upstream_error")
             rt.pd_index.insert(hashes, plan.prefill)
+        prefilled = time.perf_counter() if kv is not None else None
         try:
-            response = await self._decode(request, plan, body, kv, request_id, route, started, remote_kv)
+            response = await self._decode(request, plan, body, kv, request_id, route, started, remote_kv, prefilled)
         except LegError as exc:
             if remote is not None and remote_kv:
                 rt.breakers[remote.name] = rt.breakers[remote.name].on_failure(rt.clock(), c.breaker, str(exc))
@@ -201,7 +202,8 @@ class Proxy:
             log.warning("decode could not use the remote KV; prefilling locally", request_id=request_id, error=str(exc))
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
-                response = await self._decode(request, plan, body, kv, request_id, route, started)
+                prefilled = time.perf_counter() if kv is not None else None
+                response = await self._decode(request, plan, body, kv, request_id, route, started, False, prefilled)
             except LegError as again:
                 m.requests.labels(route, "error").inc()
                 return json_error(again.status, str(again), "upstream_error")
@@ -284,7 +286,9 @@ class Proxy:
         route: str,
         started: float,
         kv_crosses_link: bool = False,
+        prefilled: float | None = None,
     ) -> web.StreamResponse:
+        """The decode leg, streamed or not; ``prefilled`` is when the prefill leg returned the first token."""
         rt, m = self.rt, self.metrics
         endpoint = rt.compiled.by_name[plan.decode]
         timeouts = rt.compiled.config.timeouts
@@ -337,6 +341,8 @@ class Proxy:
                         f"decode on {plan.decode} broke mid-answer: {exc.__class__.__name__}", retriable=False
                     ) from None
                 drained = True
+                if prefilled is not None:
+                    m.ttft.labels(route).observe(prefilled - started)
                 m.e2e.labels(route).observe(time.perf_counter() - started)
                 m.requests.labels(route, "ok").inc()
                 return web.Response(
@@ -346,13 +352,17 @@ class Proxy:
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", ROUTE_HEADER: route}
             )
             await out.prepare(request)
-            m.ttft.labels(route).observe(time.perf_counter() - started)
+            first_at = last_at = time.perf_counter()
+            m.ttft.labels(route).observe(first_at - started)
+            events = first.count(b"data: ")
             try:
                 await out.write(first)
                 async for chunk in chunks:
                     if request.transport is None or request.transport.is_closing():
                         raise ConnectionResetError("client went away")  # closes the decode leg below
                     await out.write(chunk)
+                    events += chunk.count(b"data: ")
+                    last_at = time.perf_counter()
             except aiohttp.ClientError as exc:
                 m.requests.labels(route, "error").inc()
                 err = {
@@ -367,6 +377,8 @@ class Proxy:
                 return out
             drained = True
             await out.write_eof()
+            if events > 2:  # the last event is [DONE]
+                m.tpot.labels(route).observe((last_at - first_at) / (events - 2))
             m.e2e.labels(route).observe(time.perf_counter() - started)
             m.requests.labels(route, "ok").inc()
             return out

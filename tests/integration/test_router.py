@@ -84,6 +84,26 @@ def test_repeated_long_prompt_hits_the_pd_prefix_and_stays_local(stack: Stack) -
     assert counter(stack.router, "prfaas_router_route_decisions_total", route="local", reason="threshold") == before + 1
 
 
+def test_ttft_and_tpot_are_recorded_by_route_streamed_or_not(stack: Stack) -> None:
+    def count(name: str, route: str) -> float:
+        return counter(stack.router, f"{name}_count", route=route)
+
+    ttft_before, e2e_before = count("prfaas_router_ttft_seconds", "local"), count("prfaas_router_e2e_seconds", "local")
+    status, body = complete(stack, prompt(1_000))
+    assert status == 200, body  # not streamed: TTFT is the end of its prefill leg
+    assert count("prfaas_router_ttft_seconds", "local") == ttft_before + 1
+    assert count("prfaas_router_e2e_seconds", "local") == e2e_before + 1
+    tpot_before = count("prfaas_router_tpot_seconds", "local")
+    tpot_sum_before = counter(stack.router, "prfaas_router_tpot_seconds_sum", route="local")
+    client = openai.OpenAI(base_url=stack.router + "/v1", api_key="unused", timeout=30)
+    stream = client.completions.create(model="m", prompt=prompt(800), max_tokens=6, stream=True)
+    assert len([c for c in stream if c.choices]) >= 5
+    client.close()
+    assert count("prfaas_router_tpot_seconds", "local") == tpot_before + 1
+    # at this test's 200x clock the chunks may arrive together: the observed TPOT is tiny, never negative
+    assert counter(stack.router, "prfaas_router_tpot_seconds_sum", route="local") >= tpot_sum_before
+
+
 def test_openai_sdk_streams_chat_with_usage_through_the_router(stack: Stack) -> None:
     client = openai.OpenAI(base_url=stack.router + "/v1", api_key="unused", timeout=30)
     for size in (500, 30_000):  # one local, one remote
