@@ -30,8 +30,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +39,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from prfaas_cli.stack import free_port, spawn_process, stop_processes
 from prfaas_core.profiles import builtin_model_profiles
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
@@ -86,12 +85,6 @@ wrk.headers["Content-Type"] = "application/json"
 PACED_LUA = POST_LUA + "function delay() return {delay_ms} end\n"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_post(url: str, deadline_s: float = 60.0) -> None:
     body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 1}).encode()
     end = time.monotonic() + deadline_s
@@ -107,25 +100,6 @@ def wait_post(url: str, deadline_s: float = 60.0) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{url} did not serve within {deadline_s:.0f} s")
-
-
-def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
-        )
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _ms(value: str, unit: str) -> float:
@@ -194,19 +168,21 @@ def main() -> int:
     started = time.perf_counter()
     try:
         port = free_port()
-        procs.append(spawn([sys.executable, "-c", BACKEND, str(port)], work / "backend.log"))
+        procs.append(spawn_process([sys.executable, "-c", BACKEND, str(port)], work / "backend.log"))
         backend = f"http://127.0.0.1:{port}"
         targets = {"direct": backend}
         ours = free_port()
         our_config(backend, work / "router.json")
         procs.append(
-            spawn([*PRFAAS, "router", "--config", str(work / "router.json"), "--port", str(ours)], work / "ours.log")
+            spawn_process(
+                [*PRFAAS, "router", "--config", str(work / "router.json"), "--port", str(ours)], work / "ours.log"
+            )
         )
         targets["prfaas_router"] = f"http://127.0.0.1:{ours}"
         for name, policy in (("vllm_router", []), ("vllm_router_round_robin", ["--policy", "round_robin"])):
             vllm = free_port()
             procs.append(
-                spawn(
+                spawn_process(
                     [
                         str(BIN / "vllm-router"), "--worker-urls", backend, "--host", "127.0.0.1", "--port", str(vllm),
                         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
@@ -240,7 +216,7 @@ def main() -> int:
             results[name] = {"max": max_rate, "fixed_rate": fixed}
             print(f"{name}: max {max_rate}, at ~{args.rate:g} req/s {fixed}", file=sys.stderr)
     finally:
-        stop(procs)
+        stop_processes(procs)
     direct = results["direct"]["fixed_rate"]
     added: dict[str, dict[str, float]] = {}
     for name in ("prfaas_router", "vllm_router", "vllm_router_round_robin"):

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 import urllib.request
 
 import aiohttp
+
+from prfaas_cli.stack import free_port, spawn_process, stop_processes
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 SOURCE = textwrap.dedent(
@@ -67,12 +68,6 @@ BASELINE_SERVER = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_http(url: str, deadline_s: float = 30.0) -> None:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
@@ -93,22 +88,6 @@ def wait_port(port: int, deadline_s: float = 30.0) -> None:
                 return
         time.sleep(0.05)
     raise RuntimeError(f"port {port} did not open")
-
-
-def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 async def load(url: str, seconds: float, concurrency: int) -> tuple[float, float]:
@@ -189,7 +168,7 @@ def bench_engine(seconds: float, concurrency: int) -> dict[str, float]:
         ),
     ):  # fmt: skip
         port = free_port()
-        proc = spawn(argv_of(port))
+        proc = spawn_process(argv_of(port))
         try:
             wait_http(f"http://127.0.0.1:{port}/health")
             asyncio.run(load(f"http://127.0.0.1:{port}", 1.0, concurrency))  # warm-up
@@ -198,7 +177,7 @@ def bench_engine(seconds: float, concurrency: int) -> dict[str, float]:
             else:
                 rps, p50 = asyncio.run(load(f"http://127.0.0.1:{port}", seconds, concurrency))
         finally:
-            stop([proc])
+            stop_processes([proc])
         out[f"{name}_rps"], out[f"{name}_p50_ms"] = rps, p50
     return out
 
@@ -206,12 +185,16 @@ def bench_engine(seconds: float, concurrency: int) -> dict[str, float]:
 def bench_relay(megabytes: int) -> dict[str, float]:
     nbytes = megabytes * 1_000_000
     src_port, link_port, shaped_port = free_port(), free_port(), free_port()
-    procs = [spawn([sys.executable, "-c", SOURCE, str(src_port)])]
+    procs = [spawn_process([sys.executable, "-c", SOURCE, str(src_port)])]
     common = ["--time-scale", "1", "--byte-scale", "1", "--rtt-ms", "0", "--target", f"127.0.0.1:{src_port}"]
-    procs.append(spawn([*PRFAAS, "link", "--listen", f"127.0.0.1:{link_port}", "--capacity-gbps", "1e6", *common]))
+    procs.append(
+        spawn_process([*PRFAAS, "link", "--listen", f"127.0.0.1:{link_port}", "--capacity-gbps", "1e6", *common])
+    )
     shaped_gbps = 0.8  # 100 MB/s on the wire
     procs.append(
-        spawn([*PRFAAS, "link", "--listen", f"127.0.0.1:{shaped_port}", "--capacity-gbps", str(shaped_gbps), *common])
+        spawn_process(
+            [*PRFAAS, "link", "--listen", f"127.0.0.1:{shaped_port}", "--capacity-gbps", str(shaped_gbps), *common]
+        )
     )
     try:
         for port in (src_port, link_port, shaped_port):
@@ -223,7 +206,7 @@ def bench_relay(megabytes: int) -> dict[str, float]:
         shaped_bytes = 200_000_000
         shaped = asyncio.run(pull(shaped_port, shaped_bytes))
     finally:
-        stop(procs)
+        stop_processes(procs)
     configured = shaped_gbps * 1e9 / 8
     return {
         "direct_MBps": nbytes / direct / 1e6,

@@ -69,22 +69,14 @@ class LocalStack:
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start a process that belongs to the stack (log in logs/NAME.log; stopped by :meth:`stop`)."""
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
-        log = open(self.work_dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 - the child keeps its descriptor
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env} if env else None,
-        )
-        log.close()
+        proc = spawn_process(argv, self.work_dir / "logs" / f"{name}.log", env)
         self.procs.append((name, proc))
         return proc
 
     def terminate(self, name: str) -> None:
         """Stop one process of the stack (SIGTERM, then SIGKILL after 5 s) and forget it."""
         for entry in [e for e in self.procs if e[0] == name]:
-            _stop([entry[1]])
+            stop_processes([entry[1]])
             self.procs.remove(entry)
 
     def engine_urls(self) -> list[str]:
@@ -282,7 +274,7 @@ class LocalStack:
         raise RuntimeError(f"the stack was not ready after {timeout_s:.0f} s (logs in {self.work_dir / 'logs'})")
 
     def stop(self) -> None:
-        _stop([proc for _, proc in self.procs])
+        stop_processes([proc for _, proc in self.procs])
 
 
 def exit_on_sigterm() -> None:
@@ -296,7 +288,22 @@ def exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def spawn_process(
+    argv: list[str], log: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a child with its output in ``log`` (discarded without one) and ``env`` over this environment."""
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child keeps its descriptor
+    try:
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+        )
+    finally:
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every one, then SIGKILL whichever has not exited 5 s later."""
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
