@@ -52,6 +52,21 @@ def test_abundant_prefix_held_by_the_other_cluster_is_moved() -> None:
     assert d.target == "local" and d.cache_transfer_tokens == 30_000
 
 
+def test_a_cache_move_towards_pd_is_admitted_like_a_stream() -> None:
+    pd_seconds = PRF  # any monotone prefill curve: the move must be no slower than recomputing
+    d = decide_route(RouteRequest(40_000, 0, 30_000), view("abundant"), KV, PRF, pd_seconds)
+    assert d.target == "local" and d.cache_transfer_tokens == 30_000 and d.uncached_tokens == 10_000
+    assert d.move_bytes == pytest.approx(transfer_bytes(KV, 30_000, 0))
+    assert d.move_gbps == pytest.approx(d.move_bytes * 8 / PRF(30_000) / 1e9)
+    # a link too busy for the move: PD prefills from its own (empty) prefix, the move is not made
+    busy = decide_route(RouteRequest(40_000, 0, 30_000), view("abundant", egress=79.0), KV, PRF, pd_seconds)
+    assert busy.target == "local" and busy.cache_transfer_tokens == 0 and busy.uncached_tokens == 40_000
+    assert busy.kind == "admission" and "not admitted" in busy.reason and busy.move_bytes == 0
+    # no reachable PrFaaS cluster: nothing to move from
+    gone = decide_route(RouteRequest(40_000, 0, 30_000), view("abundant", available=False), KV, PRF, pd_seconds)
+    assert gone.cache_transfer_tokens == 0 and gone.uncached_tokens == 40_000
+
+
 def test_remote_carries_transfer_bytes_and_rate() -> None:
     d = decide_route(RouteRequest(32_768), view(), KV, PRF)
     assert d.target == "remote"

@@ -144,9 +144,10 @@ class EgressLedger:
                 ends[t.lane] = t.end_s
         return ends
 
-    def start(self, key: str, bytes_: float, now_s: float, duration_s: float) -> Transfer:
-        """Record a dispatched stream; returns it with its expected streaming window."""
-        if self.lanes <= 0:
+    def start(self, key: str, bytes_: float, now_s: float, duration_s: float, queued: bool = True) -> Transfer:
+        """Record a dispatched stream; returns it with its expected streaming window. ``queued=False``: it
+        needs no PrFaaS instance (a cache move) and streams from now."""
+        if self.lanes <= 0 or not queued:
             transfer = Transfer(bytes_, now_s, duration_s)
         else:
             ends = self._lane_ends(now_s)

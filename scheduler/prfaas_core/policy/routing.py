@@ -62,6 +62,10 @@ class RouteDecision:
     cache_transfer_tokens: int = 0
     """Cached prefix tokens to move between clusters first (abundant mode only)."""
     kind: DecisionKind = "threshold"
+    move_bytes: float = 0.0
+    """KV bytes of a PrFaaS -> PD cache move (local target only): they cross the capped link."""
+    move_gbps: float = 0.0
+    """That move's egress rate as admitted (its bytes over the time recomputing them locally would take)."""
 
 
 def transfer_bytes(kv: KvModel, total_tokens: int, cached_at_decode_tokens: int) -> float:
@@ -77,8 +81,15 @@ def decide_route(
     view: RoutingView,
     kv: KvModel,
     prfaas_prefill_seconds: Callable[[float], float],
+    pd_prefill_seconds: Callable[[float], float] | None = None,
 ) -> RouteDecision:
-    """The paper's rule, then availability and admission. Pure; O(1)."""
+    """The paper's rule, then availability and admission. Pure; O(1).
+
+    A cross-cluster cache move is made only "when sufficient inter-cluster bandwidth is available": a move
+    from PrFaaS to PD crosses the same capped link as the KV streams, so it is admitted like one, at the rate
+    that makes it no slower than recomputing the moved tokens locally (``pd_prefill_seconds``; without it,
+    moves towards PD are not admitted-checked, the caller's choice). Not admitted: the PD cluster prefills
+    from its own prefix."""
     t = view.threshold_tokens
     l_pd = min(req.pd_cached_tokens, req.total_tokens)
     l_prfaas = min(req.prfaas_cached_tokens, req.total_tokens)
@@ -96,7 +107,9 @@ def decide_route(
         move_to_pd = best - l_pd
         move_to_prfaas = best - l_prfaas
     if length <= t:
-        return RouteDecision("local", uncached_local, 0.0, 0.0, f"{basis} <= t {t}: local prefill", move_to_pd)
+        if move_to_pd <= 0 or pd_prefill_seconds is None:
+            return RouteDecision("local", uncached_local, 0.0, 0.0, f"{basis} <= t {t}: local prefill", move_to_pd)
+        return _local_with_move(req, view, kv, pd_prefill_seconds, l_pd, move_to_pd, f"{basis} <= t {t}")
     if not view.remote_available or view.link is None:
         why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
         reason = f"{basis} > t {t} but {why}: local"
@@ -111,6 +124,31 @@ def decide_route(
     return RouteDecision(
         "remote", uncached_remote, nbytes, rate, f"{basis} > t {t}: remote prefill; {verdict.reason}", move_to_prfaas
     )
+
+
+def _local_with_move(
+    req: RouteRequest,
+    view: RoutingView,
+    kv: KvModel,
+    pd_prefill_seconds: Callable[[float], float],
+    l_pd: int,
+    move_tokens: int,
+    basis: str,
+) -> RouteDecision:
+    """Local prefill of what neither cluster holds, after moving PrFaaS's longer prefix, if the link admits it."""
+    uncached = req.total_tokens - l_pd - move_tokens
+    if not view.remote_available or view.link is None:
+        why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
+        reason = f"{basis}: local prefill; PrFaaS's prefix not moved ({why})"
+        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="unavailable")
+    nbytes = transfer_bytes(kv, l_pd + move_tokens, l_pd)
+    rate = nbytes * 8.0 / max(pd_prefill_seconds(float(move_tokens)), 1e-6) / GBPS_BITS
+    verdict = admit(view.egress_estimate_gbps, rate, view.link)
+    if not verdict.admitted:
+        reason = f"{basis}: local prefill; moving PrFaaS's {move_tokens}-token prefix not admitted: {verdict.reason}"
+        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="admission")
+    reason = f"{basis}: local prefill after moving PrFaaS's {move_tokens}-token prefix; {verdict.reason}"
+    return RouteDecision("local", uncached, 0.0, 0.0, reason, move_tokens, move_bytes=nbytes, move_gbps=rate)
 
 
 @dataclass(frozen=True)

@@ -186,18 +186,21 @@ class Simulation:
         view = RoutingView(
             self.t, self.link_state.mode, self.ledger.admission_gbps(now, self.link_params), self.link_params, True
         )
-        decision = decide_route(RouteRequest(total, l_pd, l_prf), view, self.kv, self.prfaas_seconds)
+        decision = decide_route(RouteRequest(total, l_pd, l_prf), view, self.kv, self.prfaas_seconds, self.pd_seconds)
         self._record_length(now, decision.uncached_tokens)
         moved = decision.cache_transfer_tokens
         if decision.target == "remote":
             self._to_remote(req, decision.uncached_tokens, decision.transfer_bytes, l_prf + moved, l_prf)
         elif moved:
-            # abundant mode: the longer prefix sits in PrFaaS's pool; it crosses the link first
+            # abundant mode: the longer prefix sits in PrFaaS's pool; it crosses the link first, admitted
+            # (and counted by the ledger) like a KV stream
             best = l_pd + moved
-            nbytes = transfer_bytes(self.kv, best, l_pd)
+            nbytes = decision.move_bytes
             self.result.cache_move_bytes += nbytes
             uncached = decision.uncached_tokens
-            self.link.start(("move", req), nbytes, now, now, lambda _k: self._moved_to_pd(req, best, uncached))
+            key = f"move-{req.spec.id}"
+            self.ledger.start(key, nbytes, now, self.pd_seconds(float(moved)), queued=False)
+            self.link.start(("move", req), nbytes, now, now, lambda _k: self._moved_to_pd(req, best, uncached, key))
         else:
             self._to_pd_prefill(req, decision.uncached_tokens)
 
@@ -215,7 +218,8 @@ class Simulation:
         """A stream waiting on an instance flipped to prefill (forced flip)."""
         self._to_decode(req)
 
-    def _moved_to_pd(self, req: Req, best: int, uncached: int) -> None:
+    def _moved_to_pd(self, req: Req, best: int, uncached: int, ledger_key: str) -> None:
+        self.ledger.finish(ledger_key)
         self.pd_pool.import_prefix(req.spec.session, best)
         self._to_pd_prefill(req, uncached)
 
