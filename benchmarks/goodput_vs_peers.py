@@ -88,6 +88,7 @@ class Probe:
             "ttft_p90_s": self.summary["ttft_p90_s"],
             "routes": self.summary["routes"],
             "slo_misses": self.summary["slo_misses"],
+            "slo_attainment_by_route": self.summary.get("by_route", {}),
             "egress_mean_gbps": round(self.egress_mean_gbps, 3),
             "egress_peak_gbps": round(self.egress_peak_gbps, 3),
             "wall_s": round(self.wall_s, 1),
@@ -199,6 +200,10 @@ class Bench:
         if not self.stack.wait_idle():
             print("warning: engines still busy after 300 s", file=sys.stderr)
         summary = summarize(results, slo)
+        by_route = {
+            route: round(summarize([r for r in results if r.route == route], slo).attainment, 4)
+            for route in sorted({r.route for r in results})
+        }
         stopped = any(r.status == 0 for r in results)
         cpu = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
         p = Probe(
@@ -207,7 +212,7 @@ class Bench:
             summary.attainment,
             summary.attainment >= ATTAINMENT,
             stopped,
-            summary.as_json(),
+            {**summary.as_json(), "by_route": by_route},
             sum(egress) / len(egress) if egress else 0.0,
             max(egress) if egress else 0.0,
             wall,

@@ -191,6 +191,7 @@ class Runtime:
                 "",
             )
             l_prfaas = self.remote_index.match(hashes).get(remote.name, 0)
+        remote_wait = None if remote is None else self.ledgers[remote.link].queue_wait_s(self.model_now())
         view = RoutingView(
             snap.threshold.tokens,
             mode,
@@ -198,9 +199,23 @@ class Runtime:
             link_params,
             remote is not None,
             why,
+            self._local_wait_s(),
+            remote_wait,
         )
-        decision = decide_route(RouteRequest(total_tokens, l_pd, l_prfaas), view, c.kv, c.prfaas.prefill_seconds)
+        decision = decide_route(
+            RouteRequest(total_tokens, l_pd, l_prfaas), view, c.kv, c.prfaas.prefill_seconds, c.pd.prefill_seconds
+        )
         return decision, remote if decision.target == "remote" else None
+
+    def _local_wait_s(self) -> float | None:
+        """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance."""
+        c, engines = self.compiled, self.snapshot.engines
+        waits = [
+            self.queued_prefill_s.get(e.name, 0.0)
+            for e in c.prefill
+            if e.name not in c.draining and engines.get(e.name, EngineLoad()).healthy
+        ]
+        return min(waits) if waits else None
 
     def _usable_remote(self) -> RemoteGateway | None:
         now = self.clock()

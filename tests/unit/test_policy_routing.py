@@ -19,6 +19,7 @@ from prfaas_core.policy.routing import (
 INPUTS = case_study_inputs()
 KV = INPUTS.kv
 PRF = INPUTS.prfaas_hardware.prefill_seconds
+PD = INPUTS.pd_hardware.prefill_seconds
 LINK = LinkParams("a-to-b", 100.0)
 
 
@@ -65,6 +66,40 @@ def test_a_cache_move_towards_pd_is_admitted_like_a_stream() -> None:
     # no reachable PrFaaS cluster: nothing to move from
     gone = decide_route(RouteRequest(40_000, 0, 30_000), view("abundant", available=False), KV, PRF, pd_seconds)
     assert gone.cache_transfer_tokens == 0 and gone.uncached_tokens == 40_000
+
+
+def surged(
+    local_wait: float | None, remote_wait: float | None, mode: str = "abundant", egress: float = 0.0
+) -> RoutingView:
+    v = view(mode, egress=egress)
+    return RoutingView(
+        v.threshold_tokens, v.link_mode, egress, LINK, True, local_wait_s=local_wait, remote_wait_s=remote_wait
+    )
+
+
+def test_a_short_request_spills_to_prfaas_when_the_pd_queue_surges() -> None:
+    short = RouteRequest(8_000)
+    pd_s = PD  # H20: slower than the H200 PrFaaS curve
+    calm = decide_route(short, surged(local_wait=0.5, remote_wait=0.0), KV, PRF, pd_s)
+    assert calm.target == "local" and calm.kind == "threshold"  # a wait shorter than its own prefill: no surge
+    d = decide_route(short, surged(local_wait=20.0, remote_wait=0.0), KV, PRF, pd_s)
+    assert d.target == "remote" and d.kind == "spill" and "PD prefill queue surge" in d.reason
+    assert d.transfer_bytes == pytest.approx(KV.kv_bytes(8_000))
+    # PrFaaS backed up even more: staying local is faster
+    assert decide_route(short, surged(local_wait=20.0, remote_wait=30.0), KV, PRF, pd_s).target == "local"
+    # unknown waits, a scarce link or a link at its cap: no spill to PrFaaS
+    assert decide_route(short, surged(20.0, None), KV, PRF, pd_s).kind == "threshold"
+    assert decide_route(short, surged(20.0, 0.0, mode="scarce"), KV, PRF, pd_s).target == "local"
+    capped = decide_route(short, surged(20.0, 0.0, egress=79.0), KV, PRF, pd_s)
+    assert capped.target == "local" and capped.kind == "admission"
+
+
+def test_a_long_request_spills_to_pd_when_the_prfaas_queue_surges() -> None:
+    long = RouteRequest(30_000)
+    assert decide_route(long, surged(local_wait=0.0, remote_wait=0.0), KV, PRF, PD).target == "remote"
+    d = decide_route(long, surged(local_wait=0.0, remote_wait=120.0), KV, PRF, PD)
+    assert d.target == "local" and d.kind == "spill" and "PrFaaS queue surge" in d.reason
+    assert d.uncached_tokens == 30_000
 
 
 def test_remote_carries_transfer_bytes_and_rate() -> None:

@@ -96,6 +96,8 @@ def test_same_seed_same_run_and_another_seed_another() -> None:
 def test_a_draining_instance_gets_no_new_work_and_a_forced_flip_redispatches_its_queue() -> None:
     config = cfg("prfaas_pd_static", threshold_tokens=1 << 30)  # everything local
     sim = Simulation(config, [], 100.0)
+    for inst in sim.prfaas:  # ... and no PrFaaS instance available to spill the PD queue surge to
+        inst.available_at_s = float("inf")
     control = sim.control
     names = [i.name for i in sim.pd if i.role == "prefill"]
     assert names == ["pd-0", "pd-1", "pd-2"]

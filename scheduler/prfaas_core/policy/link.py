@@ -156,6 +156,12 @@ class EgressLedger:
         self._active[key] = transfer
         return transfer
 
+    def queue_wait_s(self, now_s: float) -> float | None:
+        """How long a stream dispatched now would wait for a PrFaaS instance (None without lanes)."""
+        if self.lanes <= 0:
+            return None
+        return min(self._lane_ends(now_s)) - now_s
+
     def finish(self, key: str) -> None:
         self._active.pop(key, None)
 

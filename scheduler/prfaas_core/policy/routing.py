@@ -9,6 +9,13 @@ The cache-aware rule (paper-spec §2.5)::
 
 Then: PrFaaS unavailable (breaker open, no ready instance) -> local; remote but projected egress over the
 cap -> local (admission). Every decision carries its reason; the hot path does arithmetic only.
+
+Queue surges (paper-spec §2.5: "when utilization approaches a threshold or queuing surges, a short-term routing
+adjustment is triggered"): with both clusters' predicted prefill waits known and the link abundant, a request
+whose side is backed up — its wait exceeds its own prefill time there — *spills* to the other cluster when that
+gives it the lower predicted TTFT (wait + prefill). ``t`` balances the clusters' throughput on average; spills
+absorb the bursts that a fixed split leaves queued on one side while the other idles. A spill to PrFaaS is
+admitted under the cap like any remote prefill.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ from ..names import GBPS_BITS
 from .link import LinkMode, LinkParams, admit
 
 Target = Literal["local", "remote"]
-DecisionKind = Literal["threshold", "unavailable", "admission"]
-"""Why, in one word (a metric label): the length vs ``t``; the remote side unavailable; the cap's admission."""
+DecisionKind = Literal["threshold", "unavailable", "admission", "spill"]
+"""Why, in one word (a metric label): the length vs ``t``; the remote side unavailable; the cap's admission; a
+queue surge on the side ``t`` chose."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,10 @@ class RoutingView:
     link: LinkParams | None
     remote_available: bool
     remote_unavailable_reason: str = ""
+    local_wait_s: float | None = None
+    """Predicted wait before the least-loaded PD prefill instance starts a new request (None: unknown)."""
+    remote_wait_s: float | None = None
+    """Predicted wait before a PrFaaS instance starts a new request (None: unknown; no spills then)."""
 
 
 @dataclass(frozen=True)
@@ -106,24 +118,68 @@ def decide_route(
         uncached_local = uncached_remote = length
         move_to_pd = best - l_pd
         move_to_prfaas = best - l_prfaas
-    if length <= t:
+    # a spill to PD prefills from PD's own prefix (no cache move on a detour)
+    local_tokens = uncached_local if length <= t else req.total_tokens - l_pd
+    spill = _surge(view, pd_prefill_seconds, prfaas_prefill_seconds, local_tokens, uncached_remote, length <= t)
+    if length <= t and spill is None:
         if move_to_pd <= 0 or pd_prefill_seconds is None:
             return RouteDecision("local", uncached_local, 0.0, 0.0, f"{basis} <= t {t}: local prefill", move_to_pd)
         return _local_with_move(req, view, kv, pd_prefill_seconds, l_pd, move_to_pd, f"{basis} <= t {t}")
+    if length > t and spill is not None:
+        return RouteDecision(
+            "local", local_tokens, 0.0, 0.0, f"{basis} > t {t} but {spill}: local prefill", kind="spill"
+        )
+    head = f"{basis} <= t {t} but {spill}" if spill is not None else f"{basis} > t {t}"
     if not view.remote_available or view.link is None:
         why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
-        reason = f"{basis} > t {t} but {why}: local"
+        reason = f"{head} but {why}: local"
         return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="unavailable")
     nbytes = transfer_bytes(kv, req.total_tokens, l_pd)
     seconds = max(prfaas_prefill_seconds(float(uncached_remote)), 1e-6)
     rate = nbytes * 8.0 / seconds / GBPS_BITS
     verdict = admit(view.egress_estimate_gbps, rate, view.link)
     if not verdict.admitted:
-        reason = f"{basis} > t {t} but {verdict.reason}"
-        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="admission")
+        return RouteDecision(
+            "local", req.total_tokens - l_pd, 0.0, 0.0, f"{head} but {verdict.reason}", kind="admission"
+        )
+    kind: DecisionKind = "spill" if spill is not None else "threshold"
     return RouteDecision(
-        "remote", uncached_remote, nbytes, rate, f"{basis} > t {t}: remote prefill; {verdict.reason}", move_to_prfaas
+        "remote", uncached_remote, nbytes, rate, f"{head}: remote prefill; {verdict.reason}", move_to_prfaas, kind
     )
+
+
+def _surge(
+    view: RoutingView,
+    pd_prefill_seconds: Callable[[float], float] | None,
+    prfaas_prefill_seconds: Callable[[float], float],
+    uncached_local: int,
+    uncached_remote: int,
+    local_by_t: bool,
+) -> str | None:
+    """Why the request should spill to the cluster ``t`` did not choose (None: it should not)."""
+    if (
+        view.link_mode != "abundant"
+        or pd_prefill_seconds is None
+        or view.local_wait_s is None
+        or view.remote_wait_s is None
+        or not view.remote_available
+    ):
+        return None
+    local_prefill = pd_prefill_seconds(float(uncached_local))
+    remote_prefill = prfaas_prefill_seconds(float(uncached_remote))
+    local_ttft = view.local_wait_s + local_prefill
+    remote_ttft = view.remote_wait_s + remote_prefill
+    if local_by_t and view.local_wait_s > local_prefill and remote_ttft < local_ttft:
+        return (
+            f"PD prefill queue surge (wait {view.local_wait_s:.2f} s > its prefill {local_prefill:.2f} s; "
+            f"predicted TTFT local {local_ttft:.2f} s vs PrFaaS {remote_ttft:.2f} s)"
+        )
+    if not local_by_t and view.remote_wait_s > remote_prefill and local_ttft < remote_ttft:
+        return (
+            f"PrFaaS queue surge (wait {view.remote_wait_s:.2f} s > its prefill {remote_prefill:.2f} s; "
+            f"predicted TTFT PrFaaS {remote_ttft:.2f} s vs local {local_ttft:.2f} s)"
+        )
+    return None
 
 
 def _local_with_move(

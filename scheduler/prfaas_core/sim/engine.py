@@ -184,7 +184,13 @@ class Simulation:
             self._to_remote(req, total - l_prf, transfer_bytes(self.kv, total, l_pd))
             return
         view = RoutingView(
-            self.t, self.link_state.mode, self.ledger.admission_gbps(now, self.link_params), self.link_params, True
+            self.t,
+            self.link_state.mode,
+            self.ledger.admission_gbps(now, self.link_params),
+            self.link_params,
+            True,
+            local_wait_s=self._least_wait(self.pd, now),
+            remote_wait_s=self._least_wait(self.prfaas, now),
         )
         decision = decide_route(RouteRequest(total, l_pd, l_prf), view, self.kv, self.prfaas_seconds, self.pd_seconds)
         self._record_length(now, decision.uncached_tokens)
@@ -203,6 +209,14 @@ class Simulation:
             self.link.start(("move", req), nbytes, now, now, lambda _k: self._moved_to_pd(req, best, uncached, key))
         else:
             self._to_pd_prefill(req, decision.uncached_tokens)
+
+    @staticmethod
+    def _least_wait(pool: list[Instance], now: float) -> float | None:
+        """The queued prefill work on the least-loaded available prefill instance (what a router predicts)."""
+        waits = [
+            i.queued_prefill_s(now) for i in pool if i.role == "prefill" and not i.draining and now >= i.available_at_s
+        ]
+        return min(waits) if waits else None
 
     def _record_length(self, now: float, uncached: int) -> None:
         if self.cfg.live_threshold:
