@@ -8,7 +8,8 @@ stamps ``prfaas.io/last-role-flip`` (the cooldown survives restarts through it).
 *Scale* (separate prefill and decode workloads): the drain is the same, plus a low
 ``controller.kubernetes.io/pod-deletion-cost`` so a Deployment removes the drained pod first; the flip stamps
 ``last-role-flip`` on the drained pod (it is retired: no longer counted, never flipped again) and then writes
-both workloads' replica counts through their ``scale`` subresource as *absolute* values (idempotent on retry).
+both workloads' replica counts through their ``scale`` subresource — the receiving one up first, the giving one
+down second — as *absolute* values (idempotent on retry) computed from the counts read just before.
 The operator is the one writer of those replica counts; no HPA may target the same workloads.
 """
 
@@ -27,7 +28,7 @@ from prfaas_core.names import (
 )
 from prfaas_core.policy.roles import RoleDecision
 
-from .kube import JsonDict, KubeApi, api_path
+from .kube import ApiError, JsonDict, KubeApi, api_path
 from .registry import World
 from .status import iso
 
@@ -81,14 +82,39 @@ class KubeActuator:
                     {ANNOTATION_LAST_FLIP: stamp, ANNOTATION_DRAIN_STARTED: None},
                 )
             return
-        for name, _ in decision.flip:  # retire first: a crash after this can lose a flip, never repeat one
-            await self._patch_pod(namespace, name, {}, {ANNOTATION_LAST_FLIP: stamp})
         workloads = pd.spec.workloads
         assert workloads.prefill is not None and workloads.decode is not None  # the spec's CEL rule
         grow, shrink = (
-            ((workloads.decode, decision.decode_to), (workloads.prefill, decision.prefill_to))
+            (workloads.decode, workloads.prefill)
             if decision.action == "FlipToDecode"
-            else ((workloads.prefill, decision.prefill_to), (workloads.decode, decision.decode_to))
+            else (workloads.prefill, workloads.decode)
         )
-        for ref, replicas in (grow, shrink):  # up first, so capacity never dips below the target
-            await self.api.patch(workload_path(ref, namespace, "scale"), {"spec": {"replicas": replicas}})
+        # the targets come from the workloads' replica counts, not from the pods that happen to exist (a pod
+        # being recreated would otherwise cost an instance); read before anything changes, so a failed read
+        # leaves the drained instance pending and the next cycle tries again
+        k = len(decision.flip)
+        targets = [
+            (grow, await self._replicas(grow, namespace) + k),
+            (shrink, await self._replicas(shrink, namespace) - k),
+        ]
+        for name, _ in decision.flip:  # retire first: a crash after this can lose a flip, never repeat one
+            await self._patch_pod(namespace, name, {}, {ANNOTATION_LAST_FLIP: stamp})
+        for ref, replicas in targets:  # up first, so capacity never dips below the target
+            await self.api.patch(workload_path(ref, namespace, "scale"), {"spec": {"replicas": max(replicas, 0)}})
+
+    async def scale_counts(self, pd: PDCluster) -> tuple[int, int] | None:
+        """Scale mode: the (prefill, decode) replica counts the two workloads ask for now (None: unreadable)."""
+        workloads, namespace = pd.spec.workloads, pd.metadata.namespace or "default"
+        if pd.spec.role_assignment.mode != "Scale" or workloads.prefill is None or workloads.decode is None:
+            return None
+        try:
+            return await self._replicas(workloads.prefill, namespace), await self._replicas(workloads.decode, namespace)
+        except ApiError:
+            return None
+
+    async def _replicas(self, ref: WorkloadRef, namespace: str) -> int:
+        """The workload's desired replica count, from its ``scale`` subresource."""
+        scale = await self.api.get(workload_path(ref, namespace, "scale"))
+        if scale is None:
+            raise ApiError(404, "NotFound", f"{ref.kind} {namespace}/{ref.name} not found")
+        return int((scale.get("spec") or {}).get("replicas") or 0)

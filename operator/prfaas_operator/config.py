@@ -8,6 +8,16 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+RESYNC_ENV = "PRFAAS_RESYNC_SECONDS"
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A period from the environment. The resync period is read here, not only in :meth:`from_env`, so that the
+    variable reaches every entry point: ``prfaas operator`` builds its config from flags, and its
+    ``--resync-seconds`` (when given) wins over the variable."""
+    value = os.environ.get(name, "").strip()
+    return float(value) if value else default
+
 
 class OperatorConfig(BaseModel):
     """Everything the operator process is configured with. Times are seconds."""
@@ -34,6 +44,12 @@ class OperatorConfig(BaseModel):
     tick_s: float = Field(default=1.0, gt=0, description="How often the cycle checks what is due.")
     link_period_s: float = Field(default=15.0, gt=0, description="Period of link measurements.")
     gateway_period_s: float = Field(default=15.0, gt=0, description="Period of remote gateway status reads.")
+    resync_s: float = Field(
+        default_factory=lambda: _env_seconds(RESYNC_ENV, 300.0),
+        gt=0,
+        description="Period of the full re-list that repairs the cache after a missed watch event "
+        f"(default: ${RESYNC_ENV}, else 300).",
+    )
     api_retries: int = Field(default=5, ge=0, description="Retries of a Kubernetes API call on 409/429/5xx.")
     api_backoff_s: float = Field(default=0.2, gt=0, description="First retry delay (doubles each retry).")
     log_level: str = Field(default="INFO", description="Log level of the operator's JSON logs.")
@@ -55,7 +71,7 @@ class OperatorConfig(BaseModel):
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
         """For ``kopf run``: PRFAAS_NAMESPACES (comma-separated; unset: all), PRFAAS_PROMETHEUS_URL,
-        PRFAAS_METRICS_PORT, PRFAAS_LEASE_NAME, PRFAAS_LEASE_NAMESPACE, KUBECONFIG."""
+        PRFAAS_METRICS_PORT, PRFAAS_LEASE_NAME, PRFAAS_LEASE_NAMESPACE, PRFAAS_RESYNC_SECONDS, KUBECONFIG."""
         e = dict(os.environ if env is None else env)
         namespaces = tuple(n for n in e.get("PRFAAS_NAMESPACES", "").split(",") if n)
         kwargs: dict[str, object] = {"namespaces": namespaces, "all_namespaces": not namespaces}
@@ -67,6 +83,8 @@ class OperatorConfig(BaseModel):
             kwargs["lease_name"] = e["PRFAAS_LEASE_NAME"]
         if "PRFAAS_LEASE_NAMESPACE" in e:
             kwargs["lease_namespace"] = e["PRFAAS_LEASE_NAMESPACE"]
+        if e.get(RESYNC_ENV):
+            kwargs["resync_s"] = float(e[RESYNC_ENV])
         if e.get("KUBECONFIG"):
             kwargs["kubeconfig"] = e["KUBECONFIG"].split(os.pathsep)[0]
         return cls.model_validate(kwargs)

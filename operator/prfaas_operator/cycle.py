@@ -3,13 +3,22 @@
 One task for all objects (instead of a kopf timer per object) because batching needs one collector per
 cycle: with 1,000 PD clusters a cycle is a handful of Prometheus queries, not thousands. Objects changed by
 a watch event are reconciled at the next tick (their spec-level status at once; their loop when due).
-Only the Lease holder runs it. Time is read once per tick and passed down.
+Only the Lease holder runs it. Time is read once per tick and passed down. Objects of a kind that are due
+soon join a run of that kind (see ``tick``), so that objects that arrived at different times fall into step
+and a cycle stays one collection. One ``cycle`` log line per cycle says what it covered and cost (objects,
+Prometheus queries, API calls, status writes, seconds per phase).
+
+Profiling: with ``PRFAAS_OPERATOR_PROFILE=FILE`` set, the event loop's thread runs under cProfile from the
+first tick on and the cumulative stats are written to FILE after every cycle (``python -m pstats FILE``);
+the benchmark (benchmarks/operator_scale.py ``--profile``) uses it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -44,6 +53,7 @@ class Cycle:
         metrics: OperatorMetrics,
         clock: Callable[[], float] = time.time,
         concurrency: int = 16,
+        coalesce: float = 0.5,
     ) -> None:
         self.config, self.api, self.world, self.writer = config, api, world, writer
         self.leader, self.collector, self.metrics, self.clock = leader, collector, metrics, clock
@@ -51,6 +61,7 @@ class Cycle:
         self.dirty: set[tuple[str, Key]] = set()
         self.wake = asyncio.Event()
         self._sem = asyncio.Semaphore(concurrency)
+        self.coalesce = coalesce
         self.cycles = 0
         self.last_snapshot: Snapshot | None = None
         self.log = logger("Operator", None, "cycle")
@@ -66,6 +77,10 @@ class Cycle:
         self.wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        profile_path = os.environ.get("PRFAAS_OPERATOR_PROFILE")
+        profiler = cProfile.Profile() if profile_path else None
+        if profiler is not None:
+            profiler.enable()
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_s)
@@ -74,9 +89,13 @@ class Cycle:
                 continue
             await asyncio.sleep(0.05)  # let a burst of watch events land in one tick
             try:
-                await self.tick(self.clock())
+                snap = await self.tick(self.clock())
             except Exception as exc:
                 self.log.exception("cycle failed", error=str(exc))
+                snap = None
+            if profiler is not None and profile_path and snap is not None:
+                profiler.dump_stats(profile_path)  # stops it
+                profiler.enable()
 
     async def _each(self, entries: Iterable[Entry], fn: Callable[[Entry], Awaitable[None]]) -> None:
         async def one(entry: Entry) -> None:
@@ -93,6 +112,8 @@ class Cycle:
 
     async def tick(self, now_s: float) -> Snapshot | None:
         started = time.perf_counter()
+        calls, writes = self.api.calls, self.writer.writes
+        phases: dict[str, float] = {}
         dirty, self.dirty = self.dirty, set()
         w = self.world
 
@@ -105,11 +126,25 @@ class Cycle:
         )
 
         pfcs = list(w.all(KIND_PREFILL_CLUSTER))
-        pfc_due = {e.key for e in pfcs if e.valid and not e.paused and self.prefill.next_due.get(e.key, 0.0) <= now_s}
         links = list(w.all(KIND_INTER_DC_LINK))
-        link_due = {e.key for e in links if e.valid and not e.paused and self.link.next_due.get(e.key, 0.0) <= now_s}
         pds = list(w.all(KIND_PD_CLUSTER))
+
+        # Objects of one kind due within half their period join a run of that kind that happens anyway, so that
+        # groups that came (or failed) at different times fall into step (any two groups merge within one
+        # period) and share one collection instead of each running its own tick. A PD cluster's drain poll
+        # (every few seconds while it drains) neither pulls others nor is pulled early.
+        def soon(next_due: dict[Key, float], entries: list[Entry], period_s: float) -> set[Key]:
+            ok = [e for e in entries if e.valid and not e.paused]
+            due = {e.key for e in ok if next_due.get(e.key, 0.0) <= now_s}
+            if due:
+                due |= {e.key for e in ok if next_due.get(e.key, 0.0) <= now_s + self.coalesce * period_s}
+            return due
+
+        pfc_due = soon(self.prefill.next_due, pfcs, self.config.gateway_period_s)
+        link_due = soon(self.link.next_due, links, self.config.link_period_s)
         pd_due = {e.key for e in pds if self.pd.due(e, now_s)}
+        if any(self.pd.period_run(e) for e in pds if e.key in pd_due):
+            pd_due |= {e.key for e in pds if self.pd.due(e, now_s, self.coalesce)}
 
         snap: Snapshot | None = None
         if pd_due or link_due or pfc_due:
@@ -117,6 +152,7 @@ class Cycle:
             for e in due_pds:
                 self.pd.runtime(e)  # so links can find the inputs once the PD has run
             managed = {self.config.prometheus_url for e in pfcs if e.key in pfc_due and e.model.spec.mode == "Managed"}
+            t0 = time.perf_counter()
             snap = await self.collector.collect(
                 now_s,
                 [self.pd.query(e) for e in due_pds],
@@ -124,33 +160,45 @@ class Cycle:
                 managed,
             )
             self.last_snapshot = snap
+            phases["collect_s"] = time.perf_counter() - t0
 
         for key in pfc_due:
             self.prefill.next_due[key] = now_s + self.config.gateway_period_s
+        t0 = time.perf_counter()
         await self._each(
             [e for e in pfcs if e.key in pfc_due or is_dirty(e)],
             lambda e: self.prefill.reconcile(e, snap, now_s, e.key in pfc_due),
         )
-        await self._each(
-            [e for e in pds if e.key in pd_due or is_dirty(e)],
-            lambda e: self.pd.reconcile(e, snap, now_s, e.key in pd_due),
-        )
+        phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
+        self.pd.index_links()
+        try:
+            await self._each(
+                [e for e in pds if e.key in pd_due or is_dirty(e)],
+                lambda e: self.pd.reconcile(e, snap, now_s, e.key in pd_due),
+            )
+        finally:
+            self.pd.drop_links_index()
+        phases["pd_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
         for key in link_due:
             self.link.next_due[key] = now_s + self.config.link_period_s
         await self._each(
             [e for e in links if e.key in link_due or is_dirty(e)],
             lambda e: self.link.reconcile(e, snap, now_s, e.key in link_due),
         )
+        phases["links_s"] = time.perf_counter() - t0
         if snap is not None:
             self.cycles += 1
             self.metrics.prometheus_queries.inc(snap.queries)
             self.metrics.cycle_seconds.observe(time.perf_counter() - started)
-            self.log.debug(
+            self.log.info(  # one line per cycle (not per object): what it covered and what it cost
                 "cycle",
                 pd_clusters=len(pd_due),
                 links=len(link_due),
                 prefill_clusters=len(pfc_due),
                 queries=snap.queries,
+                api_calls=self.api.calls - calls,
+                status_writes=self.writer.writes - writes,
                 seconds=round(time.perf_counter() - started, 3),
+                **{k: round(v, 3) for k, v in phases.items()},
             )
         return snap

@@ -3,10 +3,13 @@ to the operator (``memo.operator``), whose reconcile code does the work.
 
 * create/update/resume: parse, store, reconcile at the next tick (invalid specs and dangling references
   turn ``Ready=False`` with an Event there);
-* delete: forget; a PDCluster's finalizer removes its router ConfigMap first (the one thing it owns);
+* delete: forget; a PDCluster's finalizer removes its router ConfigMap first, a Managed PrefillCluster's its
+  gateway ConfigMap (the one thing each owns); other objects carry no finalizer;
 * no per-object kopf timers: the periodic work is one batched cycle (:mod:`.cycle`), and kopf would put a
   finalizer on every object that has a timer;
-* pod events (pods labelled ``prfaas.io/pd-cluster``) keep the instance cache fresh;
+* pod events (pods labelled ``prfaas.io/pd-cluster`` or ``prfaas.io/prefill-cluster``) keep the instance
+  cache fresh; a prefill pod's event nudges its PrefillCluster (whose gateway config lists it);
+* watch events can be missed: the operator also re-lists everything periodically (``Operator.resync``).
 * settings, the Lease, the cycle and the metrics server start in the one startup handler.
 
 Every replica keeps its cache warm; only the Lease holder writes anything. A non-leader's delete handler
@@ -23,7 +26,9 @@ from prfaas_core.names import (
     API_GROUP,
     API_VERSION,
     KIND_PD_CLUSTER,
+    KIND_PREFILL_CLUSTER,
     LABEL_PD_CLUSTER,
+    LABEL_PREFILL_CLUSTER,
 )
 
 from .config import OperatorConfig
@@ -61,13 +66,20 @@ def register(registry: kopf.OperatorRegistry) -> None:
     for kind, plural in PLURALS.items():
         _register_kind(registry, kind, plural)
 
-    @kopf.on.event("", "v1", "pods", labels={LABEL_PD_CLUSTER: kopf.PRESENT}, registry=registry)
+    for label in (LABEL_PD_CLUSTER, LABEL_PREFILL_CLUSTER):
+        _register_pods(registry, label)
+
+
+def _register_pods(registry: kopf.OperatorRegistry, label: str) -> None:
+    """One handler per label (kopf filters on the client side: still one watch of pods)."""
+
+    @kopf.on.event("", "v1", "pods", id=f"pod-event-{label}", labels={label: kopf.PRESENT}, registry=registry)
     def pod_event(event: Any, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        world = _op(memo).world
+        op = _op(memo)
         if event.get("type") == "DELETED":
-            world.remove_pod(body.metadata.namespace, str(body.metadata.name))
+            op.pod_gone(body.metadata.namespace, str(body.metadata.name))
         else:
-            world.upsert_pod(plain(body))
+            op.pod_changed(plain(body))
 
 
 def _register_kind(registry: kopf.OperatorRegistry, kind: str, plural: str) -> None:
@@ -80,19 +92,26 @@ def _register_kind(registry: kopf.OperatorRegistry, kind: str, plural: str) -> N
         entry = parse_body(kind, body)
         _op(memo).accept(entry, dirty=True)
 
-    if kind == KIND_PD_CLUSTER:
-
-        @kopf.on.delete(*resource, registry=registry)
-        async def pd_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-            op = _op(memo)
-            if not op.leader.is_leader:
-                raise kopf.TemporaryError(
-                    "not the Lease holder; the leader removes the router ConfigMap", delay=op.config.lease_renew_s
-                )
-            await op.pd_deleted(plain(body))
-
-    else:
+    if kind not in (KIND_PD_CLUSTER, KIND_PREFILL_CLUSTER):
 
         @kopf.on.delete(*resource, optional=True, registry=registry)
         def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             _op(memo).forget(kind, plain(body))
+
+        return
+
+    def owns(body: kopf.Body, **_: Any) -> bool:
+        return Operator.owns_config_map(kind, plain(body))
+
+    @kopf.on.delete(*resource, when=owns, registry=registry)
+    async def owner_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        op = _op(memo)
+        if not op.leader.is_leader:
+            raise kopf.TemporaryError(
+                "not the Lease holder; the leader removes the owned ConfigMap", delay=op.config.lease_renew_s
+            )
+        await op.deleted(kind, plain(body))
+
+    @kopf.on.delete(*resource, optional=True, when=lambda body, **_: not owns(body), registry=registry)
+    def unowned_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        _op(memo).forget(kind, plain(body))

@@ -218,3 +218,10 @@ def _error(resp: httpx.Response) -> ApiError:
     if not isinstance(data, dict):
         data = {}
     return ApiError(resp.status_code, str(data.get("reason") or resp.reason_phrase), str(data.get("message") or ""))
+
+
+async def list_labelled(api: KubeApi, path: str, label_key: str) -> list[JsonDict]:
+    """List the objects carrying ``label_key`` with any value: an existence selector, sent to the server and
+    applied here too (``KubeApi.list`` takes equality selectors only)."""
+    items = (await api.request("GET", path, params={"labelSelector": label_key})).get("items") or []
+    return [i for i in items if label_key in ((i.get("metadata") or {}).get("labels") or {})]

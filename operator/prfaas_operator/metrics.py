@@ -1,7 +1,8 @@
 """The operator's own metrics (``prfaas_operator_*``), on a registry it owns (no global state).
 
-Decisions are counted by action and a *reason kind*: a short, bounded label derived from the decision's
-reason (the full reason goes to status, events and logs, never into a label).
+Decisions are counted by action, a *reason kind* (a short, bounded label derived from the decision's reason;
+the full reason goes to status, events and logs, never into a label) and the PD cluster (``namespace``,
+``pd_cluster``, as on ``prfaas_operator_role_instances``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from prfaas_core.names import (
     METRIC_OPERATOR_PROMETHEUS_ERRORS,
     METRIC_OPERATOR_PROMETHEUS_QUERIES,
     METRIC_OPERATOR_RECONCILE_SECONDS,
+    METRIC_OPERATOR_RESYNC_REPAIRS,
+    METRIC_OPERATOR_RESYNCS,
     METRIC_OPERATOR_ROLE_INSTANCES,
 )
 
@@ -63,8 +66,8 @@ class OperatorMetrics:
         r = self.registry
         self.decisions = Counter(
             METRIC_OPERATOR_DECISIONS,
-            "Long-term decisions by action and reason kind",
-            ["action", "reason_kind"],
+            "Long-term decisions by action, reason kind and PD cluster",
+            ["action", "reason_kind", "namespace", "pd_cluster"],
             registry=r,
         )
         self.reconcile_seconds = Histogram(
@@ -93,6 +96,15 @@ class OperatorMetrics:
             "Duration of one batched cycle over all objects",
             registry=r,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.resyncs = Counter(
+            METRIC_OPERATOR_RESYNCS, "Periodic re-lists of the served objects", ["result"], registry=r
+        )
+        self.resync_repairs = Counter(
+            METRIC_OPERATOR_RESYNC_REPAIRS,
+            "Cache entries a re-list repaired (add, update, remove), by kind",
+            ["kind", "action"],
+            registry=r,
         )
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None

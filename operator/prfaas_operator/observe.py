@@ -36,7 +36,12 @@ FAMILIES: dict[str, str] = {
     ),
 }
 PREFILL_FAMILY = f"sum by (namespace, prefill_cluster) ({VLLM_REQUESTS_WAITING})"
-LINK_FAMILY = f"sum by (link) (rate({METRIC_LINK_EGRESS_BYTES}[1m])) * 8 / 1e9"
+# `and` the live counter: a series that stopped (exporter gone) still has a rate for a window, decaying as its
+# last samples age out, which would read as falling egress and flip a scarce link; it must read as no data
+LINK_FAMILY = (
+    f"sum by (link) (rate({METRIC_LINK_EGRESS_BYTES}[1m])) * 8 / 1e9"
+    f" and on (link) group by (link) ({METRIC_LINK_EGRESS_BYTES})"
+)
 DEFAULT_QUERIES = PrometheusQueries()
 DEFAULT_EGRESS_QUERY = LinkMeasurementSpec().egress_query
 

@@ -19,6 +19,7 @@ from prfaas_core.names import (
     ANNOTATION_DRAIN_STARTED,
     ANNOTATION_LAST_FLIP,
     ANNOTATION_PAUSED,
+    KIND_INTER_DC_LINK,
     KIND_MODEL_PROFILE,
     KIND_PD_CLUSTER,
     KIND_PREFILL_CLUSTER,
@@ -73,6 +74,7 @@ class PDRuntime:
     streak: int = 0
     last_run_s: float | None = None
     next_due_s: float = 0.0
+    polling: bool = False  # next_due_s is a drain poll (or a retry), not a period away
     inputs: PlanInputs | None = None
     inputs_from: tuple[Any, ...] = ()
 
@@ -170,6 +172,32 @@ class PDClusterReconciler:
         self.metrics = metrics
         self.default_prometheus_url = default_prometheus_url
         self.runtimes: dict[tuple[str | None, str], PDRuntime] = {}
+        self._links_index: dict[tuple[str | None, str], list[tuple[str | None, str]]] | None = None
+
+    def index_links(self) -> None:
+        """Index the links by the PD cluster they name, for one cycle (``World.links_to`` scans every link: a
+        cycle over N clusters would be O(N^2)). :meth:`links_to` re-reads each indexed link from the world, so
+        a link changed since is seen as it is now; one added since waits for the next cycle (its watch event
+        nudges the cluster there anyway). ``drop_links_index`` ends it."""
+        index: dict[tuple[str | None, str], list[tuple[str | None, str]]] = {}
+        for link in self.world.all(KIND_INTER_DC_LINK):
+            if link.valid:
+                index.setdefault((link.namespace, link.model.spec.pd_cluster_ref.name), []).append(link.key)
+        self._links_index = index
+
+    def drop_links_index(self) -> None:
+        self._links_index = None
+
+    def links_to(self, namespace: str | None, pd_cluster: str) -> list[Entry]:
+        """``World.links_to``, from this cycle's index when there is one."""
+        if self._links_index is None:
+            return self.world.links_to(namespace, pd_cluster)
+        out = []
+        for key in self._links_index.get((namespace, pd_cluster), ()):
+            link = self.world.get(KIND_INTER_DC_LINK, *key)
+            if link is not None and link.valid and link.model.spec.pd_cluster_ref.name == pd_cluster:
+                out.append(link)
+        return out
 
     def runtime(self, entry: Entry) -> PDRuntime:
         return self.runtimes.setdefault(entry.key, PDRuntime())
@@ -183,8 +211,18 @@ class PDClusterReconciler:
     def query(self, entry: Entry) -> ClusterQuery:
         return ClusterQuery((entry.namespace or "", entry.name), self.prometheus_url(entry), entry.model.spec)
 
-    def due(self, entry: Entry, now_s: float) -> bool:
-        return entry.valid and not entry.paused and self.runtime(entry).next_due_s <= now_s
+    def due(self, entry: Entry, now_s: float, slack: float = 0.0) -> bool:
+        """Whether its loop is due by ``now_s``, or (a period run, not a drain poll) within ``slack`` of its
+        period after it: a cycle runs anyway, and running a little early brings it into step with the others."""
+        if not entry.valid or entry.paused:
+            return False
+        rt = self.runtime(entry)
+        ahead = 0.0 if rt.polling else slack * entry.model.spec.policy.period_seconds
+        return rt.next_due_s <= now_s + ahead
+
+    def period_run(self, entry: Entry) -> bool:
+        """Whether its next run is a period's (not a drain poll's): only those pull others into step."""
+        return not self.runtime(entry).polling
 
     def inputs_for(self, key: tuple[str | None, str]) -> PlanInputs | None:
         rt = self.runtimes.get(key)
@@ -203,7 +241,7 @@ class PDClusterReconciler:
             )
         if not profile.valid:
             return None, "InvalidReference", f"spec.modelProfileRef: ModelProfile {profile.name!r} is invalid"
-        links = sorted(self.world.links_to(ns, entry.name), key=lambda e: e.name)
+        links = sorted(self.links_to(ns, entry.name), key=lambda e: e.name)
         if not links:
             return None, "NoInterDCLink", f"no InterDCLink in namespace {ns} names pdClusterRef {entry.name!r}"
         prefills: dict[str, PrefillCluster] = {}
@@ -315,7 +353,7 @@ class PDClusterReconciler:
             decision, roles = await asyncio.to_thread(self._initial, pd, inputs, params, pods, unassigned, status)
             if not params.dry_run:
                 await self.actuator.assign(ns, roles)
-            rt.next_due_s = now_s + params.period_s
+            rt.next_due_s, rt.polling = now_s + params.period_s, False
         else:
             metrics, why = (
                 (None, "no Prometheus snapshot this cycle")
@@ -334,7 +372,7 @@ class PDClusterReconciler:
                     now_s,
                     gen,
                 )
-                rt.next_due_s = now_s + params.period_s
+                rt.next_due_s, rt.polling = now_s + params.period_s, False
                 rt.last_run_s = now_s
                 if await self.writer.write(entry, {"observedGeneration": gen, "conditions": conds}):
                     log.warning("holding: no metrics", reason=kind, message=why)
@@ -368,10 +406,10 @@ class PDClusterReconciler:
                     )
                     await self.writer.write(entry, {"conditions": conds})
                     log.error("actuation failed", action=decision.action, error=str(exc))
-                    rt.next_due_s = now_s + params.drain_poll_s
+                    rt.next_due_s, rt.polling = now_s + params.drain_poll_s, True
                     return
             rt.verdict, rt.streak = loop.state.verdict, loop.state.streak
-            rt.next_due_s = loop.next_due_s()
+            rt.next_due_s, rt.polling = loop.next_due_s(), loop.state.pending is not None
         rt.last_run_s = now_s
 
         t_min = (
@@ -390,14 +428,17 @@ class PDClusterReconciler:
 
         pods_now = [p for p in self.world.pods_of(entry.namespace, LABEL_PD_CLUSTER, entry.name) if not retired(p)]
         cm = await self._publish(entry, refs, pods_now, t_min, pd)
+        scaled = await self.actuator.scale_counts(pd)  # Scale mode: the workloads' replicas (two GETs)
         new_status = self._status(
-            entry, pd, decision, rec, history, pods_now, t_min, t_in_force, cm, conds, now_s, params
+            entry, pd, decision, rec, history, pods_now, t_min, t_in_force, cm, conds, now_s, params, scaled
         )
         new_status["loop"] = {"verdict": rt.verdict, "streak": rt.streak}
         await self.writer.write(entry, new_status)
 
         kind = reason_kind(rec["reason"])
-        self.metrics.decisions.labels(action=decision.action, reason_kind=kind).inc()
+        self.metrics.decisions.labels(
+            action=decision.action, reason_kind=kind, namespace=ns, pd_cluster=entry.name
+        ).inc()
         for role in ("prefill", "decode"):
             self.metrics.role_instances.labels(namespace=ns, pd_cluster=entry.name, role=role).set(
                 sum(1 for p in pods_now if _labels(p).get(LABEL_ROLE) == role)
@@ -504,7 +545,7 @@ class PDClusterReconciler:
         if not isinstance(t_min, int):
             return None
         floors: list[int] = []
-        for link in self.world.links_to(entry.namespace, entry.name):
+        for link in self.links_to(entry.namespace, entry.name):
             st = link.status
             if st.get("state") == "Scarce" and isinstance(st.get("thresholdFloorTokens"), int):
                 floors.append(int(st["thresholdFloorTokens"]))
@@ -535,6 +576,7 @@ class PDClusterReconciler:
         conds: list[JsonDict],
         now_s: float,
         params: RolePolicyParams,
+        scaled: tuple[int, int] | None = None,
     ) -> JsonDict:
         gen = entry.generation
         counts: dict[str, dict[str, int]] = {}
@@ -554,6 +596,9 @@ class PDClusterReconciler:
                 if pending.direction == "FlipToDecode"
                 else (decision.prefill_from + k, decision.decode_from - k)
             )
+        elif scaled is not None and not params.dry_run:
+            # Scale mode: desired is what the two workloads ask for (the operator writes it); the pods follow
+            desired_p, desired_d = scaled
         if params.override_prefill is not None:
             desired_p, desired_d = params.override_prefill, len(pods) - params.override_prefill
         counts["prefill"]["desired"], counts["decode"]["desired"] = max(desired_p, 0), max(desired_d, 0)
@@ -589,7 +634,7 @@ class PDClusterReconciler:
             gen,
         )
         link_util = ""
-        links = self.world.links_to(entry.namespace, entry.name)
+        links = self.links_to(entry.namespace, entry.name)
         if links:
             link_util = str(links[0].status.get("utilizationPercent") or "")
         t_max = (

@@ -1,6 +1,10 @@
 """PrefillCluster reconcile, by mode (ARCHITECTURE.md, "Two regions, two API servers").
 
-*Managed* (this region runs it): ready instances from its workload's status, queue depth from Prometheus.
+*Managed* (this region runs it): its instances are the pods labelled ``prfaas.io/prefill-cluster=<name>``
+(label the pod that serves HTTP: with a LeaderWorkerSet, the leader template). Ready instances come from those
+pods, queue depth from Prometheus, and the operator publishes the prefill gateway's RouterConfig
+(``<name>-gateway-config``) listing them, on every reconcile (pod events nudge it; unchanged content is not
+rewritten). The ConfigMap is owned by the PrefillCluster, and a finalizer removes it on deletion (handlers.py).
 *Remote* (another region runs it): the remote prefill gateway's status endpoint (GET, bearer token and CA
 from the referenced Secrets), parsed as the core's :class:`~prfaas_core.api.GatewayStatus`. An unreachable
 gateway turns the object ``Ready=False`` and ``Degraded``; PD clusters then plan with its declared size.
@@ -17,14 +21,16 @@ import httpx
 from pydantic import ValidationError
 
 from prfaas_core.api import GatewayStatus, PrefillCluster
-from prfaas_core.names import KIND_MODEL_PROFILE, KIND_PREFILL_CLUSTER
+from prfaas_core.names import KIND_MODEL_PROFILE, KIND_PREFILL_CLUSTER, LABEL_DRAINING, LABEL_PREFILL_CLUSTER
 
 from .actuate import workload_path
 from .kube import ApiError, JsonDict, KubeApi, api_path
 from .logs import logger
 from .metrics import OperatorMetrics
 from .observe import Snapshot
+from .pd_cluster import pod_ready
 from .registry import Entry, World
+from .router_config import RouterConfigPublisher, build_gateway
 from .status import get_condition, iso, post_event, set_condition
 from .writer import StatusWriter
 
@@ -44,24 +50,45 @@ async def _secret_value(api: KubeApi, namespace: str, name: str, key: str) -> st
     raise GatewayError(f"Secret {name!r} has no key {key!r}")
 
 
-async def fetch_gateway_status(api: KubeApi, pfc: PrefillCluster, timeout_s: float = 5.0) -> GatewayStatus:
+class GatewayClients:
+    """One long-lived HTTP client per CA bundle (the system store or a Secret's ``ca.crt``).
+
+    Building a TLS context loads the CA bundle, tens of milliseconds of CPU; a fresh client per gateway read
+    made that the operator's largest cost at a thousand PrefillClusters. Connections are kept alive too.
+    """
+
+    def __init__(self, timeout_s: float = 5.0) -> None:
+        self.timeout_s = timeout_s
+        self._clients: dict[str | None, httpx.AsyncClient] = {}
+
+    def get(self, ca_pem: str | None) -> httpx.AsyncClient:
+        client = self._clients.get(ca_pem)
+        if client is None:
+            verify: ssl.SSLContext | bool = True if ca_pem is None else ssl.create_default_context(cadata=ca_pem)
+            client = self._clients[ca_pem] = httpx.AsyncClient(verify=verify, timeout=self.timeout_s)
+        return client
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
+
+
+async def fetch_gateway_status(api: KubeApi, pfc: PrefillCluster, clients: GatewayClients) -> GatewayStatus:
     ep = pfc.spec.endpoint
     assert ep is not None  # the spec's CEL rule for Remote
     namespace = pfc.metadata.namespace or "default"
     headers = {"Accept": "application/json"}
-    verify: ssl.SSLContext | bool = True
+    ca_pem: str | None = None
     if ep.token_secret_ref is not None:
         token = await _secret_value(api, namespace, ep.token_secret_ref.name, ep.token_secret_ref.key)
         headers["Authorization"] = f"Bearer {token.strip()}"
     if ep.tls_secret_ref is not None:
-        verify = ssl.create_default_context(
-            cadata=await _secret_value(api, namespace, ep.tls_secret_ref.name, "ca.crt")
-        )
+        ca_pem = await _secret_value(api, namespace, ep.tls_secret_ref.name, "ca.crt")
     url = ep.url.rstrip("/") + ep.status_path
     try:
-        async with httpx.AsyncClient(verify=verify, timeout=timeout_s) as client:
-            resp = await client.get(url, headers=headers)
-    except httpx.HTTPError as exc:
+        resp = await clients.get(ca_pem).get(url, headers=headers)
+    except (httpx.HTTPError, ssl.SSLError) as exc:
         raise GatewayError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
     if resp.status_code != 200:
         raise GatewayError(f"GET {url}: HTTP {resp.status_code}")
@@ -71,16 +98,33 @@ async def fetch_gateway_status(api: KubeApi, pfc: PrefillCluster, timeout_s: flo
         raise GatewayError(f"GET {url}: not a GatewayStatus: {exc.errors(include_url=False)[:2]}") from exc
 
 
+def draining(pod: JsonDict) -> bool:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_DRAINING) == "true"
+
+
+def is_managed(body: JsonDict) -> bool:
+    """Managed unless the spec says Remote (the CRD defaults ``mode`` to Managed; the emulator does not)."""
+    return ((body.get("spec") or {}).get("mode") or "Managed") == "Managed"
+
+
 class PrefillClusterReconciler:
     def __init__(
-        self, api: KubeApi, world: World, writer: StatusWriter, metrics: OperatorMetrics, default_prometheus_url: str
+        self,
+        api: KubeApi,
+        world: World,
+        writer: StatusWriter,
+        metrics: OperatorMetrics,
+        default_prometheus_url: str,
+        publisher: RouterConfigPublisher | None = None,
     ) -> None:
         self.api = api
         self.world = world
         self.writer = writer
         self.metrics = metrics
         self.default_prometheus_url = default_prometheus_url
+        self.publisher = publisher or RouterConfigPublisher(api)
         self.next_due: dict[tuple[str | None, str], float] = {}
+        self.gateways = GatewayClients()
 
     async def reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, sync: bool) -> None:
         started = time.perf_counter()
@@ -111,6 +155,10 @@ class PrefillClusterReconciler:
                 log.warning("not ready", reason=problem[0], message=problem[1])
                 await post_event(self.api, entry.body, "Warning", *problem, now_s)
             return
+        pfc: PrefillCluster = entry.model
+        pods = self.world.pods_of(entry.namespace, LABEL_PREFILL_CLUSTER, entry.name)
+        if pfc.spec.mode == "Managed":
+            await self._publish_gateway(entry, pfc, pods)
         if not sync:
             if old.get("reason") in ("InvalidSpec", "DanglingReference"):
                 conds = set_condition(
@@ -118,11 +166,10 @@ class PrefillClusterReconciler:
                 )
             await self.writer.write(entry, {"observedGeneration": gen, "conditions": conds})
             return
-        pfc: PrefillCluster = entry.model
         status: dict[str, Any] = {"observedGeneration": gen}
         if pfc.spec.mode == "Remote":
             try:
-                gw = await fetch_gateway_status(self.api, pfc)
+                gw = await fetch_gateway_status(self.api, pfc, self.gateways)
             except (GatewayError, ApiError) as exc:
                 message = str(exc)
                 conds = set_condition(conds, "Ready", False, "GatewayUnreachable", message, now_s, gen)
@@ -152,7 +199,7 @@ class PrefillClusterReconciler:
                 status["conditions"] = conds
                 await self.writer.write(entry, status)
                 return
-            ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
+            ready = sum(1 for p in pods if pod_ready(p) and not draining(p))
             status.update(readyInstances=ready, lastSyncTime=iso(now_s))
             if snap is not None:
                 queue = snap.prefill_queue.get((entry.namespace or "", entry.name))
@@ -163,10 +210,24 @@ class PrefillClusterReconciler:
                 "Ready",
                 ready > 0,
                 "InstancesReady" if ready else "NoReadyInstances",
-                f"{ready} of {pfc.spec.instances} instances ready",
+                f"{ready} of {pfc.spec.instances} instances ready"
+                + ("" if pods else f" (no pods labelled {LABEL_PREFILL_CLUSTER}={entry.name})"),
                 now_s,
                 gen,
             )
         conds = set_condition(conds, "Degraded", False, "Synced", "status refreshed this cycle", now_s, gen)
         status["conditions"] = conds
         await self.writer.write(entry, status)
+
+    async def _publish_gateway(self, entry: Entry, pfc: PrefillCluster, pods: list[JsonDict]) -> None:
+        """The gateway's RouterConfig from the cache (references already resolved); a failed write is logged and
+        retried at the next reconcile, it never blocks the status."""
+        profile = self.world.get(KIND_MODEL_PROFILE, None, pfc.spec.model_profile_ref.name)
+        if profile is None or not profile.valid:
+            return
+        try:
+            await self.publisher.publish_gateway(entry.body, build_gateway(pfc, pods, profile.model.spec))
+        except ApiError as exc:
+            logger(KIND_PREFILL_CLUSTER, entry.namespace, entry.name).error(
+                "gateway config not published", error=str(exc)
+            )

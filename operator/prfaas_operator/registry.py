@@ -3,11 +3,14 @@
 Every replica keeps it (so a new leader starts warm); only the leader acts on it. Entries hold the raw body
 and the parsed model (the core's pydantic types) or the validation problems that kept it from parsing.
 Pods are kept only when they carry the ``prfaas.io/pd-cluster`` or ``prfaas.io/prefill-cluster`` label.
+
+Watch streams can drop events (a reconnect gap, an overloaded replica), so the operator also re-lists
+periodically; :func:`resync_plan` decides what such a list repairs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +134,16 @@ class World:
             if e.namespace == namespace and e.valid and e.model.spec.pd_cluster_ref.name == pd_cluster
         ]
 
+    def versions(self, kind: str | None) -> dict[Key, str | None]:
+        """Keys and resourceVersions of one kind (``None``: the pods), for :func:`resync_plan`."""
+        return {k: resource_version(b) for k, b in self.bodies(kind).items()}
+
+    def bodies(self, kind: str | None) -> dict[Key, JsonDict]:
+        """The cached bodies of one kind (``None``: the pods)."""
+        if kind is None:
+            return dict(self.pods)
+        return {k: e.body for k, e in self.objects[kind].items()}
+
     def upsert_pod(self, body: JsonDict) -> None:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace"), str(meta.get("name")))
@@ -156,3 +169,72 @@ class World:
         keys = sorted(self._pod_index.get((namespace, label, value), set()), key=lambda k: k[1])
         pods = (self.pods[k] for k in keys if k in self.pods)
         return [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
+
+
+def _key(body: JsonDict) -> Key:
+    meta = body.get("metadata") or {}
+    ns = meta.get("namespace")
+    return (str(ns) if ns else None, str(meta.get("name", "")))
+
+
+def resource_version(body: JsonDict) -> str | None:
+    rv = (body.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv is not None else None
+
+
+def newer(listed: str | None, cached: str | None) -> bool:
+    """Whether the listed copy is newer than the cached one. resourceVersions are opaque strings to clients, but
+    every real server (etcd revisions) and the emulator issue increasing integers; compare those as numbers, so a
+    watch event that overtook the list is never rolled back, and anything else by inequality."""
+    if listed is None or listed == cached:
+        return False
+    if cached is None:
+        return True
+    if listed.isdigit() and cached.isdigit():
+        return int(listed) > int(cached)
+    return True
+
+
+VOLATILE_METADATA = frozenset({"resourceVersion", "managedFields"})
+
+
+def status_only(old: JsonDict, new: JsonDict) -> bool:
+    """Whether two versions differ only in status (and bookkeeping metadata). kopf's update handlers do not fire
+    for such changes, so a cache's statuses lag behind the API's (a standby's most of all); a re-list refreshes
+    them without reconciling anything."""
+
+    def core(body: JsonDict) -> JsonDict:
+        meta = {k: v for k, v in (body.get("metadata") or {}).items() if k not in VOLATILE_METADATA}
+        return {**{k: v for k, v in body.items() if k != "status"}, "metadata": meta}
+
+    return core(old) == core(new)
+
+
+@dataclass(frozen=True)
+class ResyncPlan:
+    """What one re-list changes in the cache: bodies to upsert and keys to drop."""
+
+    upserts: tuple[JsonDict, ...] = ()
+    removals: tuple[Key, ...] = ()
+
+
+def resync_plan(before: Mapping[Key, str | None], cached: Mapping[Key, JsonDict], listed: list[JsonDict]) -> ResyncPlan:
+    """Compare a list with the cache. ``before`` is the cache's keys and resourceVersions taken *before* the list
+    was requested, ``cached`` the cache now: watch events that land while the list is in flight win. An object
+    the watch removed meanwhile is not resurrected; one the watch added meanwhile is not dropped."""
+    seen: set[Key] = set()
+    upserts: list[JsonDict] = []
+    for body in listed:
+        key = _key(body)
+        seen.add(key)
+        if key in cached:
+            if newer(resource_version(body), resource_version(cached[key])):
+                upserts.append(body)
+        elif key not in before:  # never seen by the watch: the missed creation
+            upserts.append(body)
+    removals = [
+        key
+        for key, body in cached.items()
+        if key not in seen and key in before and before[key] == resource_version(body)
+    ]
+    return ResyncPlan(tuple(upserts), tuple(removals))

@@ -1,14 +1,17 @@
-"""The routers' configuration: one ConfigMap per PDCluster holding the core's RouterConfig as JSON.
+"""The routers' configuration: one ConfigMap per PDCluster holding the core's RouterConfig as JSON, and one per
+Managed PrefillCluster for its prefill gateway (the same RouterConfig, ``mode: gateway``).
 
-The operator is its one writer. Routers mount it (kubelet refreshes the file) and hot-reload it; they never
-call the Kubernetes API on the hot path. Secrets named by a remote PrefillCluster are expected mounted at
-``/var/run/prfaas/secrets/<secret>/<key>`` in the router pods (the Helm chart does so).
+The operator is their one writer. Routers and gateways mount them (kubelet refreshes the file) and hot-reload
+them; they never call the Kubernetes API on the hot path. Secrets named by a remote PrefillCluster are expected
+mounted at ``/var/run/prfaas/secrets/<secret>/<key>`` in the router pods, and the gateway's own token and TLS
+Secrets at ``/var/run/prfaas/gateway/{token,tls}/`` in the gateway pods (the Helm chart does both).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from prfaas_core.api import (
     InterDCLink,
@@ -20,12 +23,17 @@ from prfaas_core.api import (
     RouterEndpoint,
     RouterLink,
 )
+from prfaas_core.api.router_config import GatewayServing
 from prfaas_core.names import (
     ANNOTATION_ROUTER_CONFIG_HASH,
+    GROUP_VERSION,
+    KIND_PD_CLUSTER,
+    KIND_PREFILL_CLUSTER,
     LABEL_COMPONENT,
     LABEL_DRAINING,
     LABEL_MANAGED_BY,
     LABEL_PD_CLUSTER,
+    LABEL_PREFILL_CLUSTER,
     LABEL_ROLE,
     MANAGED_BY_VALUE,
 )
@@ -33,13 +41,19 @@ from prfaas_core.names import (
 from .kube import ApiError, JsonDict, KubeApi, api_path
 
 SECRETS_DIR = "/var/run/prfaas/secrets"
+GATEWAY_DIR = "/var/run/prfaas/gateway"
+"""Where the chart mounts the gateway's token Secret (``token/``) and TLS Secret (``tls/``)."""
 CONFIG_KEY = "router-config.json"
 DEFAULT_ENGINE_PORT = 8000
 T_MAX = 1 << 30
 
 
 def configmap_name(pd_name: str) -> str:
-    return f"{pd_name}-router-config"
+    return ROUTER.name(pd_name)
+
+
+def gateway_configmap_name(prefill_cluster: str) -> str:
+    return GATEWAY.name(prefill_cluster)
 
 
 def pod_url(pod: JsonDict) -> str | None:
@@ -54,6 +68,50 @@ def pod_url(pod: JsonDict) -> str | None:
     return f"http://{ip}:{port}"
 
 
+def pod_endpoints(
+    pods: list[JsonDict], role: Literal["prefill", "decode", "both"] | None = None
+) -> tuple[list[RouterEndpoint], list[str]]:
+    """The engine endpoints (pods with an IP) and the draining names, for a router or a gateway. ``role`` fixes
+    every endpoint's role (a gateway fronts prefill instances only); else each pod's ``prfaas.io/role`` label."""
+    endpoints, draining = [], []
+    for pod in pods:
+        labels = pod["metadata"].get("labels") or {}
+        name = str(pod["metadata"]["name"])
+        if labels.get(LABEL_DRAINING) == "true":
+            draining.append(name)
+        url = pod_url(pod)
+        label = labels.get(LABEL_ROLE)
+        pod_role = role or (label if label in ("prefill", "decode") else "both")
+        if url is not None:
+            endpoints.append(RouterEndpoint(name=name, url=url, role=pod_role))
+    return endpoints, draining
+
+
+def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfileSpec) -> RouterConfig:
+    """A Managed PrefillCluster's gateway: its prefill pods behind one endpoint, with the token and TLS files
+    where the chart mounts the Secrets its ``spec.endpoint`` names. No threshold (the gateway routes every leg it
+    is sent); ``pdCluster`` carries the PrefillCluster's name, as the chart's rendering did."""
+    endpoints, draining = pod_endpoints(pods, role="prefill")
+    ep = pfc.spec.endpoint
+    token, tls = (ep.token_secret_ref, ep.tls_secret_ref) if ep is not None else (None, None)
+    serving = GatewayServing(
+        prefill_cluster=pfc.metadata.name,
+        token_file=f"{GATEWAY_DIR}/token/{token.key}" if token else None,
+        tls_cert_file=f"{GATEWAY_DIR}/tls/tls.crt" if tls else None,
+        tls_key_file=f"{GATEWAY_DIR}/tls/tls.key" if tls else None,
+    )
+    return RouterConfig(
+        pd_cluster=pfc.metadata.name,
+        mode="gateway",
+        endpoints=endpoints,
+        draining=draining,
+        threshold_min_tokens=0,
+        model=model,
+        prfaas_hardware=pfc.spec.hardware,
+        gateway=serving,
+    )
+
+
 def build(
     pd: PDCluster,
     pods: list[JsonDict],
@@ -63,16 +121,7 @@ def build(
     threshold_min_tokens: int,
     threshold_max_tokens: int = T_MAX,
 ) -> RouterConfig:
-    endpoints, draining = [], []
-    for pod in pods:
-        labels = pod["metadata"].get("labels") or {}
-        name = str(pod["metadata"]["name"])
-        if labels.get(LABEL_DRAINING) == "true":
-            draining.append(name)
-        url = pod_url(pod)
-        role = labels.get(LABEL_ROLE)
-        if url is not None:
-            endpoints.append(RouterEndpoint(name=name, url=url, role=role if role in ("prefill", "decode") else "both"))
+    endpoints, draining = pod_endpoints(pods)
     remotes = []
     for link in links:
         pfc = prefill_clusters.get(link.spec.prefill_cluster_ref.name)
@@ -120,24 +169,48 @@ def render(config: RouterConfig) -> tuple[str, str]:
     return text, hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Target:
+    """Which ConfigMap a publish writes: the owner's kind, the label naming the owner, the component."""
+
+    kind: str
+    label: str
+    component: str
+    suffix: str
+
+    def name(self, owner: str) -> str:
+        return f"{owner}{self.suffix}"
+
+
+ROUTER = Target(KIND_PD_CLUSTER, LABEL_PD_CLUSTER, "router", "-router-config")
+GATEWAY = Target(KIND_PREFILL_CLUSTER, LABEL_PREFILL_CLUSTER, "gateway", "-gateway-config")
+
+
 class RouterConfigPublisher:
-    """Writes a PDCluster's ConfigMap only when its content changed (remembered per cluster)."""
+    """Writes a PDCluster's (or a Managed PrefillCluster's gateway) ConfigMap only when its content changed
+    (remembered per owner)."""
 
     def __init__(self, api: KubeApi) -> None:
         self.api = api
-        self._published: dict[tuple[str, str], str] = {}
+        self._published: dict[tuple[str, str, str], str] = {}
 
     async def publish(self, pd_body: JsonDict, config: RouterConfig) -> str:
-        meta = pd_body["metadata"]
-        namespace, pd_name = str(meta.get("namespace") or "default"), str(meta["name"])
-        name = configmap_name(pd_name)
+        return await self._publish(ROUTER, pd_body, config)
+
+    async def publish_gateway(self, pfc_body: JsonDict, config: RouterConfig) -> str:
+        return await self._publish(GATEWAY, pfc_body, config)
+
+    async def _publish(self, target: Target, owner_body: JsonDict, config: RouterConfig) -> str:
+        meta = owner_body["metadata"]
+        namespace, owner_name = str(meta.get("namespace") or "default"), str(meta["name"])
+        name = target.name(owner_name)
         text, digest = render(config)
-        if self._published.get((namespace, pd_name)) == digest:
+        if self._published.get((target.kind, namespace, owner_name)) == digest:
             return name
         owner: dict[str, Any] = {
-            "apiVersion": pd_body.get("apiVersion", "prfaas.io/v1alpha1"),
-            "kind": "PDCluster",
-            "name": pd_name,
+            "apiVersion": owner_body.get("apiVersion", GROUP_VERSION),
+            "kind": target.kind,
+            "name": owner_name,
             "controller": True,
             "blockOwnerDeletion": True,
         }
@@ -149,7 +222,11 @@ class RouterConfigPublisher:
             "metadata": {
                 "name": name,
                 "namespace": namespace,
-                "labels": {LABEL_PD_CLUSTER: pd_name, LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_COMPONENT: "router"},
+                "labels": {
+                    target.label: owner_name,
+                    LABEL_MANAGED_BY: MANAGED_BY_VALUE,
+                    LABEL_COMPONENT: target.component,
+                },
                 "annotations": {ANNOTATION_ROUTER_CONFIG_HASH: digest},
                 "ownerReferences": [owner],
             },
@@ -162,9 +239,15 @@ class RouterConfigPublisher:
             if exc.status != 404:
                 raise
             await self.api.create(api_path("v1", "configmaps", namespace), body)
-        self._published[(namespace, pd_name)] = digest
+        self._published[(target.kind, namespace, owner_name)] = digest
         return name
 
     async def delete(self, namespace: str, pd_name: str) -> bool:
-        self._published.pop((namespace, pd_name), None)
-        return await self.api.delete(api_path("v1", "configmaps", namespace, configmap_name(pd_name)))
+        return await self._delete(ROUTER, namespace, pd_name)
+
+    async def delete_gateway(self, namespace: str, pfc_name: str) -> bool:
+        return await self._delete(GATEWAY, namespace, pfc_name)
+
+    async def _delete(self, target: Target, namespace: str, owner_name: str) -> bool:
+        self._published.pop((target.kind, namespace, owner_name), None)
+        return await self.api.delete(api_path("v1", "configmaps", namespace, target.name(owner_name)))

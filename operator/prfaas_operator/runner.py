@@ -4,6 +4,10 @@
 collector, the reconcilers, the Lease elector and the cycle, all passed down explicitly. kopf gets its own
 :class:`kopf.OperatorRegistry` (``handlers.register``); ``kopf run -m prfaas_operator.kopf_entry`` uses
 the default one and reads the config from the environment.
+
+Besides kopf's watch events, every replica re-lists what it serves every ``resync_s`` (:meth:`Operator.resync`):
+a watch can drop an event (a reconnect gap, an overloaded replica), and a missed creation would otherwise strand
+an object until its next change.
 """
 
 from __future__ import annotations
@@ -17,20 +21,29 @@ from typing import Any
 
 import kopf
 
-from prfaas_core.names import API_GROUP, FINALIZER, KIND_PD_CLUSTER
+from prfaas_core.names import (
+    API_GROUP,
+    FINALIZER,
+    GROUP_VERSION,
+    KIND_MODEL_PROFILE,
+    KIND_PD_CLUSTER,
+    KIND_PREFILL_CLUSTER,
+    LABEL_PD_CLUSTER,
+    LABEL_PREFILL_CLUSTER,
+)
 
 from .actuate import KubeActuator
 from .config import OperatorConfig
 from .cycle import Cycle
-from .kube import JsonDict, KubeApi, KubeCredentials
+from .kube import JsonDict, KubeApi, KubeCredentials, api_path, list_labelled
 from .leader import LeaderElector
 from .link import LinkReconciler
 from .logs import configure, logger
 from .metrics import OperatorMetrics
 from .observe import PrometheusCollector
 from .pd_cluster import PDClusterReconciler
-from .prefill_cluster import PrefillClusterReconciler
-from .registry import Entry, World, parse
+from .prefill_cluster import PrefillClusterReconciler, is_managed
+from .registry import PLURALS, Entry, Key, ResyncPlan, World, parse, resync_plan, status_only
 from .router_config import RouterConfigPublisher
 from .writer import StatusWriter
 
@@ -81,13 +94,142 @@ class Operator:
             self.pd.forget(key)
         self._nudge_dependents(Entry(kind, body))
 
-    async def pd_deleted(self, body: JsonDict) -> None:
-        """The finalizer's work: remove what the operator owns (the router ConfigMap), then forget."""
+    @staticmethod
+    def owns_config_map(kind: str, body: JsonDict) -> bool:
+        """Whether the operator writes a ConfigMap for this object: a PDCluster (its routers'), a Managed
+        PrefillCluster (its gateway's). Such kinds carry a finalizer; the others own nothing."""
+        return kind == KIND_PD_CLUSTER or (kind == KIND_PREFILL_CLUSTER and is_managed(body))
+
+    async def deleted(self, kind: str, body: JsonDict) -> None:
+        """An object is gone (its finalizer, or a re-list that no longer finds it): remove the ConfigMap the
+        operator owns for it, if any, then forget it. The caller holds the Lease."""
         meta = body.get("metadata") or {}
         ns, name = str(meta.get("namespace") or "default"), str(meta["name"])
-        removed = await self.publisher.delete(ns, name)
-        logger(KIND_PD_CLUSTER, ns, name).info("deleted", router_config_removed=removed)
-        self.forget(KIND_PD_CLUSTER, body)
+        if kind == KIND_PD_CLUSTER:
+            removed = await self.publisher.delete(ns, name)
+            logger(kind, ns, name).info("deleted", router_config_removed=removed)
+        elif self.owns_config_map(kind, body):
+            removed = await self.publisher.delete_gateway(ns, name)
+            logger(kind, ns, name).info("deleted", gateway_config_removed=removed)
+        self.forget(kind, body)
+
+    def pod_changed(self, body: JsonDict) -> None:
+        """A labelled pod's new state. A prefill pod nudges its PrefillCluster, whose gateway lists it."""
+        self.world.upsert_pod(body)
+        self._nudge_prefill_cluster(body)
+
+    def pod_gone(self, namespace: str | None, name: str) -> None:
+        body = self.world.pods.get((namespace, name))
+        self.world.remove_pod(namespace, name)
+        if body is not None:
+            self._nudge_prefill_cluster(body)
+
+    def _nudge_prefill_cluster(self, pod: JsonDict) -> None:
+        meta = pod.get("metadata") or {}
+        owner = (meta.get("labels") or {}).get(LABEL_PREFILL_CLUSTER)
+        if owner and self.world.get(KIND_PREFILL_CLUSTER, meta.get("namespace"), str(owner)) is not None:
+            self.cycle.nudge(KIND_PREFILL_CLUSTER, (meta.get("namespace"), str(owner)))
+
+    # --- the periodic re-list ----------------------------------------------------------------------------
+    def _collections(self, plural: str, namespaced: bool = True) -> list[str]:
+        gv = "v1" if plural == "pods" else GROUP_VERSION
+        if not namespaced or self.config.all_namespaces:
+            return [api_path(gv, plural)]
+        return [api_path(gv, plural, ns) for ns in self.config.namespaces]
+
+    async def _list_kind(self, kind: str) -> list[JsonDict]:
+        items: list[JsonDict] = []
+        for path in self._collections(PLURALS[kind], namespaced=kind != KIND_MODEL_PROFILE):
+            items += await self.api.list(path)
+        # list items may omit kind/apiVersion (the object's Events and owner references need them)
+        return [{"apiVersion": GROUP_VERSION, "kind": kind, **i} for i in items]
+
+    async def _list_pods(self) -> list[JsonDict]:
+        by_key: dict[Key, JsonDict] = {}
+        for path in self._collections("pods"):
+            for label in (LABEL_PD_CLUSTER, LABEL_PREFILL_CLUSTER):
+                for pod in await list_labelled(self.api, path, label):
+                    meta = pod.get("metadata") or {}
+                    by_key[(meta.get("namespace"), str(meta.get("name")))] = pod
+        return list(by_key.values())
+
+    async def _apply(self, kind: str | None, plan: ResyncPlan) -> None:
+        """Upserts as watch events would (dirty), removals by the delete handlers' path (the leader cleans up
+        what the object owned; a standby only forgets)."""
+        label = kind or "Pod"
+        for body in plan.upserts:
+            key = (body["metadata"].get("namespace"), str(body["metadata"].get("name")))
+            old = self.world.pods.get(key) if kind is None else getattr(self.world.get(kind, *key), "body", None)
+            if kind is None:
+                self.pod_changed(body)
+            elif old is not None and status_only(old, body):
+                # a newer status only. The leader's own writes are folded into its cache already (and one landing
+                # while this list was in flight must not be rolled back); a standby takes it, to lead warm.
+                if not self.leader.is_leader:
+                    self.accept(parse(kind, body), dirty=False)
+                continue
+            else:
+                self.accept(parse(kind, body), dirty=True)
+            self.log_repair(label, body, "add" if old is None else "update")
+        for key in plan.removals:
+            if kind is None:
+                body = self.world.pods.get(key) or {"metadata": {"namespace": key[0], "name": key[1]}}
+                self.pod_gone(*key)
+            else:
+                entry = self.world.get(kind, *key)
+                if entry is None:
+                    continue
+                body = entry.body
+                if self.leader.is_leader and self.owns_config_map(kind, body):
+                    await self.deleted(kind, body)
+                else:
+                    self.forget(kind, body)
+            self.log_repair(label, body, "remove")
+
+    def log_repair(self, kind: str, body: JsonDict, action: str) -> None:
+        """``add``: the watch never announced it; ``update``: the cache held an older version (a lost event, or
+        one still in flight); ``remove``: it is gone without a DELETED event."""
+        meta = body.get("metadata") or {}
+        self.metrics.resync_repairs.labels(kind=kind, action=action).inc()
+        logger(kind, meta.get("namespace"), str(meta.get("name"))).info("resync repaired the cache", repair=action)
+
+    async def resync(self) -> int:
+        """Re-list the four kinds and the labelled pods; repair what the watch missed. Returns the repairs.
+
+        Each kind's cache versions are taken before its list is sent, so watch events that land meanwhile win
+        (:func:`.registry.resync_plan`)."""
+        repairs = 0
+        for kind in (*PLURALS, None):
+            before = self.world.versions(kind)
+            listed = await (self._list_pods() if kind is None else self._list_kind(kind))
+            plan = resync_plan(before, self.world.bodies(kind), listed)
+            await self._apply(kind, plan)
+            repairs += len(plan.upserts) + len(plan.removals)
+        return repairs
+
+    async def resync_once(self) -> bool:
+        """One re-list; a failure (API down) is logged and counted, and the next period tries again."""
+        log = logger("Operator", None, "resync")
+        started = time.perf_counter()
+        try:
+            repairs = await self.resync()
+        except Exception as exc:
+            self.metrics.resyncs.labels(result="error").inc()
+            log.warning("resync failed; retrying next period", error=str(exc), period_s=self.config.resync_s)
+            return False
+        self.metrics.resyncs.labels(result="ok").inc()
+        seconds = round(time.perf_counter() - started, 3)
+        (log.info if repairs else log.debug)("resync", repairs=repairs, seconds=seconds)
+        return True
+
+    async def run_resync(self, stop: asyncio.Event) -> None:
+        """Every ``resync_s``, off the cycle's path (the first after one period: kopf's initial list fills the
+        cache at startup)."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.config.resync_s)
+            if not stop.is_set():
+                await self.resync_once()
 
     def on_leadership(self, leader: bool) -> None:
         self.metrics.leader.set(1 if leader else 0)
@@ -100,6 +242,7 @@ class Operator:
         self.tasks = [
             asyncio.create_task(self.leader.run(self.stop), name="prfaas-lease"),
             asyncio.create_task(self.cycle.run(self.stop), name="prfaas-cycle"),
+            asyncio.create_task(self.run_resync(self.stop), name="prfaas-resync"),
         ]
 
     async def shutdown(self) -> None:
@@ -109,6 +252,7 @@ class Operator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=10)
         await self.leader.release()
+        await self.cycle.prefill.gateways.aclose()
         await self.api.aclose()
         self.metrics.stop()
 
@@ -139,7 +283,7 @@ def build(config: OperatorConfig, creds: KubeCredentials | None = None) -> Opera
     writer = StatusWriter(api, world)
     publisher = RouterConfigPublisher(api)
     pd = PDClusterReconciler(api, world, writer, KubeActuator(api, world), publisher, metrics, config.prometheus_url)
-    prefill = PrefillClusterReconciler(api, world, writer, metrics, config.prometheus_url)
+    prefill = PrefillClusterReconciler(api, world, writer, metrics, config.prometheus_url, publisher)
     link = LinkReconciler(api, world, writer, metrics, config.prometheus_url, pd.inputs_for)
     collector = PrometheusCollector(config.prometheus_timeout_s)
     holder: dict[str, Operator] = {}
@@ -173,7 +317,9 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.peering.standalone = True  # one active replica comes from our Lease, not kopf peering
     settings.watching.reconnect_backoff = 0.5
     settings.networking.request_timeout = 30
-    settings.batching.worker_limit = 32
+    # no cap on kopf's per-object workers: a cap queues the initial listing behind slow handler slots (at 32,
+    # 100 PDClusters took minutes to reach the cache); the handlers only parse and store, the cycle does the work
+    settings.batching.worker_limit = None
 
 
 async def run_operator(config: OperatorConfig, stop_flag: Any = None, ready_flag: Any = None) -> None:

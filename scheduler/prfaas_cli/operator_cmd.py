@@ -28,6 +28,13 @@ def register(sub: Any) -> None:
     p.add_argument("--identity", default=None, help="this replica's holder identity (default: host + random)")
     p.add_argument("--link-period-seconds", type=float, default=15.0, help="period of link measurements")
     p.add_argument("--gateway-period-seconds", type=float, default=15.0, help="period of remote gateway reads")
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=None,
+        help="period of the full re-list that repairs the cache after a missed watch event "
+        "(default: $PRFAAS_RESYNC_SECONDS, else 300)",
+    )
     p.add_argument("--log-level", default="INFO", help="log level (JSON logs on stderr)")
     p.set_defaults(handler=run)
 
@@ -49,6 +56,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "gateway_period_s": args.gateway_period_seconds,
         "log_level": args.log_level,
     }
+    if args.resync_seconds is not None:
+        values["resync_s"] = args.resync_seconds
     if args.identity:
         values["identity"] = args.identity
     return OperatorConfig.model_validate(values)

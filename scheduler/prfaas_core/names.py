@@ -94,6 +94,10 @@ METRIC_OPERATOR_LEADER: Final = "prfaas_operator_leader"
 METRIC_OPERATOR_CYCLE_SECONDS: Final = "prfaas_operator_cycle_duration_seconds"
 METRIC_OPERATOR_PROMETHEUS_QUERIES: Final = "prfaas_operator_prometheus_queries_total"
 METRIC_OPERATOR_ROLE_INSTANCES: Final = "prfaas_operator_role_instances"
+METRIC_OPERATOR_RESYNCS: Final = "prfaas_operator_resyncs_total"
+"""Periodic full re-lists of the served objects, by ``result``."""
+METRIC_OPERATOR_RESYNC_REPAIRS: Final = "prfaas_operator_resync_repairs_total"
+"""Cache entries a re-list repaired (a watch event the operator missed), by ``kind`` and ``action``."""
 
 # --- Metric names: vLLM's, which the engines (and our emulator) export -----------------------------------
 VLLM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"

@@ -214,8 +214,11 @@ def test_objects_rendered_per_region(helm: str) -> None:
         "PodDisruptionBudget": 2, "PodMonitor": 2, "PrometheusRule": 1, "Role": 2, "RoleBinding": 2, "Service": 2,
         "ServiceAccount": 1, "ServiceMonitor": 1,
     }  # fmt: skip
-    assert region_a == common and region_b == common
-    assert sum(region_a.values()) == 21 and len(render(helm, CRD_CHART)) == 4
+    # region A: the dashboard only (the gateway's RouterConfig is the operator's); region B: + router settings
+    assert region_a == {**common, "ConfigMap": 1} and region_b == common
+    assert sum(region_a.values()) == 20 and sum(region_b.values()) == 21 and len(render(helm, CRD_CHART)) == 4
+    demo = render(helm, CHART, REPO / "examples/03-helm/demo/values.yaml")
+    assert len(demo) == 27
 
 
 # --- values: schema and documentation ---------------------------------------------------------------------------
@@ -228,7 +231,10 @@ def test_objects_rendered_per_region(helm: str) -> None:
         "operator.bogus=1",
         "router.pdCluster=Not_A_Name",
         "router.logLevel=verbose",
-        "gateway.endpoints[0].name=x,gateway.endpoints[0].url=ftp://x",
+        "gateway.endpoints[0].name=x,gateway.endpoints[0].url=http://x",  # the operator's now, not a value
+        "gateway.modelProfile.servedModelName=m",
+        "gateway.hardware.accelerator=H200",
+        "operator.resyncSeconds=0",
         "monitoring.podMonitor.interval=often",
         "image.pullPolicy=Sometimes",
         "demo.pd.hardware=A100",
@@ -244,7 +250,7 @@ def test_values_schema_rejects_bad_values(helm: str, bad: str) -> None:
 def test_chart_rejects_inconsistent_settings_with_a_message(helm: str) -> None:
     cases = {
         ("router.enabled=true",): "router.pdCluster is required",
-        ("gateway.enabled=true", "gateway.prefillCluster=p", "gateway.tls.enabled=false"): "gateway.endpoints",
+        ("gateway.enabled=true", "gateway.tls.enabled=false"): "gateway.prefillCluster is required",
         ("gateway.enabled=true", "gateway.prefillCluster=p"): "gateway.tls.secretName",
         ("operator.lease.renewSeconds=20",): "renewSeconds must be below",
     }
@@ -300,21 +306,79 @@ def test_every_value_is_documented_and_the_schema_is_strict() -> None:
 # --- what the components get ------------------------------------------------------------------------------------
 
 
-def test_gateway_config_is_a_valid_router_config(helm: str) -> None:
+GATEWAY_INSTALLS = [
+    # (chart values, the custom resources applied with them, files holding the PrefillCluster's workload)
+    (
+        "examples/03-helm/region-a/values.yaml",
+        ["examples/01-two-region/common/model-profile.yaml", "examples/03-helm/region-a/prefill-cluster.yaml"],
+        ["examples/03-helm/region-a/vllm-prefill.yaml"],
+    ),
+    ("examples/03-helm/demo/values.yaml", ["examples/03-helm/demo/resources.yaml"], []),
+]
+
+
+@pytest.mark.parametrize(("values", "resources", "workloads"), GATEWAY_INSTALLS, ids=["region-a", "demo"])
+def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
+    helm: str, values: str, resources: list[str], workloads: list[str]
+) -> None:
+    """The gateway reads the RouterConfig the operator writes for its Managed PrefillCluster (router_config.py
+    build_gateway): the ConfigMap name and key, and the token and TLS files where the chart mounts the Secrets
+    the PrefillCluster names. The operator's output for the example's own objects parses as a RouterConfig."""
+    from prfaas_core.api import ModelProfileSpec, PrefillCluster
+    from prfaas_operator.router_config import CONFIG_KEY, GATEWAY_DIR, build_gateway, gateway_configmap_name
+    from prfaas_operator.router_config import render as render_config
     from prfaas_router.config import parse_config
 
-    for values in ("examples/03-helm/region-a/values.yaml", "examples/03-helm/demo/values.yaml"):
-        docs = render(helm, CHART, REPO / values)
-        cm = find(docs, "ConfigMap", "-gateway-config")
-        config = parse_config(cm["data"]["router-config.json"], "router-config.json")
-        assert config.mode == "gateway" and config.gateway is not None
-        assert config.endpoints and all(e.role == "prefill" for e in config.endpoints)
-        assert config.gateway.tls_cert_file == "/var/run/prfaas/gateway/tls/tls.crt"
-        assert config.gateway.token_file == "/var/run/prfaas/gateway/token/token"
-        deploy = find(docs, "Deployment", "-gateway")
-        mounts = {m["mountPath"] for m in containers(deploy)[0]["volumeMounts"]}
-        assert {"/etc/prfaas/gateway", "/var/run/prfaas/gateway/tls", "/var/run/prfaas/gateway/token"} <= mounts
-        assert containers(deploy)[0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    docs = render(helm, CHART, REPO / values)
+    pfc_name = yaml.safe_load((REPO / values).read_text())["gateway"]["prefillCluster"]
+    operator_cm = gateway_configmap_name(pfc_name)
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-gateway-config")]
+    deploy = find(docs, "Deployment", "-gateway")
+    pod = deploy["spec"]["template"]["spec"]
+    assert "checksum/config" not in (deploy["spec"]["template"]["metadata"].get("annotations") or {})
+    volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == operator_cm)
+    assert volume["configMap"]["optional"] is True and "items" not in volume["configMap"]
+    gateway = containers(deploy)[0]
+    mount = next(m for m in gateway["volumeMounts"] if m["name"] == volume["name"])
+    args = gateway["args"]
+    assert args[0] == "router" and args[args.index("--config") + 1] == f"{mount['mountPath']}/{CONFIG_KEY}"
+    assert gateway["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    mounted = {secrets[m["name"]]: m["mountPath"] for m in gateway["volumeMounts"] if m["name"] in secrets}
+
+    objects = [d for f in resources for d in yaml.safe_load_all((REPO / f).read_text()) if d]
+    body = next(o for o in objects if o["kind"] == "PrefillCluster" and o["metadata"]["name"] == pfc_name)
+    pfc = PrefillCluster.model_validate(body)
+    assert pfc.spec.mode == "Managed" and pfc.spec.workload is not None and pfc.spec.endpoint is not None
+    profile = next(o for o in objects if o["kind"] == "ModelProfile")
+    assert profile["metadata"]["name"] == pfc.spec.model_profile_ref.name
+    token, tls = pfc.spec.endpoint.token_secret_ref, pfc.spec.endpoint.tls_secret_ref
+    assert token is not None and tls is not None
+    assert mounted == {token.name: f"{GATEWAY_DIR}/token", tls.name: f"{GATEWAY_DIR}/tls"}
+
+    # the PrefillCluster's workload (rendered by the chart's demo, or the example's vLLM manifest): its pods carry
+    # the label the operator lists them by; two of them, as the operator would see them
+    candidates = docs + [d for f in workloads for d in yaml.safe_load_all((REPO / f).read_text()) if d]
+    workload = next(
+        d for d in candidates if d["kind"] == pfc.spec.workload.kind and d["metadata"]["name"] == pfc.spec.workload.name
+    )
+    template = workload["spec"]["template"]
+    assert template["metadata"]["labels"]["prfaas.io/prefill-cluster"] == pfc_name
+    pods = [
+        {"metadata": {"name": f"{pfc.spec.workload.name}-{i}", "labels": template["metadata"]["labels"]},
+         "spec": template["spec"], "status": {"podIP": f"10.0.0.{i + 1}"}}
+        for i in range(2)
+    ]  # fmt: skip
+    text, _ = render_config(build_gateway(pfc, pods, ModelProfileSpec.model_validate(profile["spec"])))
+    config = parse_config(text, CONFIG_KEY)
+    assert config.mode == "gateway" and config.gateway is not None and config.gateway.prefill_cluster == pfc_name
+    assert [(e.url, e.role) for e in config.endpoints] == [
+        ("http://10.0.0.1:8000", "prefill"),
+        ("http://10.0.0.2:8000", "prefill"),
+    ]
+    assert config.gateway.token_file == f"{mounted[token.name]}/{token.key}"
+    assert config.gateway.tls_cert_file == f"{mounted[tls.name]}/tls.crt"
+    assert config.gateway.tls_key_file == f"{mounted[tls.name]}/tls.key"
 
 
 def test_router_mounts_the_operators_configmap_and_the_chart_never_renders_it(helm: str) -> None:
@@ -358,6 +422,7 @@ def test_operator_is_one_active_replica_through_its_lease(helm: str) -> None:
     args = containers(deploy)[0]["args"]
     lease = args[args.index("--lease-name") + 1]
     assert args[args.index("--identity") + 1] == "$(POD_NAME)" and deploy["spec"]["replicas"] == 2
+    assert args[args.index("--resync-seconds") + 1] == "300"
     role = find(docs, "Role", "-operator-lease")
     named = [r for r in role["rules"] if r.get("resourceNames")]
     assert named == [
@@ -369,6 +434,23 @@ def test_operator_is_one_active_replica_through_its_lease(helm: str) -> None:
         }
     ]
     assert find(docs, "PodDisruptionBudget", "-operator")["spec"]["minAvailable"] == 1
+
+
+def test_operator_args_are_what_prfaas_operator_parses(helm: str) -> None:
+    """The chart's operator arguments through the CLI's own parser: the values arrive in OperatorConfig."""
+    from prfaas_cli.main import build_parser
+    from prfaas_cli.operator_cmd import config_from_args
+
+    sets = ["operator.resyncSeconds=120", "operator.gatewayPeriodSeconds=7", "operator.linkPeriodSeconds=9"]
+    docs = render(helm, CHART, None, *[a for s in sets for a in ("--set", s)])
+    args = [
+        a.replace("$(POD_NAME)", "prfaas-operator-0")
+        for a in containers(find(docs, "Deployment", "-operator"))[0]["args"]
+    ]
+    config = config_from_args(build_parser().parse_args(args))
+    assert (config.resync_s, config.gateway_period_s, config.link_period_s) == (120, 7, 9)
+    assert config.namespaces == (NAMESPACE,) and config.identity == "prfaas-operator-0"
+    assert config_from_args(build_parser().parse_args(["operator", "-n", "x"])).resync_s > 0  # flag optional
 
 
 def test_dashboard_and_rules_ship_in_the_chart(helm: str) -> None:
@@ -522,7 +604,7 @@ def grants_of(docs: list[dict[str, Any]], sa: str) -> list[tuple[str | None, dic
 def operator_calls(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[Call], str]:
     """Every Kubernetes API call a real operator process made (the emulator's request log, the operator's
     bearer token only) while it assigned roles, flipped one instance after a drain, synced a Remote and a
-    Managed PrefillCluster, published the router config and cleaned up a deleted PDCluster."""
+    Managed PrefillCluster, published the router and gateway configs and cleaned up a deleted PDCluster."""
     tmp = Path(tmp_path_factory.mktemp("rbac"))
     h = Harness(tmp)
     seen: set[tuple[str, str, bool]] = set()
@@ -556,6 +638,7 @@ def operator_calls(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[Call],
         h.prom.exporter.set_queue(ns, "pd-h20", "prefill", 40)
         h.ready_roles(ns, 4, 4, 60)
         wait_until(lambda: h.condition(ns, "Ready", "local-prefill", "PrefillCluster").get("status"), 30, "managed")
+        wait_until(lambda: h.get("ConfigMap", ns, "local-prefill-gateway-config"), 30, "the gateway config")
         h.delete("PDCluster", ns, "pd-h20")
         wait_until(lambda: h.get("ConfigMap", ns, "pd-h20-router-config") is None, 30, "the finalizer's cleanup")
         op.stop()

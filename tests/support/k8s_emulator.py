@@ -7,7 +7,17 @@ create; a fresh resourceVersion on every write; ``generation`` bumped only when 
 ``observedGeneration`` settles); ``kind: XList`` on lists; the URL namespace in ``metadata.namespace``;
 optimistic concurrency (a merge patch carrying ``metadata.resourceVersion`` that is stale gets 409, as the
 real API server does; a failed JSON-patch ``test`` gets 422); fault injection (N answers of a status for
-requests matching a method and path); and counts of WATCH requests per resource.
+requests matching a method and path); and counts of WATCH requests per resource and of all requests by verb
+and resource (``requests``; benchmarks read API calls per cycle from it).
+
+Scale: kmock matches every request to a reaction by running its whole request log through each reaction's
+filters (``request in reaction``, an identity search: O(log) per request, ~50-300 ms with a 2,000-entry log),
+finds an object by scanning *all* stored objects on every get/patch/create/delete (O(N) per request), and
+keeps every past version of every object and every request each reaction served. This subclass matches
+against the requests being served right now only (``__iter__``; the full log stays in ``_requests``,
+trimmed), serves get/patch/create/delete by key (O(1)) and lists from a per-resource index, and keeps the
+last two versions of an object, so that thousands of objects (the operator's scale benchmark) stay cheap.
+Behaviour is otherwise kmock's.
 
 It runs in a background thread with its own event loop; tests talk to it over HTTP like kubectl would.
 What it cannot prove: schema defaulting/pruning, server-side apply, RBAC, admission (see operator/README.md).
@@ -23,6 +33,7 @@ import re
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +93,10 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self._faults_lock = threading.Lock()
         self.watches: Counter[str] = Counter()
         self.writes: Counter[str] = Counter()
+        self.requests: Counter[str] = Counter()  # "PATCH pdclusters/status" -> count (every request served)
+        self._index: dict[Any, dict[tuple[Any, str | None, str], None]] = {}  # resource -> keys, in order
+        self._serving: dict[int, Any] = {}  # id -> request, while it is being served
+        self.write_log: list[tuple[str, str, Any]] = []  # (method, path, body) of every create/update, in order
         for gv, plural, kind, namespaced, subs in CORE:
             self.resources[f"{gv}/{plural}"] = kmock.ResourceInfo(
                 kind=kind, namespaced=namespaced, verbs=VERBS, subresources=set(subs)
@@ -95,6 +110,10 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 subresources={"status"},
                 shortnames=set(k.short_names),
             )
+
+    def __iter__(self) -> Iterator[Any]:
+        """The requests being served now: what kmock's reaction matching searches (see the module docstring)."""
+        return iter(list(self._serving.values()))
 
     # --- faults ---------------------------------------------------------------------------------------
     def inject(self, method: str, path: str, status: int, count: int = 1) -> Fault:
@@ -118,6 +137,13 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         return str(next(self._rv))
 
     async def _handle(self, request: Any) -> Any:
+        self._serving[id(request)] = request
+        try:
+            return await self._handle_one(request)
+        finally:
+            self._serving.pop(id(request), None)
+
+    async def _handle_one(self, request: Any) -> Any:
         fault = self._fault(request)
         if fault is not None:
             reason = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
@@ -126,8 +152,15 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             )
         if len(self._requests) > 2000:  # keep memory flat in long runs
             del self._requests[:1000]
+            for reaction in self._payloads:  # each reaction logs what it served, too
+                if len(getattr(reaction, "_requests", ())) > 1000:
+                    del reaction._requests[:-100]
         if request.resource is None:
             return await super()._handle(request)
+        method = str(getattr(request.method, "value", request.method)).upper()
+        sub = f"/{request.subresource}" if request.subresource else ""
+        action = "WATCH" if request.action == enums.action.WATCH else method
+        self.requests[f"{action} {request.resource.plural}{sub}"] += 1
         if request.action == enums.action.WATCH:
             self.watches[request.resource.plural] += 1
             return await super()._handle(request)
@@ -135,11 +168,48 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             return await super()._handle(request)
         async with self._write_lock:
             self.writes[request.resource.plural] += 1
+            self.write_log.append((method, request.url.path, copy.deepcopy(request.data)))
             if request.action == enums.action.CREATE:
                 self._prepare_create(request)
+                data = request.data if isinstance(request.data, dict) else {}
+                meta = data.get("metadata") or {}
+                key = (request.resource, request.namespace or meta.get("namespace"), meta.get("name"))
+                self._index.setdefault(request.resource, {})[key] = None
             else:
                 self._prepare_update(request)
-            return await super()._handle(request)
+            try:
+                return await super()._handle(request)
+            finally:
+                self._trim(request)
+
+    def _trim(self, request: Any) -> None:
+        """Keep the last two versions of a patched object (kmock keeps all: memory grows with every write)."""
+        obj = self._objects._objects.get((request.resource, request.namespace, request.name))
+        if obj is not None and len(obj.history) > 2:
+            del obj.history[:-2]
+
+    # --- O(1) lookups (kmock scans every stored object per request) -----------------------------------
+    def _lookup(self, request: Any, namespace: str | None, name: str | None) -> Any:
+        obj = self._objects._objects.get((request.resource, namespace, name))
+        if obj is None:
+            raise kmock.KubernetesObjectNotFoundError()
+        return obj
+
+    async def _serve_fetch(self, request: Any) -> Any:
+        obj = self._objects._objects.get((request.resource, request.namespace, request.name))
+        if obj is None or obj.deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        return obj.raw
+
+    async def _serve_create(self, request: Any) -> Any:
+        meta = (request.data or {}).get("metadata", {}) if isinstance(request.data, dict) else {}
+        return self._lookup(request, request.namespace or meta.get("namespace"), request.name or meta.get("name")).raw
+
+    async def _serve_update(self, request: Any) -> Any:
+        return self._lookup(request, request.namespace, request.name).last.raw
+
+    async def _serve_delete(self, request: Any) -> Any:
+        return self._lookup(request, request.namespace, request.name).last.raw
 
     def _prepare_create(self, request: Any) -> None:
         data = request.data
@@ -199,12 +269,27 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         data["metadata"] = meta
 
     async def _serve_list(self, request: Any) -> Any:
-        payload = await super()._serve_list(request)
+        objects = self._objects._objects
+        items = []
+        for key in self._index.get(request.resource, {}):
+            _, namespace, name = key
+            if request.namespace is not None and namespace != request.namespace:
+                continue
+            if request.name is not None and name != request.name:
+                continue
+            obj = objects.get(key)
+            if obj is not None and not obj.deleted:
+                items.append(obj.raw)
         kind = None
-        for res in self._get_resources():
+        known = False
+        for res in self.resources:
             if res == request.resource:
+                known = True
                 info = self.resources[res]
                 kind = info.kind if info is not None else None
+        if not known and not items and request.resource not in self._get_resources():
+            raise kmock.KubernetesResourceNotFoundError()
+        payload: dict[str, Any] = {"items": items}
         payload["kind"] = f"{kind or request.resource.plural.capitalize()}List"
         group, version = request.resource.group, request.resource.version
         payload["apiVersion"] = f"{group}/{version}" if group else version

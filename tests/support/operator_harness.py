@@ -88,7 +88,15 @@ class Gateway:
 
 
 class OperatorProcess:
-    def __init__(self, harness: Harness, namespace: str, identity: str, log: Path, extra: list[str]) -> None:
+    def __init__(
+        self,
+        harness: Harness,
+        namespace: str,
+        identity: str,
+        log: Path,
+        extra: list[str],
+        resync_s: float | None = None,
+    ) -> None:
         self.log_path = log
         self.identity = identity
         self.metrics_port = free_port()
@@ -121,6 +129,9 @@ class OperatorProcess:
         ]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         env["PYTHONUNBUFFERED"] = "1"  # tests read the log file while the operator runs
+        env.pop("PRFAAS_RESYNC_SECONDS", None)
+        if resync_s is not None:  # the periodic re-list (production default: 300 s)
+            env["PRFAAS_RESYNC_SECONDS"] = str(resync_s)
         self._log = log.open("ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
@@ -270,8 +281,16 @@ class Harness:
             out.append(d)
         return out
 
-    def setup(self, namespace: str, pods: int = 8, policy: dict[str, Any] | None = None, **pd_spec: Any) -> None:
-        """The secret, the engine workload and its pods (no role yet), then the four PrFaaS objects."""
+    def setup(
+        self,
+        namespace: str,
+        pods: int = 8,
+        policy: dict[str, Any] | None = None,
+        except_kinds: tuple[str, ...] = (),
+        **pd_spec: Any,
+    ) -> None:
+        """The secret, the engine workload and its pods (no role yet), then the four PrFaaS objects (but
+        ``except_kinds``)."""
         self.create(
             {
                 "apiVersion": "v1",
@@ -309,14 +328,20 @@ class Harness:
                 }
             )
         for doc in self.manifests(namespace, policy, **pd_spec):
-            self.create(doc)
+            if doc["kind"] not in except_kinds:
+                self.create(doc)
 
     def start_operator(
-        self, namespace: str, identity: str | None = None, extra: list[str] | None = None, wait_watches: bool = True
+        self,
+        namespace: str,
+        identity: str | None = None,
+        extra: list[str] | None = None,
+        wait_watches: bool = True,
+        resync_s: float | None = None,
     ) -> OperatorProcess:
         before = sum(self.emu.k8s.watches.values())
         identity = identity or f"op-{uuid.uuid4().hex[:6]}"
-        op = OperatorProcess(self, namespace, identity, self.tmp / f"{identity}.log", extra or [])
+        op = OperatorProcess(self, namespace, identity, self.tmp / f"{identity}.log", extra or [], resync_s)
         self.operators.append(op)
         if wait_watches:  # the four kinds and pods: five watch streams opened
             wait_until(

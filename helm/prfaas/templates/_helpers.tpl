@@ -207,37 +207,13 @@ Clients then call port `router` (sidecar.port) of any engine pod. The engine's o
 Gateway (region A)
 --------------------------------------------------------------------------------------------------- */}}
 
+{{/* Where the gateway's token (token/) and TLS (tls/) Secrets are mounted: router_config.py GATEWAY_DIR. */}}
 {{- define "prfaas.gateway.dir" -}}/var/run/prfaas/gateway{{- end }}
 
-{{/* The gateway's RouterConfig (mode: gateway), rendered from values; validated by the test suite. */}}
-{{- define "prfaas.gateway.config" -}}
-{{- $gw := .Values.gateway }}
-{{- $cluster := required "gateway.prefillCluster is required with gateway.enabled" $gw.prefillCluster }}
-{{- $endpoints := list }}
-{{- range $gw.endpoints }}
-{{- $endpoints = append $endpoints (dict "name" .name "url" .url "role" "prefill") }}
+{{/* The ConfigMap the operator writes for a Managed PrefillCluster (never templated by this chart):
+router_config.py build_gateway. */}}
+{{- define "prfaas.gateway.configMapName" -}}
+{{- printf "%s-gateway-config" (required "gateway.prefillCluster is required with gateway.enabled" .Values.gateway.prefillCluster) }}
 {{- end }}
-{{- if and (not $endpoints) .Values.demo.enabled .Values.demo.prefill.enabled }}
-{{- $svc := printf "http://%s:8000" .Values.demo.prefill.name }}
-{{- $endpoints = list (dict "name" .Values.demo.prefill.name "url" $svc "role" "prefill") }}
-{{- end }}
-{{- if not $endpoints }}
-{{- fail "gateway.endpoints is empty: list the PrFaaS instances the gateway fronts" }}
-{{- end }}
-{{- if not $gw.modelProfile }}
-{{- fail "gateway.modelProfile is required (the ModelProfile spec of the served model)" }}
-{{- end }}
-{{- $serving := dict "prefillCluster" $cluster }}
-{{- if $gw.token.secretName }}
-{{- $_ := set $serving "tokenFile" (printf "%s/token/%s" (include "prfaas.gateway.dir" .) $gw.token.key) }}
-{{- end }}
-{{- if $gw.tls.enabled }}
-{{- $_ := set $serving "tlsCertFile" (printf "%s/tls/tls.crt" (include "prfaas.gateway.dir" .)) }}
-{{- $_ := set $serving "tlsKeyFile" (printf "%s/tls/tls.key" (include "prfaas.gateway.dir" .)) }}
-{{- end }}
-{{- $config := dict "pdCluster" $cluster "mode" "gateway" "thresholdMinTokens" 0 "endpoints" $endpoints "model" $gw.modelProfile "gateway" $serving "prfaasHardware" $gw.hardware }}
-{{- if .Values.demo.enabled }}
-{{- $_ := set $config "scale" (dict "timeScale" .Values.demo.timeScale "byteScale" .Values.demo.byteScale) }}
-{{- end }}
-{{- toPrettyJson $config }}
-{{- end }}
+
+{{- define "prfaas.gateway.configDir" -}}/etc/prfaas/gateway{{- end }}

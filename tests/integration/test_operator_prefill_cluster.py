@@ -1,0 +1,157 @@
+"""Region A's operator and its Managed PrefillCluster, against the emulator: the prefill pods observed (status),
+the prefill gateway configured (the RouterConfig ConfigMap the chart's gateway mounts, kept current as pods come
+and go), and the ConfigMap removed with the PrefillCluster (owner reference + finalizer). A Remote
+PrefillCluster owns nothing and carries no finalizer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from prfaas_core.names import LABEL_PREFILL_CLUSTER
+from prfaas_operator.router_config import CONFIG_KEY, gateway_configmap_name
+from prfaas_router.config import parse_config
+from support.operator_harness import EXAMPLE, Harness
+from support.prom import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+PFC = "prfaas-h200"
+CM = gateway_configmap_name(PFC)
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def managed_prefill_cluster(ns: str, profile: str) -> dict[str, Any]:
+    """examples/01-two-region/region-a/prefill-cluster.yaml in ``ns``, on a Deployment (the emulator serves no
+    LeaderWorkerSet)."""
+    doc = yaml.safe_load((EXAMPLE / "region-a" / "prefill-cluster.yaml").read_text())
+    doc["metadata"]["namespace"] = ns
+    doc["spec"]["modelProfileRef"]["name"] = profile
+    doc["spec"]["workload"] = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "prefill-engines"}
+    return dict(doc)
+
+
+def prefill_pod(ns: str, i: int, ready: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"prefill-engines-{i}", "namespace": ns, "labels": {LABEL_PREFILL_CLUSTER: PFC}},
+        "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]},
+        "status": {
+            "phase": "Running",
+            "podIP": f"10.0.0.{10 + i}",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def gateway_config(h: Harness, ns: str) -> dict[str, Any] | None:
+    cm = h.get("ConfigMap", ns, CM)
+    return json.loads(cm["data"][CONFIG_KEY]) if cm else None
+
+
+def endpoint_names(h: Harness, ns: str) -> list[str]:
+    return [e["name"] for e in (gateway_config(h, ns) or {}).get("endpoints") or []]
+
+
+def test_managed_prefill_cluster_observes_its_pods_and_configures_its_gateway(h: Harness) -> None:
+    ns = h.namespace()
+    op = h.start_operator(ns)
+    profile = next(d for d in h.manifests(ns) if d["kind"] == "ModelProfile")
+    h.create(profile)
+    h.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "prefill-engines", "namespace": ns},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {LABEL_PREFILL_CLUSTER: PFC}}},
+        }
+    )
+    h.create(prefill_pod(ns, 0, ready=True))
+    h.create(prefill_pod(ns, 1, ready=False))
+    h.create(managed_prefill_cluster(ns, profile["metadata"]["name"]))
+
+    # the gateway's RouterConfig: a valid gateway-mode config listing the labelled pods, secrets where mounted
+    config = wait_until(lambda: gateway_config(h, ns), 30, "the gateway ConfigMap")
+    parsed = parse_config(json.dumps(config), CONFIG_KEY)
+    assert parsed.mode == "gateway" and parsed.gateway is not None and parsed.gateway.prefill_cluster == PFC
+    assert [(e.name, e.url, e.role) for e in parsed.endpoints] == [
+        ("prefill-engines-0", "http://10.0.0.10:8000", "prefill"),
+        ("prefill-engines-1", "http://10.0.0.11:8000", "prefill"),
+    ]  # the gateway health-checks engines itself; readiness decides the status below
+    assert parsed.gateway.token_file == "/var/run/prfaas/gateway/token/token"
+    assert parsed.gateway.tls_cert_file == "/var/run/prfaas/gateway/tls/tls.crt"
+    assert parsed.gateway.tls_key_file == "/var/run/prfaas/gateway/tls/tls.key"
+    assert parsed.prfaas_hardware is not None and parsed.prfaas_hardware.accelerator == "H200"
+    assert parsed.model.served_model_name == profile["spec"]["servedModelName"]
+    pfc = h.get("PrefillCluster", ns, PFC)
+    cm = h.get("ConfigMap", ns, CM)
+    assert pfc is not None and cm is not None
+    owner = cm["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("PrefillCluster", PFC, pfc["metadata"]["uid"])
+    assert cm["metadata"]["labels"][LABEL_PREFILL_CLUSTER] == PFC
+    assert cm["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"
+    assert "prfaas.io/finalizer" in pfc["metadata"]["finalizers"]
+
+    # status from the observed pods: one of two ready
+    wait_until(lambda: h.status(ns, PFC, "PrefillCluster").get("lastSyncTime"), 30, "the status synced")
+    assert h.status(ns, PFC, "PrefillCluster")["readyInstances"] == 1
+    cond = h.condition(ns, "Ready", PFC, "PrefillCluster")
+    assert cond["status"] == "True" and cond["reason"] == "InstancesReady" and "1 of 4" in cond["message"]
+
+    # pods come and go: the gateway follows (a pod event nudges its PrefillCluster), and so does the status
+    h.create(prefill_pod(ns, 2, ready=True))
+    h.patch("Pod", ns, "prefill-engines-1", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    wait_until(lambda: len(endpoint_names(h, ns)) == 3, 20, "the new pod in the gateway config")
+    wait_until(lambda: h.status(ns, PFC, "PrefillCluster").get("readyInstances") == 3, 20, "3 ready")
+    h.delete("Pod", ns, "prefill-engines-0")
+    wait_until(lambda: endpoint_names(h, ns) == ["prefill-engines-1", "prefill-engines-2"], 20, "the pod removed")
+    wait_until(lambda: h.status(ns, PFC, "PrefillCluster").get("readyInstances") == 2, 20, "2 ready")
+
+    # deletion: the finalizer removes the gateway ConfigMap, then lets the PrefillCluster go
+    h.delete("PrefillCluster", ns, PFC)
+    wait_until(lambda: h.get("PrefillCluster", ns, PFC) is None, 20, "the PrefillCluster gone")
+    assert h.get("ConfigMap", ns, CM) is None
+    op.stop()
+
+
+def test_remote_prefill_cluster_owns_nothing_and_has_no_finalizer(h: Harness) -> None:
+    ns = h.namespace()
+    op = h.start_operator(ns)
+    h.setup(ns, except_kinds=("PDCluster",))
+    remote = next(d for d in h.manifests(ns) if d["kind"] == "PrefillCluster")
+    wait_until(lambda: h.condition(ns, "Ready", remote["metadata"]["name"], "PrefillCluster"), 30, "remote synced")
+    body = h.get("PrefillCluster", ns, remote["metadata"]["name"])
+    assert body is not None and not body["metadata"].get("finalizers")
+    assert not [c for c in h.list("ConfigMap", ns) if c["metadata"]["name"].endswith("-gateway-config")]
+    # a Managed one without labelled pods says why it has no ready instance
+    profile = next(d for d in h.manifests(ns) if d["kind"] == "ModelProfile")["metadata"]["name"]
+    managed = managed_prefill_cluster(ns, profile)
+    managed["metadata"]["name"] = "local-prefill"
+    managed["spec"]["workload"]["name"] = "pd-engines"
+    h.create(managed)
+    cond = wait_until(
+        lambda: (
+            h.condition(ns, "Ready", "local-prefill", "PrefillCluster").get("reason") == "NoReadyInstances"
+            and h.condition(ns, "Ready", "local-prefill", "PrefillCluster")
+        ),
+        30,
+        "no ready instances",
+    )
+    assert "no pods labelled prfaas.io/prefill-cluster=local-prefill" in cond["message"]
+    cm = wait_until(lambda: h.get("ConfigMap", ns, gateway_configmap_name("local-prefill")), 20, "its gateway config")
+    assert json.loads(cm["data"][CONFIG_KEY])["endpoints"] == []  # published all the same: pods may come later
+    op.stop()
