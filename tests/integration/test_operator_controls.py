@@ -4,8 +4,6 @@ invalid specs and dangling references, deletion cleanup, pause, dry-run, overrid
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -13,15 +11,6 @@ from support.operator_harness import Harness
 from support.prom import wait_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def test_invalid_spec_and_dangling_reference_get_ready_false_with_events(h: Harness) -> None:

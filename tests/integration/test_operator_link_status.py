@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,15 +40,6 @@ LINK_SPEC: dict[str, Any] = {
     },
 }
 LOW, MIDDLE, HIGH = 20.0, 56.0, 90.0  # Gbps: below abundant, inside the hysteresis band, above scarce
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def setup_with_link(h: Harness, ns: str, link_spec: dict[str, Any]) -> list[dict[str, Any]]:

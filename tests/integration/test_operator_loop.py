@@ -4,8 +4,6 @@ loop's behaviour end to end (flip after persistence + drain, steady load, Promet
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -13,15 +11,6 @@ from support.operator_harness import Harness
 from support.prom import wait_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def decisions(h: Harness, ns: str) -> list[dict]:

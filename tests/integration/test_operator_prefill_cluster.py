@@ -6,8 +6,6 @@ PrefillCluster owns nothing and carries no finalizer."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,15 +21,6 @@ pytestmark = pytest.mark.timeout(180)
 
 PFC = "prfaas-h200"
 CM = gateway_configmap_name(PFC)
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def managed_prefill_cluster(ns: str, profile: str) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,15 +20,6 @@ from support.prom import wait_until
 pytestmark = pytest.mark.timeout(180)
 
 RESYNC_S = 2.0
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 class _BlindBus:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import base64
 import itertools
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,15 +32,6 @@ pytestmark = pytest.mark.timeout(240)
 
 WORKLOADS = {"prefill": "pd-prefill", "decode": "pd-decode"}
 PD = "pd-h20"
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 _ports = itertools.count(9000)

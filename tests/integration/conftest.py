@@ -1,0 +1,20 @@
+"""Fixtures shared by the integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support.operator_harness import Harness
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    """The operator test harness (emulator, Prometheus, gateway), every process closed afterwards."""
+    harness = Harness(tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()
