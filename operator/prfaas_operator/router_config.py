@@ -107,6 +107,8 @@ def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfile
         draining=draining,
         threshold_min_tokens=0,
         model=model,
+        tokenizer_file=model.tokenizer.file if model.tokenizer else None,
+        chat_template_file=model.tokenizer.chat_template_file if model.tokenizer else None,
         prfaas_hardware=pfc.spec.hardware,
         gateway=serving,
     )
@@ -160,6 +162,8 @@ def build(
         threshold_min_tokens=threshold_min_tokens,
         threshold_max_tokens=max(threshold_min_tokens, threshold_max_tokens),
         model=model,
+        tokenizer_file=model.tokenizer.file if model.tokenizer else None,
+        chat_template_file=model.tokenizer.chat_template_file if model.tokenizer else None,
     )
 
 

@@ -1,14 +1,19 @@
-"""Token estimates and prefix-block hashing shared by the engines (emulated) and the router.
+"""Token counting and prefix-block hashing shared by the engines (emulated), the router and the gateway.
 
 The router estimates a request's *uncached* length before sending it anywhere, so it must count tokens and
 hash prefix blocks exactly as the engines do. Both use this module (never two implementations).
 
-* ``chars4`` (default): one token per 4 characters (the common rule of thumb for English BPE tokenizers); ids
-  are a stable hash of each 4-character chunk, so the same text always gives the same ids and repeated
-  prefixes hit prefix caches.
+* :class:`ModelTokenizer` (what a real deployment runs): the served model's own tokenizer (a ``tokenizer.json``
+  of the ``tokenizers`` library) and chat template (Jinja, as in ``tokenizer_config.json`` or
+  ``chat_template.jinja``), so counts and token ids are the engine's own. Chats are rendered as vLLM renders
+  them: text parts of a message joined with ``\\n``, the generation prompt appended, no special tokens added
+  on top of the template's; completion prompts get the tokenizer's own special tokens (a BOS, where it has one).
+* ``chars4`` (the fallback when no tokenizer file is configured): one token per 4 characters (the common rule
+  of thumb for English BPE tokenizers); ids are a stable hash of each 4-character chunk, so the same text always
+  gives the same ids and repeated prefixes hit prefix caches.
 * ``whitespace``: one token per whitespace-separated word (ids hashed the same way).
 
-Chat messages are rendered with a minimal template (``<|role|>\\ncontent\\n`` per message, then
+The estimates render chats with a minimal template (``<|role|>\\ncontent\\n`` per message, then
 ``<|assistant|>\\n``), so the system prompt and earlier turns form a shared prefix like a real chat template.
 Block hashes chain the parent's hash with the block's ids (vLLM's automatic prefix caching): block ``i``
 matches only when the whole prefix up to it matches.
@@ -21,8 +26,11 @@ import re
 import struct
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HfTokenizer
 
 VOCAB_SIZE = 151_936
 """Ids fall in [0, VOCAB_SIZE) (Qwen's vocabulary size; any size works)."""
@@ -35,8 +43,19 @@ TOKENIZERS = ("chars4", "whitespace")
 
 class Tokenizer(Protocol):
     name: str
+    """``chars4``, ``whitespace``, or ``model:<file>`` for a model's own tokenizer."""
+    exact: bool
+    """True when ids and counts are the engine's own (a model tokenizer), False for an estimate."""
+    vocab_size: int
+    """Token ids a client may send lie in ``[0, vocab_size)``."""
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """A completion prompt's ids."""
+        ...
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """A chat's ids: rendered by the chat template, generation prompt appended."""
+        ...
 
 
 def _token_id(piece: str) -> int:
@@ -51,20 +70,91 @@ class CharEstimateTokenizer:
             raise ValueError("chars_per_token must be >= 1")
         self.chars_per_token = chars_per_token
         self.name = f"chars{chars_per_token}"
+        self.exact = False
+        self.vocab_size = VOCAB_SIZE
 
     def encode(self, text: str) -> list[int]:
         n = self.chars_per_token
         return [_token_id(text[i : i + n]) for i in range(0, len(text), n)]
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self.encode(render_chat(messages))
 
 
 class WhitespaceTokenizer:
     """One token per whitespace-separated word."""
 
     name = "whitespace"
+    exact = False
+    vocab_size = VOCAB_SIZE
     _word = re.compile(r"\S+")
 
     def encode(self, text: str) -> list[int]:
         return [_token_id(m.group()) for m in self._word.finditer(text)]
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self.encode(render_chat(messages))
+
+
+class ModelTokenizer:
+    """The served model's own tokenizer and chat template (built from the files' contents: the shells read
+    the files, the core does no I/O)."""
+
+    def __init__(
+        self,
+        tokenizer_json: str,
+        chat_template: str | None = None,
+        template_tokens: Mapping[str, str] | None = None,
+        name: str = "model",
+    ) -> None:
+        """``template_tokens``: the named special tokens a chat template may refer to (``bos_token``,
+        ``eos_token``, from ``tokenizer_config.json``)."""
+        try:
+            self._tok = _HfTokenizer.from_str(tokenizer_json)
+        except Exception as exc:  # the library raises its own exception type
+            raise ValueError(f"not a tokenizer.json the tokenizers library can load: {exc}") from exc
+        self.name = name
+        self.exact = True
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self._template_tokens = dict(template_tokens or {})
+        self._template = None
+        if chat_template is not None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            try:
+                self._template = env.from_string(chat_template)
+            except Exception as exc:
+                raise ValueError(f"chat template does not parse: {exc}") from exc
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=True).ids)
+
+    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
+        """The chat's prompt text as vLLM renders it (text parts joined with newlines, generation prompt)."""
+        if self._template is None:
+            raise ValueError("the model's tokenizer has no chat template: chat completions cannot be counted")
+        normalised = []
+        for message in messages:
+            if not isinstance(message, dict):
+                raise ValueError("every message must be an object")
+            role = message.get("role")
+            if not isinstance(role, str) or not role:
+                raise ValueError("every message needs a string 'role'")
+            normalised.append({**message, "content": message_text(message.get("content"))})
+        return str(
+            self._template.render(
+                messages=normalised,
+                add_generation_prompt=True,
+                **{"bos_token": "", "eos_token": "", **self._template_tokens},
+            )
+        )
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        # vLLM tokenizes a rendered chat without adding special tokens: the template carries them
+        return list(self._tok.encode(self.render_chat(messages), add_special_tokens=False).ids)
 
 
 def build_tokenizer(name: str) -> Tokenizer:
@@ -91,7 +181,7 @@ def message_text(content: Any) -> str:
                 if not isinstance(text, str):
                     raise ValueError("a text content part needs a string 'text'")
                 texts.append(text)
-        return "".join(texts)
+        return "\n".join(texts)  # as vLLM joins a message's text parts
     raise ValueError("message content must be a string or a list of content parts")
 
 
@@ -196,7 +286,7 @@ def prompt_token_ids(body: dict[str, Any], chat: bool, tokenizer: Tokenizer) -> 
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("'messages' must be a non-empty list")
-        ids = tokenizer.encode(render_chat(messages))
+        ids = tokenizer.encode_chat(messages)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -209,6 +299,6 @@ def prompt_token_ids(body: dict[str, Any], chat: bool, tokenizer: Tokenizer) -> 
             raise ValueError("'prompt' must be a string, a list with one string, or a list of token ids")
     if not ids:
         raise ValueError("'prompt' cannot be empty")
-    if any(t < 0 for t in ids):
-        raise ValueError("'prompt' token ids must be non-negative")
+    if any(t < 0 or t >= tokenizer.vocab_size for t in ids):
+        raise ValueError(f"'prompt' token ids must lie in [0, {tokenizer.vocab_size}) (the model's vocabulary)")
     return ids

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from prfaas_core.tokens import Tokenizer, render_chat
+from prfaas_core.tokens import Tokenizer
 
 
 class BadRequest(ValueError):
@@ -78,7 +78,7 @@ def prompt_ids(body: CompletionBody | ChatBody, tokenizer: Tokenizer) -> list[in
     """The prompt's token ids (a chat is rendered by the template first)."""
     if isinstance(body, ChatBody):
         try:
-            ids = tokenizer.encode(render_chat(body.messages))
+            ids = tokenizer.encode_chat(body.messages)
         except ValueError as exc:
             raise BadRequest(f"messages: {exc}") from None
         return ids

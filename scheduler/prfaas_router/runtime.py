@@ -29,7 +29,9 @@ from prfaas_core.policy.routing import (
 )
 from prfaas_core.policy.threshold import ThresholdBounds, ThresholdDecision
 from prfaas_core.scale import ScaleSettings
-from prfaas_core.tokens import PrefixIndex, Tokenizer, build_tokenizer
+from prfaas_core.tokens import PrefixIndex, Tokenizer
+
+from .tokenizer import router_tokenizer
 
 
 def _profile(spec_hw: object, default: str) -> HardwareProfile:
@@ -85,7 +87,7 @@ def compile_config(config: RouterConfig) -> Compiled:
         links=links,
         remotes=tuple(config.remotes),
         bounds=ThresholdBounds(config.threshold_min_tokens, config.threshold_max_tokens),
-        tokenizer=build_tokenizer(config.routing.tokenizer),
+        tokenizer=router_tokenizer(config),
         scale=ScaleSettings(config.scale.time_scale, config.scale.byte_scale),
         prefill=tuple(e for e in config.endpoints if e.role == "prefill"),
         decode=tuple(e for e in config.endpoints if e.role == "decode"),

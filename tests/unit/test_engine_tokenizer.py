@@ -45,8 +45,10 @@ def test_chat_template_makes_earlier_turns_a_shared_prefix() -> None:
     assert two.startswith(one[: len(one) - len("<|assistant|>\n")])
 
 
-def test_content_parts_join_their_text_and_reject_garbage() -> None:
-    assert message_text([{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]) == "ab"
+def test_content_parts_join_their_text_with_newlines_and_reject_garbage() -> None:
+    # vLLM 0.32 (chat content format "string") joins a message's text parts with "\n"; real engines showed it
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
+    assert message_text(parts) == "a\nb"
     with pytest.raises(ValueError, match="string or a list"):
         message_text(42)
     with pytest.raises(ValueError, match="role"):

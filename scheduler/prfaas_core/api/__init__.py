@@ -5,7 +5,14 @@ from .common import DecisionRecord, GatewayEndpointSpec, KvTransportSpec, RoleRa
 from .gateway import GatewayStatus
 from .hardware import DecodeCapacitySpec, HardwareSpec, PrefillPolynomial, PrefillTimePoint, PrefillTimeSpec
 from .link import InterDCLink, InterDCLinkSpec, InterDCLinkStatus
-from .model_profile import MeasuredKvPoint, MeasuredKvTable, ModelArchitecture, ModelProfile, ModelProfileSpec
+from .model_profile import (
+    MeasuredKvPoint,
+    MeasuredKvTable,
+    ModelArchitecture,
+    ModelProfile,
+    ModelProfileSpec,
+    ModelTokenizerSpec,
+)
 from .pd_cluster import LongTermPolicySpec, PDCluster, PDClusterSpec, PDClusterStatus
 from .prefill_cluster import PrefillCluster, PrefillClusterSpec, PrefillClusterStatus
 from .resources import KINDS, KINDS_BY_NAME, ResourceKind
@@ -33,6 +40,7 @@ __all__ = [
     "ModelArchitecture",
     "ModelProfile",
     "ModelProfileSpec",
+    "ModelTokenizerSpec",
     "ObjectMeta",
     "PDCluster",
     "PDClusterSpec",

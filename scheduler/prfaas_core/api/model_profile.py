@@ -119,6 +119,25 @@ class MeasuredKvTable(ApiModel):
         return v
 
 
+class ModelTokenizerSpec(ApiModel):
+    """Where routers find the model's own tokenizer: files in a volume mounted into router and gateway pods
+    (real tokenizer.json files exceed a ConfigMap's 1 MiB)."""
+
+    file: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Path of tokenizer.json inside the router's tokenizer mount (the chart's "
+        "router.tokenizer.mountPath), e.g. /var/run/prfaas/tokenizer/tokenizer.json.",
+    )
+    chat_template_file: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="Path of the chat template (Jinja); default: chat_template.jinja beside the file, else "
+        "tokenizer_config.json's chat_template.",
+    )
+
+
 class ModelProfileSpec(ApiModel):
     """What the control plane needs to know about a model: its KV footprint."""
 
@@ -136,6 +155,9 @@ class ModelProfileSpec(ApiModel):
     )
     architecture: ModelArchitecture | None = Field(default=None, description="KV size from architecture.")
     measured: MeasuredKvTable | None = Field(default=None, description="KV size from measurements.")
+    tokenizer: ModelTokenizerSpec | None = Field(
+        default=None, description="The model's own tokenizer, for exact token counts in the routers."
+    )
 
 
 class ModelProfileStatus(ApiModel):

@@ -96,7 +96,9 @@ class RoutingParams(ApiModel):
         default=262_144, ge=1, le=1 << 26, description="Blocks the prefix index remembers per cluster (LRU)."
     )
     tokenizer: Literal["chars4", "whitespace"] = Field(
-        default="chars4", description="Token estimate used for uncached lengths (must match the engines')."
+        default="chars4",
+        description="Token estimate used only when no tokenizerFile is configured (the engines count with the "
+        "model's own tokenizer; an estimate makes uncached lengths approximate).",
     )
 
 
@@ -150,6 +152,21 @@ class RouterConfig(ApiModel):
         default=1 << 30, ge=0, description="Upper bound on t (above it nothing is offloaded)."
     )
     model: ModelProfileSpec = Field(description="KV model of the served model (for egress accounting).")
+    tokenizer_file: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="Path of the served model's tokenizer.json (a mounted volume; the ModelProfile's "
+        "tokenizer.file). Routers count tokens and hash prefixes with it, as the engines do; without it they "
+        "fall back to routing.tokenizer's estimate.",
+    )
+    chat_template_file: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="Path of the model's chat template (Jinja). Default: chat_template.jinja beside "
+        "tokenizerFile, else tokenizer_config.json's chat_template.",
+    )
     pd_hardware: HardwareSpec | None = Field(
         default=None, description="Hardware of the PD instances (prefill time for the in-cluster pick)."
     )
