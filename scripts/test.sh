@@ -8,6 +8,12 @@ if [ "${1:-}" = "--full" ]; then full=1; shift; fi
 scripts/setup.sh
 scripts/system-deps.sh
 scripts/helm-tools.sh >/dev/null   # a real helm binary for tests/integration/test_helm.py
+# the real-engine tier's vLLM environment and tiny model, outside the clone (cached; ~1.5 min the first time)
+if [ "${PRFAAS_SKIP_REAL:-0}" != 1 ]; then
+  if ! scripts/real-engines.sh >/dev/null; then
+    echo "test: real-engine setup failed; the real-engine tier will skip (or fail under PRFAAS_REQUIRE_REAL=1)" >&2
+  fi
+fi
 export PATH="$PWD/.venv/bin:$PATH"
 
 step() { printf '\n== %s\n' "$*"; }
@@ -18,7 +24,7 @@ step "import layering";        lint-imports
 step "generated CRDs";         prfaas crds --check --out crds
 step "pytest"
 if [ "$full" = 1 ]; then
-  PRFAAS_FULL=1 pytest "$@"
+  PRFAAS_FULL=1 pytest --durations=25 "$@"
 else
-  pytest -m "not slow" "$@"
+  pytest -m "not slow" --durations=25 "$@"
 fi

@@ -34,6 +34,8 @@ log = structlog.get_logger("prfaas.router")
 
 ROUTE_HEADER = "x-prfaas-route"
 """Response header naming the route a request took: local, remote or fallback."""
+PROMPT_TOKENS_HEADER = "x-prfaas-prompt-tokens"
+"""Response header: the prompt's tokens as the router counted them (the model's tokenizer, or the estimate)."""
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -189,7 +191,9 @@ class Proxy:
             rt.pd_index.insert(hashes, plan.prefill)
         prefilled = time.perf_counter() if kv is not None else None
         try:
-            response = await self._decode(request, plan, body, kv, request_id, route, started, remote_kv, prefilled)
+            response = await self._decode(
+                request, plan, body, kv, request_id, route, started, remote_kv, prefilled, prompt_tokens=len(ids)
+            )
         except LegError as exc:
             if remote is not None and remote_kv:
                 rt.breakers[remote.name] = rt.breakers[remote.name].on_failure(rt.clock(), c.breaker, str(exc))
@@ -203,7 +207,9 @@ class Proxy:
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
                 prefilled = time.perf_counter() if kv is not None else None
-                response = await self._decode(request, plan, body, kv, request_id, route, started, False, prefilled)
+                response = await self._decode(
+                    request, plan, body, kv, request_id, route, started, False, prefilled, prompt_tokens=len(ids)
+                )
             except LegError as again:
                 m.requests.labels(route, "error").inc()
                 return json_error(again.status, str(again), "upstream_error")
@@ -287,6 +293,7 @@ class Proxy:
         started: float,
         kv_crosses_link: bool = False,
         prefilled: float | None = None,
+        prompt_tokens: int = 0,
     ) -> web.StreamResponse:
         """The decode leg, streamed or not; ``prefilled`` is when the prefill leg returned the first token."""
         rt, m = self.rt, self.metrics
@@ -346,10 +353,18 @@ class Proxy:
                 m.e2e.labels(route).observe(time.perf_counter() - started)
                 m.requests.labels(route, "ok").inc()
                 return web.Response(
-                    body=data, status=200, content_type="application/json", headers={ROUTE_HEADER: route}
+                    body=data,
+                    status=200,
+                    content_type="application/json",
+                    headers={ROUTE_HEADER: route, PROMPT_TOKENS_HEADER: str(prompt_tokens)},
                 )
             out = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", ROUTE_HEADER: route}
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    ROUTE_HEADER: route,
+                    PROMPT_TOKENS_HEADER: str(prompt_tokens),
+                }
             )
             await out.prepare(request)
             first_at = last_at = time.perf_counter()

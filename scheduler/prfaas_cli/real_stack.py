@@ -1,0 +1,152 @@
+"""Our router and prefill gateway in front of real vLLM engines (the real-engine tier and its benchmark).
+
+Region A: a PrFaaS prefill engine behind the gateway (token-authenticated). Region B: PD prefill engines and a PD
+decode engine behind the router, which sends long requests to the gateway. The routers run as real processes
+(``prfaas router --config FILE``) reading the same RouterConfig contract the operator writes, with the model's
+own tokenizer (``tokenizerFile``) and the engines' KV block size as ``prefixBlockTokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .stack import free_port, spawn_process, stop_processes
+from .vllm_engines import BLOCK_SIZE, RealEngine, RealEnv
+
+PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
+TOKEN = "real-tier-token"
+LINK = "a-to-b"
+
+
+def tiny_model_profile(env: RealEnv) -> dict[str, Any]:
+    """The tiny model's ModelProfile spec: 2 full-attention layers, 2 KV heads of dim 32, bf16 (512 B/token)."""
+    return {
+        "servedModelName": env.served_model_name,
+        "architecture": {"fullAttentionLayers": 2, "kvHeads": 2, "headDim": 32, "kvDtype": "bf16"},
+        "tokenizer": {"file": env.tokenizer_file},
+    }
+
+
+@dataclass
+class RealStack:
+    """The gateway and router processes over a set of real engines."""
+
+    dir: Path
+    env: RealEnv
+    ports: dict[str, int] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    @property
+    def token_file(self) -> Path:
+        return self.dir / "gateway-token"
+
+    def gateway_config(self, prfaas: RealEngine, name: str = "prfaas") -> dict[str, Any]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.token_file.write_text(TOKEN + "\n")
+        return {
+            "pdCluster": name,
+            "mode": "gateway",
+            "thresholdMinTokens": 0,
+            "model": tiny_model_profile(self.env),
+            "tokenizerFile": self.env.tokenizer_file,
+            "endpoints": [{"name": prfaas.name, "url": prfaas.url, "role": "prefill"}],
+            "gateway": {"prefillCluster": name, "tokenFile": str(self.token_file)},
+            "routing": {"prefixBlockTokens": BLOCK_SIZE, "refreshIntervalSeconds": 0.5},
+        }
+
+    def router_config(
+        self,
+        prefill: list[RealEngine],
+        decode: list[RealEngine],
+        gateway: str | None,
+        threshold_min_tokens: int,
+        decode_urls: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """A router in front of ``prefill`` and ``decode`` engines (``decode_urls`` may put a proxy in front of
+        one), sending requests whose uncached length exceeds ``threshold_min_tokens`` to ``gateway``."""
+        urls = decode_urls or {}
+        endpoints = [{"name": e.name, "url": e.url, "role": "prefill"} for e in prefill]
+        endpoints += [{"name": e.name, "url": urls.get(e.name, e.url), "role": "decode"} for e in decode]
+        config: dict[str, Any] = {
+            "pdCluster": "pd",
+            "thresholdMinTokens": threshold_min_tokens,
+            "model": tiny_model_profile(self.env),
+            "tokenizerFile": self.env.tokenizer_file,
+            "endpoints": endpoints,
+            "links": [{"name": LINK, "capacityGbps": 100}],
+            "routing": {"prefixBlockTokens": BLOCK_SIZE, "refreshIntervalSeconds": 0.5, "breakerOpenSeconds": 3},
+            **extra,
+        }
+        if gateway is not None:
+            config["remotes"] = [
+                {
+                    "name": "prfaas",
+                    "url": self.url(gateway),
+                    "statusUrl": self.url(gateway) + "/status",
+                    "tokenFile": str(self.token_file),
+                    "link": LINK,
+                    "timeoutSeconds": 8,
+                }
+            ]
+        return config
+
+    def start_router(self, name: str, config: dict[str, Any]) -> str:
+        """Start ``prfaas router`` with ``config`` (no wait; see :meth:`wait_ready`); returns its base URL."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.configs[name] = config
+        path = self.dir / f"{name}.json"
+        path.write_text(json.dumps(config, indent=2))
+        self.ports[name] = free_port()
+        argv = [*PRFAAS, "router", "--config", str(path), "--port", str(self.ports[name])]
+        self.procs[name] = spawn_process(argv, self.dir / f"{name}.log", env={"NO_PROXY": "*"})
+        return self.url(name)
+
+    def write_config(self, name: str, config: dict[str, Any]) -> None:
+        """Replace a running router's configuration (atomically, as kubelet swaps a ConfigMap)."""
+        self.configs[name] = config
+        tmp = self.dir / f"{name}.json.tmp"
+        tmp.write_text(json.dumps(config, indent=2))
+        tmp.replace(self.dir / f"{name}.json")
+
+    def wait_ready(self, name: str, timeout_s: float = 120.0) -> None:
+        """Wait until ``name`` answers ``/ready`` 200 with every engine it fronts healthy."""
+        deadline = time.monotonic() + timeout_s
+        want = len(self.configs[name].get("endpoints", []))
+        last: object = None
+        while time.monotonic() < deadline:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                log = (self.dir / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"router {name} exited ({proc.returncode}):\n{log}")
+            try:
+                r = httpx.get(self.url(name) + "/ready", timeout=2)
+                last = r.text
+                body = r.json()
+                if r.status_code == 200 and body.get("healthy_engines", 0) >= want:
+                    return
+            except (httpx.HTTPError, ValueError) as exc:
+                last = exc
+            time.sleep(0.2)
+        raise RuntimeError(f"router {name} not ready after {timeout_s} s (last: {last!r})")
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            stop_processes([proc])
+
+    def close(self) -> None:
+        stop_processes(list(self.procs.values()))
+        self.procs.clear()

@@ -1,0 +1,257 @@
+"""Real vLLM engines on this machine: the CPU build and the seeded tiny model ``scripts/real-engines.sh`` makes.
+
+Used by the real-engine test tier (``tests/real``) and the benchmarks on real engines. ``scripts/real-engines.sh``
+sets up vLLM's own virtual environment and the model (idempotent; :meth:`RealEnv.prepare` runs it). Engines start
+only through the core's :func:`prfaas_core.engines.engine_launch`, each in a process group of its own (SIGKILL of
+vLLM's API server leaves its EngineCore running, so the whole group is ended), optionally inside a network
+namespace. Field references (``status.podIP``) resolve to the engine's address: 127.0.0.1, or the namespace's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from prfaas_core.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
+from prfaas_router.legs import PREFILL_KV_PARAMS
+
+from .stack import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SETUP = REPO / "scripts" / "real-engines.sh"
+BLOCK_SIZE = 128
+"""KV block size of CPU vLLM (the router's prefixBlockTokens on this tier)."""
+MAX_MODEL_LEN = 2048
+NIXL_PROGRESS_DELAY_US = "10000"
+"""NIXL's progress-thread poll delay (the vLLM environment's sitecustomize applies it) instead of busy-polling a
+core per agent. Measured here with four engines on 2 cores: 100 us starved the engines' start (none healthy in
+300 s), 1 ms gave first KV pulls of 8-30 s under load, 10 ms gave 1.5-3 s and 0.15-0.2 s decodes after."""
+START_TIMEOUT_S = 300.0
+"""Engines starting together on 2 busy cores take ~1 min; the deadline is generous, the wait is on /health."""
+
+
+class RealEnginesUnavailable(RuntimeError):
+    """The real-engine environment could not be set up here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class RealEnv:
+    """What ``scripts/real-engines.sh`` prepared."""
+
+    python: str
+    model: str
+    tokenizer_file: str
+    served_model_name: str
+    versions: dict[str, str]
+
+    @classmethod
+    def prepare(cls) -> RealEnv:
+        """Run the setup (idempotent: seconds when done before) and read its environment file."""
+        if not SETUP.exists():
+            raise RealEnginesUnavailable(f"{SETUP} is missing (real engines need a checkout of the repository)")
+        try:
+            done = subprocess.run(
+                ["bash", str(SETUP)], capture_output=True, text=True, timeout=1800, check=False, cwd=REPO
+            )
+        except subprocess.TimeoutExpired:
+            raise RealEnginesUnavailable("scripts/real-engines.sh did not finish in 30 min") from None
+        if done.returncode != 0:
+            raise RealEnginesUnavailable(f"scripts/real-engines.sh failed ({done.returncode}): {done.stderr[-2000:]}")
+        data = json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())
+        return cls(**data)
+
+
+def metric_values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Samples of ``name`` (a counter's ``_total`` sample included) by their sorted labels."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    base = name.removesuffix("_total")
+    for family in text_string_to_metric_families(text):
+        if family.name not in (name, base):
+            continue
+        for sample in family.samples:
+            if sample.name in (name, f"{base}_total") or (sample.name == base and family.type == "gauge"):
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+@dataclass
+class RealEngine:
+    """One running vLLM instance."""
+
+    name: str
+    spec: EngineSpec
+    launch: EngineLaunch
+    host: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    netns: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.spec.port}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def metrics_text(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of ``name``'s samples whose labels include ``labels``."""
+        total = 0.0
+        for key, value in metric_values(self.metrics_text(), name).items():
+            have = dict(key)
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += value
+        return total
+
+    def prompt_tokens_by_source(self) -> dict[str, float]:
+        """vLLM's ``prompt_tokens_by_source``: local_compute, local_cache_hit, external_kv_transfer."""
+        out: dict[str, float] = {}
+        for key, value in metric_values(self.metrics_text(), "vllm:prompt_tokens_by_source_total").items():
+            source = dict(key).get("source", "")
+            out[source] = out.get(source, 0.0) + value
+        return out
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the engine's whole process group (API server, EngineCore, workers)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+@dataclass
+class EnginePool:
+    """Starts real engines through :func:`engine_launch` and ends them (whole process groups)."""
+
+    env: RealEnv
+    log_dir: Path
+    engines: dict[str, RealEngine] = field(default_factory=dict)
+
+    def spec(self, role: str, **changes: object) -> EngineSpec:
+        """An EngineSpec for the tiny model on this tier (free ports, CPU KV buffer, CPU block size)."""
+        defaults: dict[str, object] = {
+            "role": role,
+            "model": self.env.model,
+            "served_model_name": self.env.served_model_name,
+            "port": free_port(),
+            "side_channel_port": free_port(),
+            "host": "127.0.0.1",
+            "block_size": BLOCK_SIZE,
+            "max_model_len": MAX_MODEL_LEN,
+            "enforce_eager": True,
+            "kv_buffer_device": "cpu",
+            "net_device": "lo",
+        }
+        defaults.update(changes)
+        return EngineSpec(**defaults)  # type: ignore[arg-type]
+
+    def start(self, name: str, spec: EngineSpec, netns: str | None = None, host: str = "127.0.0.1") -> RealEngine:
+        """Start ``spec``'s engine (no wait; see :meth:`wait_ready`)."""
+        if name in self.engines and self.engines[name].alive():
+            raise ValueError(f"engine {name} is already running")
+        launch = engine_launch(spec)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))},
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            # No core pinning: vLLM pins a worker (and so its NIXL progress thread) to its OpenMP core, and a
+            # prefill engine pinned to a decode engine's core then starves while that decode polls for the very
+            # KV it is pulling (pulls stalled 30 s and more). One passive OpenMP thread per engine instead.
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": "1",
+            "OMP_WAIT_POLICY": "PASSIVE",
+            "PRFAAS_NIXL_PROGRESS_DELAY_US": NIXL_PROGRESS_DELAY_US,
+            "NO_PROXY": "*",
+            **launch.resolved_env({POD_IP: host}),
+        }
+        argv = [self.env.python, *launch.command[1:], *launch.argv]
+        if netns is not None:
+            argv = ["ip", "netns", "exec", netns, *argv]
+        log = self.log_dir / f"{name}.log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
+        engine = RealEngine(name, spec, launch, host, proc, log, netns)
+        self.engines[name] = engine
+        return engine
+
+    def wait_ready(self, engines: Iterable[RealEngine], timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait until every engine answers /health 200; fail with its log's tail if one exits or times out."""
+        pending = list(engines)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            for engine in list(pending):
+                if not engine.alive():
+                    raise AssertionError(f"engine {engine.name} exited ({engine.proc.returncode}):\n{engine.tail()}")
+                try:
+                    if httpx.get(f"{engine.url}/health", timeout=2).status_code == 200:
+                        pending.remove(engine)
+                except httpx.HTTPError:
+                    pass
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(e.name for e in pending)
+                raise AssertionError(f"engines not healthy after {timeout_s} s: {names}\n{pending[0].tail()}")
+            if pending:
+                time.sleep(0.5)
+
+    def warm_up(self, prefill: RealEngine, decode: RealEngine, timeout_s: float = 120.0) -> float:
+        """One P/D exchange by hand from ``prefill`` to ``decode``, so that the pair's NIXL handshake (seconds on a
+        loaded machine, once per pair) happens here and not inside a measured request. Returns its seconds."""
+        started = time.monotonic()
+        body = {"model": self.env.served_model_name, "prompt": "warm up " * 40, "max_tokens": 1}
+        leg = {**body, "kv_transfer_params": dict(PREFILL_KV_PARAMS), "stream": False}
+        r = httpx.post(f"{prefill.url}/v1/completions", json=leg, timeout=timeout_s)
+        r.raise_for_status()
+        handle = r.json()["kv_transfer_params"]
+        r = httpx.post(f"{decode.url}/v1/completions", json={**body, "kv_transfer_params": handle}, timeout=timeout_s)
+        r.raise_for_status()
+        return time.monotonic() - started
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
+        """End ``name``'s process group (SIGTERM, then SIGKILL)."""
+        engine = self.engines.pop(name, None)
+        if engine is None:
+            return
+        engine.signal_group(sig)
+        try:
+            engine.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            engine.signal_group(signal.SIGKILL)
+            engine.proc.wait(timeout=timeout_s)
+        # the group's other members (EngineCore, workers) may outlive the API server: end them too
+        engine.signal_group(signal.SIGKILL)
+
+    def restart(self, name: str) -> RealEngine:
+        """Stop ``name`` (if running) and start it again with the same spec, waiting for /health."""
+        old = self.engines.get(name)
+        if old is None:
+            raise KeyError(name)
+        self.stop(name, signal.SIGKILL)
+        engine = self.start(name, old.spec, old.netns, old.host)
+        self.wait_ready([engine])
+        return engine
+
+    def close(self) -> None:
+        for name in list(self.engines):
+            self.stop(name)

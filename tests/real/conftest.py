@@ -1,0 +1,134 @@
+"""The real-engine tier's fixtures: one engine set for the whole tier (started once), our gateway and router in
+front of it, and helpers that read the engines' own counters.
+
+Engines (the tiny generated model, CPU vLLM, NixlConnector over UCX TCP on loopback):
+``prfaas`` (a PrFaaS prefill, behind the gateway), ``pdp0`` and ``pdp1`` (PD prefill: two, so that prefix-affinity
+assertions can fail), ``pdd`` (PD decode). About 10.5 GiB together.
+
+Every test here is marked ``real_engine``; without the environment the tier skips and says why, and under
+``PRFAAS_REQUIRE_REAL=1`` (``.ci/run`` sets it) it fails instead.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from prfaas_cli.real_stack import RealStack
+from prfaas_cli.vllm_engines import EnginePool, RealEngine, RealEnv
+from prfaas_router.tokenizer import load_model_tokenizer
+from support.real_engines import prepare_or_skip
+
+THRESHOLD_TOKENS = 768
+"""t_min of the tier's router: prompts above it (uncached) go to the PrFaaS engine."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.real_engine)
+
+
+@dataclass
+class Engines:
+    prfaas: RealEngine
+    pdp0: RealEngine
+    pdp1: RealEngine
+    pdd: RealEngine
+
+    @property
+    def pd_prefill(self) -> list[RealEngine]:
+        return [self.pdp0, self.pdp1]
+
+
+def counters(engines: Engines) -> dict[str, dict[str, float]]:
+    """Every engine's ``vllm:prompt_tokens_by_source`` (local_compute, local_cache_hit, external_kv_transfer)."""
+    return {e.name: e.prompt_tokens_by_source() for e in (engines.prfaas, engines.pdp0, engines.pdp1, engines.pdd)}
+
+
+def delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], name: str, source: str) -> float:
+    return after[name].get(source, 0.0) - before[name].get(source, 0.0)
+
+
+@pytest.fixture(scope="session")
+def real_env() -> RealEnv:
+    return prepare_or_skip()
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    """The one fixture that starts real engines (through engine_launch); every group ended at the end."""
+    pool = EnginePool(real_env, tmp_path_factory.mktemp("engines"))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def engines(vllm_pool: EnginePool) -> Engines:
+    started = Engines(
+        prfaas=vllm_pool.start("prfaas", vllm_pool.spec("prfaas-prefill")),
+        pdp0=vllm_pool.start("pdp0", vllm_pool.spec("pd-prefill")),
+        pdp1=vllm_pool.start("pdp1", vllm_pool.spec("pd-prefill")),
+        pdd=vllm_pool.start("pdd", vllm_pool.spec("pd-decode")),
+    )
+    vllm_pool.wait_ready([started.prfaas, started.pdp0, started.pdp1, started.pdd])
+    for producer in (started.prfaas, started.pdp0, started.pdp1):
+        vllm_pool.warm_up(producer, started.pdd)
+    return started
+
+
+def current(pool: EnginePool, engines: Engines) -> Engines:
+    """The engine set as it runs now (a fault test restarts engines: new processes, same names and ports)."""
+    return Engines(*(pool.engines[n] for n in ("prfaas", "pdp0", "pdp1", "pdd")))
+
+
+@pytest.fixture(scope="session")
+def stack(engines: Engines, real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
+    """The gateway (token-authenticated) in front of ``prfaas``; the router in front of pdp0, pdp1 and pdd."""
+    st = RealStack(tmp_path_factory.mktemp("stack"), real_env)
+    try:
+        st.start_router("gateway", st.gateway_config(engines.prfaas))
+        st.wait_ready("gateway")
+        st.start_router("router", st.router_config(engines.pd_prefill, [engines.pdd], "gateway", THRESHOLD_TOKENS))
+        st.wait_ready("router")
+        yield st
+    finally:
+        st.close()
+
+
+class Prompts:
+    """Prompts of fresh random words (no prefix-cache hits between tests), sized in the model's own tokens."""
+
+    SYLLABLES: ClassVar[list[str]] = [a + b for a in "bdfgklmnprstvz" for b in "aeiou"]
+
+    def __init__(self, env: RealEnv, seed: int | None = None) -> None:
+        self.rng = random.Random(seed)
+        self.tokenizer = load_model_tokenizer(env.tokenizer_file)
+
+    def word(self) -> str:
+        return "".join(self.rng.choice(self.SYLLABLES) for _ in range(self.rng.randint(1, 3)))
+
+    def text(self, tokens: int) -> str:
+        """A text of about ``tokens`` tokens (within a word of it, never more)."""
+        words: list[str] = []
+        while True:
+            candidate = " ".join([*words, self.word()])
+            if len(self.tokenizer.encode(candidate)) > tokens:
+                return " ".join(words)
+            words.append(candidate.rsplit(" ", 1)[-1])
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+
+@pytest.fixture
+def prompts(real_env: RealEnv) -> Prompts:
+    return Prompts(real_env)

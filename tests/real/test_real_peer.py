@@ -1,0 +1,68 @@
+"""A peer check on the same real engines: vllm-router 0.1.17 in PD mode gives the same answers as our router (and
+as a single instance), and its KV crosses by NIXL too."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import Engines, Prompts, counters, delta
+from prfaas_cli.real_stack import RealStack
+from prfaas_cli.stack import free_port, spawn_process, stop_processes
+from prfaas_cli.vllm_engines import RealEnv
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def vllm_router(engines: Engines, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    argv = [
+        str(BIN / "vllm-router"), "--vllm-pd-disaggregation", "--prefill", engines.pdp0.url,
+        "--decode", engines.pdd.url, "--kv-connector", "nixl", "--host", "127.0.0.1", "--port", str(port),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
+    ]  # fmt: skip
+    proc = spawn_process(argv, tmp_path / "vllm-router.log", env={"NO_PROXY": "*"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "vllm-router.log").read_text()[-2000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "vllm-router did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        stop_processes([proc])
+
+
+def _answer(url: str, env: RealEnv, prompt: str) -> httpx.Response:
+    body = {"model": env.served_model_name, "prompt": prompt, "max_tokens": 20, "temperature": 0}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_vllm_router_pd_mode_gives_the_same_answers(
+    vllm_router: str, stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+) -> None:
+    for tokens in (300, 1400):
+        prompt = prompts.text(tokens)
+        before = counters(engines)
+        peer = _answer(vllm_router, real_env, prompt).json()
+        after = counters(engines)
+        n = peer["usage"]["prompt_tokens"]
+        assert delta(before, after, "pdp0", "local_compute") == n  # the peer prefilled on its prefill engine
+        assert delta(before, after, "pdd", "external_kv_transfer") == n  # and the decode pulled it all
+        ours = _answer(stack.url("router"), real_env, prompt).json()
+        assert ours["choices"][0]["text"] == peer["choices"][0]["text"]
+        assert ours["usage"] == peer["usage"]
