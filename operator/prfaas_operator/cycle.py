@@ -149,14 +149,12 @@ class Cycle:
         snap: Snapshot | None = None
         if pd_due or link_due or pfc_due:
             due_pds = [e for e in pds if e.key in pd_due]
-            for e in due_pds:
-                self.pd.runtime(e)  # so links can find the inputs once the PD has run
             managed = {self.config.prometheus_url for e in pfcs if e.key in pfc_due and e.model.spec.mode == "Managed"}
             t0 = time.perf_counter()
             snap = await self.collector.collect(
                 now_s,
                 [self.pd.query(e) for e in due_pds],
-                [self.link.query(e) for e in links if e.key in link_due and self.link._problem(e) is None],
+                [self.link.query(e) for e in links if e.key in link_due and self.link.problem(e) is None],
                 managed,
             )
             self.last_snapshot = snap
@@ -170,14 +168,14 @@ class Cycle:
             lambda e: self.prefill.reconcile(e, snap, now_s, e.key in pfc_due),
         )
         phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-        self.pd.index_links()
+        self.pd.links.build()
         try:
             await self._each(
                 [e for e in pds if e.key in pd_due or is_dirty(e)],
                 lambda e: self.pd.reconcile(e, snap, now_s, e.key in pd_due),
             )
         finally:
-            self.pd.drop_links_index()
+            self.pd.links.drop()
         phases["pd_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
         for key in link_due:
             self.link.next_due[key] = now_s + self.config.link_period_s

@@ -103,6 +103,8 @@ class LoopDecision:
     """The ``t`` in force: ``t_min`` raised to the scarce links' floors, or the pin."""
     bounds: ThresholdBounds
     """The bounds published to the routers."""
+    published_min_tokens: int | None
+    """The lower bound as status shows it: the pin, else ``t_min`` (None before ``t_min`` is known)."""
     record: DecisionRecord | None
     recorded: bool
     """Whether ``record`` entered the history."""
@@ -259,6 +261,7 @@ def step(tick: LoopTick) -> LoopDecision:
             threshold_min_tokens=persisted_t_min,
             threshold_tokens=threshold_in_force(persisted_t_min, _floors(tick), override_t),
             bounds=published_bounds(persisted_t_min, override_t),
+            published_min_tokens=override_t if override_t is not None else persisted_t_min,
             record=None,
             recorded=False,
             announce=False,
@@ -296,6 +299,7 @@ def step(tick: LoopTick) -> LoopDecision:
         threshold_min_tokens=t_min,
         threshold_tokens=t_in_force,
         bounds=published_bounds(t_min, override_t),
+        published_min_tokens=override_t if override_t is not None else t_min,
         record=record,
         recorded=recorded,
         announce=acts and not repeated,

@@ -86,7 +86,8 @@ def published_bounds(t_min: int | None, override: int | None) -> ThresholdBounds
     pressure themselves), or ``[pin, pin]`` when the SRE pins ``t`` (routers stop adapting it)."""
     if override is not None:
         return ThresholdBounds(override, override)
-    return ThresholdBounds(t_min if t_min is not None else 0)
+    lo = t_min if t_min is not None else 0
+    return ThresholdBounds(lo, max(lo, T_MAX_TOKENS))
 
 
 def decide_threshold(

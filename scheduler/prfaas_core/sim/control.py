@@ -8,11 +8,11 @@ arrival rate over ``observeWindowSeconds`` (default 300 s: a one-minute window h
 case study's rates, and the model ratio and ``t_min`` computed from so few swing by ±15 % on a stationary
 workload).
 
-*Apply* (the effects, unless dry-run): ``drain`` sets the instance's draining flag (the pickers send it no new work; its queue and
-streams finish); ``flip`` gives it the new role (after ``flipDelaySeconds`` of warm-up). A flip forced by
-the drain timeout re-dispatches the work that had not started (prefill jobs, waiting streams) — nothing is
-dropped; work already running finishes where it is. ``t_min`` published with the decision becomes the
-threshold policy's lower bound.
+*Apply* (the effects, unless dry-run): ``drain`` sets the instance's draining flag (the pickers send it no
+new work; its queue and streams finish); ``flip`` gives it the new role (after ``flipDelaySeconds`` of
+warm-up). A flip forced by the drain timeout re-dispatches the work that had not started (prefill jobs,
+waiting streams) — nothing is dropped; work already running finishes where it is. ``t_min`` published
+with the decision becomes the threshold policy's lower bound.
 """
 
 from __future__ import annotations

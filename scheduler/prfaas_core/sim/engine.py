@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..names import GBPS_BITS
+from ..policy import loop as long_term
 from ..policy.link import EgressLedger, LinkParams, LinkState, next_link_state
-from ..policy.loop import LoopState, LoopTick, step
 from ..policy.routing import (
     InstanceView,
     RouteRequest,
@@ -114,7 +114,7 @@ class Simulation:
         self.threshold_reason = "initial t = t_min"
         self.window: deque[tuple[float, int]] = deque()
         self.control = SimControl(self)
-        self.loop_state: LoopState | None = LoopState() if config.live_roles else None
+        self.loop_state: long_term.LoopState | None = long_term.LoopState() if config.live_roles else None
         self.result = RunResult(config.name, duration_s, len(requests))
         self.series = self.result.series
         self.arrived = 0
@@ -441,7 +441,7 @@ class Simulation:
         now = self.events.now_s
         if now >= self.duration_s and self.arrived == self.completed:
             return
-        tick = LoopTick(
+        tick = long_term.LoopTick(
             now,
             self.cfg.role_params,
             self.cfg.inputs,
@@ -450,7 +450,7 @@ class Simulation:
             threshold_tokens=float(self.t),
             history_limit=100,
         )
-        decision = step(tick)
+        decision = long_term.step(tick)
         self.control.apply(decision, now)
         self.loop_state = decision.state
         self.events.at(max(decision.next_due_s, now + 1e-3), self._run_loop, None)
