@@ -21,7 +21,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..policy.loop import LoopDecision
-from ..policy.roles import InstanceState, Role, RoleObservation, StageLoad
+from ..policy.roles import InstanceState, Role, RoleDecision, RoleObservation, StageLoad
 from ..workload import EmpiricalDistribution
 from .results import RoleEvent
 
@@ -126,12 +126,7 @@ class SimControl:
         if d is None:
             return
         if decision.act:
-            for name in d.drain:
-                sim.by_name[name].draining = True
-            for name, role in d.flip:
-                self._flip(sim.by_name[name], role, now_s)
-            if d.flip:
-                sim.result.flips += 1
+            self.carry_out(d, now_s)
             if decision.threshold_min_tokens is not None:
                 sim.t_min = decision.threshold_min_tokens
                 if not sim.cfg.live_threshold:
@@ -140,6 +135,16 @@ class SimControl:
             sim.result.role_events.append(
                 RoleEvent(now_s, d.action, d.reason, d.prefill_to, d.decode_to, decision.threshold_min_tokens)
             )
+
+    def carry_out(self, d: RoleDecision, now_s: float) -> None:
+        """The role effects: drain, then flip (counted once per flipping decision)."""
+        sim = self.sim
+        for name in d.drain:
+            sim.by_name[name].draining = True
+        for name, role in d.flip:
+            self._flip(sim.by_name[name], role, now_s)
+        if d.flip:
+            sim.result.flips += 1
 
     def _flip(self, inst: Instance, role: Role, now_s: float) -> None:
         sim = self.sim
