@@ -54,6 +54,22 @@ class PDRuntime:
     """The lower bound on ``t`` last published (what the links' floors are computed at)."""
 
 
+@dataclass(frozen=True)
+class PDCycle:
+    """One cycle's context: the cluster, what it refers to, this tick's snapshot and clock, its status as read
+    at the start, the policy, its pods before the effects."""
+
+    entry: Entry
+    refs: Refs
+    inputs: PlanInputs
+    snap: Snapshot | None
+    status: PDClusterStatus
+    params: RolePolicyParams
+    pods: list[JsonDict]
+    now_s: float
+    log: Any
+
+
 class PDClusterReconciler:
     def __init__(
         self,
@@ -195,19 +211,19 @@ class PDClusterReconciler:
     ) -> None:
         """One long-term cycle: gather, decide, carry out, report."""
         params = RolePolicyParams.from_spec(entry.model.spec)
-        pods = self._pods(entry)
         gen = entry.generation
         conds = set_condition(conds, "Ready", True, "Reconciled", "spec valid and references resolved", now_s, gen)
-        tick, why = self._gather(entry, refs, inputs, snap, status, params, pods, now_s)
+        c = PDCycle(entry, refs, inputs, snap, status, params, self._pods(entry), now_s, log)
+        tick, why = self._gather(c)
         decision = await asyncio.to_thread(step, tick)  # CPU-bound core; keep the event loop free
         rt = self.runtime(entry)
         if decision.roles is None:
-            await self._hold(entry, refs, pods, decision, conds, why or "", now_s, log)
-        elif not await self._carry_out(entry, decision, conds, now_s, log):
+            await self._hold(c, decision, conds, why or "")
+        elif not await self._carry_out(c, decision, conds):
             rt.next_due_s, rt.polling = decision.retry_s(params), True
             return
         else:
-            await self._report(entry, refs, decision, params, conds, now_s, log)
+            await self._report(c, decision, conds)
         rt.verdict, rt.streak = decision.state.roles.verdict, decision.state.roles.streak
         rt.last_run_s = decision.state.last_run_s
         rt.next_due_s, rt.polling = decision.next_due_s, decision.polling
@@ -218,43 +234,33 @@ class PDClusterReconciler:
         pods = self.world.pods_of(entry.namespace, LABEL_PD_CLUSTER, entry.name)
         return [p for p in pods if not podlib.retired(p)]
 
-    def _gather(
-        self,
-        entry: Entry,
-        refs: Refs,
-        inputs: PlanInputs,
-        snap: Snapshot | None,
-        status: PDClusterStatus,
-        params: RolePolicyParams,
-        pods: list[JsonDict],
-        now_s: float,
-    ) -> tuple[LoopTick, str | None]:
+    def _gather(self, c: PDCycle) -> tuple[LoopTick, str | None]:
         """The tick's input, and why there is no observation (when there is none)."""
-        pd: PDCluster = entry.model
-        rt = self.runtime(entry)
-        state = podlib.restore_state(pods, status, rt.verdict, rt.streak, rt.last_run_s, now_s)
-        unassigned = podlib.unassigned(pods) if pd.spec.role_assignment.mode == "Relabel" else ()
+        pd: PDCluster = c.entry.model
+        rt = self.runtime(c.entry)
+        state = podlib.restore_state(c.pods, c.status, rt.verdict, rt.streak, rt.last_run_s, c.now_s)
+        unassigned = podlib.unassigned(c.pods) if pd.spec.role_assignment.mode == "Relabel" else ()
         why: str | None = None
         if unassigned:  # first roles need no metrics: the instances serve nothing yet
-            obs: RoleObservation | None = RoleObservation(podlib.instances(pods))
+            obs: RoleObservation | None = RoleObservation(podlib.instances(c.pods))
         else:
-            ns = entry.namespace or "default"
+            ns = c.entry.namespace or "default"
             metrics, why = (
                 (None, "no Prometheus snapshot this cycle")
-                if snap is None
-                else snap.for_cluster((ns, entry.name), self.prometheus_url(entry))
+                if c.snap is None
+                else c.snap.for_cluster((ns, c.entry.name), self.prometheus_url(c.entry))
             )
-            prefill_status = [e.read_status(PrefillClusterStatus) for e in refs.prefill_entries.values()]
-            obs = None if metrics is None else podlib.observation(pods, metrics, prefill_status)
+            prefill_status = [e.read_status(PrefillClusterStatus) for e in c.refs.prefill_entries.values()]
+            obs = None if metrics is None else podlib.observation(c.pods, metrics, prefill_status)
         scarce = []
-        for link in refs.link_entries:
+        for link in c.refs.link_entries:
             st = link.read_status(InterDCLinkStatus)
             if st.state == "Scarce" and st.measured_egress_gbps is not None:
                 scarce.append(ScarceLink(link_params(link.model), st.measured_egress_gbps))
         tick = LoopTick(
-            now_s,
-            params,
-            inputs,
+            c.now_s,
+            c.params,
+            c.inputs,
             state,
             obs,
             unassigned=unassigned,
@@ -264,78 +270,56 @@ class PDClusterReconciler:
         )
         return tick, why
 
-    async def _carry_out(
-        self, entry: Entry, decision: LoopDecision, conds: list[Condition], now_s: float, log: Any
-    ) -> bool:
+    async def _carry_out(self, c: PDCycle, decision: LoopDecision, conds: list[Condition]) -> bool:
         """The decision's effects on the pods and workloads; False (and Degraded) when the API refused them."""
         if not decision.act or decision.roles is None:
             return True
-        pd: PDCluster = entry.model
         if decision.assign:
-            await self.actuator.assign(entry.namespace or "default", decision.assign)
+            await self.actuator.assign(c.entry.namespace or "default", decision.assign)
             return True
         try:
-            await self.actuator.apply(pd, decision.roles, now_s)
+            await self.actuator.apply(c.entry.model, decision.roles, c.now_s)
         except ApiError as exc:
-            action = decision.roles.action
-            conds = set_condition(
-                conds, "Degraded", True, "ActuationFailed", f"{action}: {exc}", now_s, entry.generation
-            )
-            await self.writer.write(entry, PDClusterStatus(conditions=conds))
-            log.error("actuation failed", action=action, error=str(exc))
+            action, gen = decision.roles.action, c.entry.generation
+            conds = set_condition(conds, "Degraded", True, "ActuationFailed", f"{action}: {exc}", c.now_s, gen)
+            await self.writer.write(c.entry, PDClusterStatus(conditions=conds))
+            c.log.error("actuation failed", action=action, error=str(exc))
             return False
         return True
 
-    async def _hold(
-        self,
-        entry: Entry,
-        refs: Refs,
-        pods: list[JsonDict],
-        decision: LoopDecision,
-        conds: list[Condition],
-        why: str,
-        now_s: float,
-        log: Any,
-    ) -> None:
+    async def _hold(self, c: PDCycle, decision: LoopDecision, conds: list[Condition], why: str) -> None:
         """No observation this cycle: Degraded with the reason, the last bounds published again, no decision."""
         kind = "PrometheusUnavailable" if "failed" in why else "PrometheusNoData"
         self.metrics.prometheus_errors.labels(reason=kind).inc()
         message = f"{why}; holding the last decision, no flips until metrics return"
-        conds = set_condition(conds, "Degraded", True, kind, message, now_s, entry.generation)
-        if await self.writer.write(entry, PDClusterStatus(observed_generation=entry.generation, conditions=conds)):
-            log.warning("holding: no metrics", reason=kind, message=why)
-        await self._publish(entry, refs, pods, decision)
+        gen = c.entry.generation
+        conds = set_condition(conds, "Degraded", True, kind, message, c.now_s, gen)
+        if await self.writer.write(c.entry, PDClusterStatus(observed_generation=gen, conditions=conds)):
+            c.log.warning("holding: no metrics", reason=kind, message=why)
+        await self._publish(c, c.pods, decision)
 
-    async def _publish(self, entry: Entry, refs: Refs, pods: list[JsonDict], decision: LoopDecision) -> str | None:
+    async def _publish(self, c: PDCycle, pods: list[JsonDict], decision: LoopDecision) -> str | None:
         """The routers' config with the decision's bounds on ``t``; None when the write failed (logged)."""
+        refs = c.refs
         config = router_config.build(
-            entry.model, pods, refs.profile.spec, refs.links, refs.prefill_clusters, decision.bounds
+            c.entry.model, pods, refs.profile.spec, refs.links, refs.prefill_clusters, decision.bounds
         )
         try:
-            return await self.publisher.publish(entry.body, config)
+            return await self.publisher.publish(c.entry.body, config)
         except ApiError as exc:
-            logger(KIND_PD_CLUSTER, entry.namespace, entry.name).error("router config not published", error=str(exc))
+            c.log.error("router config not published", error=str(exc))
             return None
 
-    async def _report(
-        self,
-        entry: Entry,
-        refs: Refs,
-        decision: LoopDecision,
-        params: RolePolicyParams,
-        conds: list[Condition],
-        now_s: float,
-        log: Any,
-    ) -> None:
+    async def _report(self, c: PDCycle, decision: LoopDecision, conds: list[Condition]) -> None:
         """Publish, write the status, count, announce and log a cycle that decided something."""
         assert decision.roles is not None and decision.record is not None
-        d, reason = decision.roles, decision.record.reason
+        entry, d, reason = c.entry, decision.roles, decision.record.reason
         pods = self._pods(entry)  # after the effects
-        cm = await self._publish(entry, refs, pods, decision)
+        cm = await self._publish(c, pods, decision)
         scaled = await self.actuator.scale_counts(entry.model)  # Scale mode: the workloads' replicas (two GETs)
-        utilization = refs.link_entries[0].read_status(InterDCLinkStatus).utilization_percent
+        utilization = c.refs.link_entries[0].read_status(InterDCLinkStatus).utilization_percent
         observed = Observed(pods, scaled, cm, utilization)
-        await self.writer.write(entry, compose(decision, params, observed, conds, now_s, entry.generation))
+        await self.writer.write(entry, compose(decision, c.params, observed, conds, c.now_s, entry.generation))
         ns, kind = entry.namespace or "default", reason_kind(reason)
         self.metrics.decisions.labels(action=d.action, reason_kind=kind, namespace=ns, pd_cluster=entry.name).inc()
         for role in podlib.ROLES:
@@ -343,9 +327,9 @@ class PDClusterReconciler:
                 podlib.counts(pods, role)[0]
             )
         if decision.announce:
-            await post_event(self.api, entry.body, "Normal", d.action, reason, now_s)
+            await post_event(self.api, entry.body, "Normal", d.action, reason, c.now_s)
         acted = d.action not in ("Hold", "Suspended")
-        (log.info if acted else log.debug)(
+        (c.log.info if acted else c.log.debug)(
             "decision",
             action=d.action,
             reason=reason,
@@ -353,7 +337,7 @@ class PDClusterReconciler:
             prefill=f"{d.prefill_from}->{d.prefill_to}",
             decode=f"{d.decode_from}->{d.decode_to}",
             threshold_tokens=decision.threshold_tokens,
-            dry_run=params.dry_run,
+            dry_run=c.params.dry_run,
         )
 
 
