@@ -21,6 +21,7 @@ import cProfile
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from prfaas_core.names import KIND_INTER_DC_LINK, KIND_MODEL_PROFILE, KIND_PD_CLUSTER, KIND_PREFILL_CLUSTER
 
@@ -36,6 +37,22 @@ from .pd_cluster import PDClusterReconciler
 from .prefill_cluster import PrefillClusterReconciler
 from .registry import Entry, Key, World
 from .writer import StatusWriter
+
+
+@dataclass(frozen=True)
+class Due:
+    """One tick's objects by kind, and the keys of those whose periodic work is due."""
+
+    pfcs: list[Entry]
+    links: list[Entry]
+    pds: list[Entry]
+    pfc: set[Key]
+    link: set[Key]
+    pd: set[Key]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.pfc or self.link or self.pd)
 
 
 class Cycle:
@@ -111,28 +128,36 @@ class Cycle:
         await asyncio.gather(*(one(e) for e in entries))
 
     async def tick(self, now_s: float) -> Snapshot | None:
+        """One tick: what is due, one collection for it, the reconciles (each kind reads only what the others
+        published, so their order matters for nothing but freshness), one ``cycle`` log line."""
         started = time.perf_counter()
         calls, writes = self.api.calls, self.writer.writes
         phases: dict[str, float] = {}
         dirty, self.dirty = self.dirty, set()
-        w = self.world
-
-        def is_dirty(e: Entry) -> bool:
-            return (e.kind, e.key) in dirty
-
         await self._each(
-            [e for e in w.all(KIND_MODEL_PROFILE) if is_dirty(e)],
+            [e for e in self.world.all(KIND_MODEL_PROFILE) if (e.kind, e.key) in dirty],
             lambda e: model_profile.reconcile(self.api, self.writer, e, now_s),
         )
+        due = self._due(now_s)
+        snap: Snapshot | None = None
+        if due.any:
+            t0 = time.perf_counter()
+            snap = await self._collect(now_s, due)
+            phases["collect_s"] = time.perf_counter() - t0
+        await self._reconcile(now_s, due, dirty, snap, phases)
+        if snap is not None:
+            self._report(due, snap, started, self.api.calls - calls, self.writer.writes - writes, phases)
+        return snap
 
-        pfcs = list(w.all(KIND_PREFILL_CLUSTER))
-        links = list(w.all(KIND_INTER_DC_LINK))
+    def _due(self, now_s: float) -> Due:
+        """What runs this tick. Objects of one kind due within half their period join a run of that kind that
+        happens anyway, so that groups that came (or failed) at different times fall into step (any two groups
+        merge within one period) and share one collection instead of each running its own tick. A PD cluster's
+        drain poll (every few seconds while it drains) neither pulls others nor is pulled early."""
+        w = self.world
+        pfcs, links = list(w.all(KIND_PREFILL_CLUSTER)), list(w.all(KIND_INTER_DC_LINK))
         pds = list(w.all(KIND_PD_CLUSTER))
 
-        # Objects of one kind due within half their period join a run of that kind that happens anyway, so that
-        # groups that came (or failed) at different times fall into step (any two groups merge within one
-        # period) and share one collection instead of each running its own tick. A PD cluster's drain poll
-        # (every few seconds while it drains) neither pulls others nor is pulled early.
         def soon(next_due: dict[Key, float], entries: list[Entry], period_s: float) -> set[Key]:
             ok = [e for e in entries if e.valid and not e.paused]
             due = {e.key for e in ok if next_due.get(e.key, 0.0) <= now_s}
@@ -140,65 +165,69 @@ class Cycle:
                 due |= {e.key for e in ok if next_due.get(e.key, 0.0) <= now_s + self.coalesce * period_s}
             return due
 
-        pfc_due = soon(self.prefill.next_due, pfcs, self.config.gateway_period_s)
-        link_due = soon(self.link.next_due, links, self.config.link_period_s)
         pd_due = {e.key for e in pds if self.pd.due(e, now_s)}
         if any(self.pd.period_run(e) for e in pds if e.key in pd_due):
             pd_due |= {e.key for e in pds if self.pd.due(e, now_s, self.coalesce)}
+        return Due(
+            pfcs,
+            links,
+            pds,
+            soon(self.prefill.next_due, pfcs, self.config.gateway_period_s),
+            soon(self.link.next_due, links, self.config.link_period_s),
+            pd_due,
+        )
 
-        snap: Snapshot | None = None
-        if pd_due or link_due or pfc_due:
-            due_pds = [e for e in pds if e.key in pd_due]
-            for e in due_pds:
-                self.pd.runtime(e)  # so links can find the inputs once the PD has run
-            managed = {self.config.prometheus_url for e in pfcs if e.key in pfc_due and e.model.spec.mode == "Managed"}
-            t0 = time.perf_counter()
-            snap = await self.collector.collect(
-                now_s,
-                [self.pd.query(e) for e in due_pds],
-                [self.link.query(e) for e in links if e.key in link_due and self.link._problem(e) is None],
-                managed,
-            )
-            self.last_snapshot = snap
-            phases["collect_s"] = time.perf_counter() - t0
+    async def _collect(self, now_s: float, due: Due) -> Snapshot:
+        """One Prometheus collection for everything due."""
+        managed = {self.config.prometheus_url for e in due.pfcs if e.key in due.pfc and e.model.spec.mode == "Managed"}
+        snap = await self.collector.collect(
+            now_s,
+            [self.pd.query(e) for e in due.pds if e.key in due.pd],
+            [self.link.query(e) for e in due.links if e.key in due.link and self.link.problem(e) is None],
+            managed,
+        )
+        self.last_snapshot = snap
+        return snap
 
-        for key in pfc_due:
+    async def _reconcile(
+        self, now_s: float, due: Due, dirty: set[tuple[str, Key]], snap: Snapshot | None, phases: dict[str, float]
+    ) -> None:
+        """Each kind's due and dirty objects (a dirty one that is not due gets its spec-level status only)."""
+
+        def todo(entries: list[Entry], keys: set[Key]) -> list[Entry]:
+            return [e for e in entries if e.key in keys or (e.kind, e.key) in dirty]
+
+        for key in due.pfc:
             self.prefill.next_due[key] = now_s + self.config.gateway_period_s
         t0 = time.perf_counter()
-        await self._each(
-            [e for e in pfcs if e.key in pfc_due or is_dirty(e)],
-            lambda e: self.prefill.reconcile(e, snap, now_s, e.key in pfc_due),
-        )
+        await self._each(todo(due.pfcs, due.pfc), lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc))
         phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-        self.pd.index_links()
+        self.pd.links.build()
         try:
-            await self._each(
-                [e for e in pds if e.key in pd_due or is_dirty(e)],
-                lambda e: self.pd.reconcile(e, snap, now_s, e.key in pd_due),
-            )
+            await self._each(todo(due.pds, due.pd), lambda e: self.pd.reconcile(e, snap, now_s, e.key in due.pd))
         finally:
-            self.pd.drop_links_index()
+            self.pd.links.drop()
         phases["pd_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-        for key in link_due:
+        for key in due.link:
             self.link.next_due[key] = now_s + self.config.link_period_s
-        await self._each(
-            [e for e in links if e.key in link_due or is_dirty(e)],
-            lambda e: self.link.reconcile(e, snap, now_s, e.key in link_due),
-        )
+        await self._each(todo(due.links, due.link), lambda e: self.link.reconcile(e, snap, now_s, e.key in due.link))
         phases["links_s"] = time.perf_counter() - t0
-        if snap is not None:
-            self.cycles += 1
-            self.metrics.prometheus_queries.inc(snap.queries)
-            self.metrics.cycle_seconds.observe(time.perf_counter() - started)
-            self.log.info(  # one line per cycle (not per object): what it covered and what it cost
-                "cycle",
-                pd_clusters=len(pd_due),
-                links=len(link_due),
-                prefill_clusters=len(pfc_due),
-                queries=snap.queries,
-                api_calls=self.api.calls - calls,
-                status_writes=self.writer.writes - writes,
-                seconds=round(time.perf_counter() - started, 3),
-                **{k: round(v, 3) for k, v in phases.items()},
-            )
-        return snap
+
+    def _report(
+        self, due: Due, snap: Snapshot, started: float, api_calls: int, writes: int, phases: dict[str, float]
+    ) -> None:
+        """One line per cycle (not per object): what it covered and what it cost."""
+        self.cycles += 1
+        self.metrics.prometheus_queries.inc(snap.queries)
+        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        self.log.info(
+            "cycle",
+            pd_clusters=len(due.pd),
+            links=len(due.link),
+            prefill_clusters=len(due.pfc),
+            queries=snap.queries,
+            api_calls=api_calls,
+            status_writes=writes,
+            seconds=round(time.perf_counter() - started, 3),
+            **{k: round(v, 3) for k, v in phases.items()},
+        )

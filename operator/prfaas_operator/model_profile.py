@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 from prfaas_core.api import ModelProfile
+from prfaas_core.api.model_profile import ModelProfileStatus
 from prfaas_core.kv import KvModelError, kv_model_from_profile
 from prfaas_core.names import KIND_MODEL_PROFILE
 
-from .kube import JsonDict, KubeApi
+from .kube import KubeApi
 from .logs import logger
 from .registry import Entry
-from .status import get_condition, post_event, set_condition
+from .status import changed_reason, get_condition, post_event, set_condition
 from .writer import StatusWriter
 
 
 async def reconcile(api: KubeApi, writer: StatusWriter, entry: Entry, now_s: float) -> None:
     log = logger(KIND_MODEL_PROFILE, None, entry.name)
     gen = entry.generation
-    conds: list[JsonDict] = list(entry.status.get("conditions") or [])
+    conds = entry.read_status(ModelProfileStatus).conditions
     if entry.paused:
         conds = set_condition(conds, "Paused", True, "PausedByAnnotation", "reconciliation is paused", now_s, gen)
-        await writer.write(entry, {"conditions": conds})
+        await writer.write(entry, ModelProfileStatus(conditions=conds))
         return
     reason, message = "", ""
-    status: JsonDict = {"observedGeneration": gen}
+    derived: dict[str, float] = {}
     if not entry.valid:
         reason, message = "InvalidSpec", "; ".join(entry.problems)
     else:
@@ -32,15 +33,13 @@ async def reconcile(api: KubeApi, writer: StatusWriter, entry: Entry, now_s: flo
         except (KvModelError, ValueError) as exc:
             reason, message = "InvalidProfile", str(exc)
         else:
-            status["kvBytesPerToken"] = round(kv.bytes_per_token, 3)
-            status["fixedKvBytes"] = round(kv.fixed_bytes, 3)
-    old = get_condition(conds, "Ready") or {}
+            derived = {"kv_bytes_per_token": round(kv.bytes_per_token, 3), "fixed_kv_bytes": round(kv.fixed_bytes, 3)}
+    old = get_condition(conds, "Ready")
     if reason:
         conds = set_condition(conds, "Ready", False, reason, message, now_s, gen)
     else:
         conds = set_condition(conds, "Ready", True, "Reconciled", f"KV model from {kv.source}", now_s, gen)
-    status["conditions"] = conds
-    await writer.write(entry, status)
-    if reason and (old.get("reason") != reason or old.get("message") != message):
+    await writer.write(entry, ModelProfileStatus(observed_generation=gen, **derived, conditions=conds))
+    if reason and changed_reason(old, reason, message):
         log.warning("not ready", reason=reason, message=message)
         await post_event(api, entry.body, "Warning", reason, message, now_s)

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from prfaas_core.api import GatewayStatus, PrefillCluster
+from prfaas_core.api import GatewayStatus, PrefillCluster, PrefillClusterStatus
 from prfaas_core.names import KIND_MODEL_PROFILE, KIND_PREFILL_CLUSTER, LABEL_DRAINING, LABEL_PREFILL_CLUSTER
 
 from .actuate import workload_path
@@ -28,10 +28,10 @@ from .kube import ApiError, JsonDict, KubeApi, api_path
 from .logs import logger
 from .metrics import OperatorMetrics
 from .observe import Snapshot
-from .pd_cluster import pod_ready
+from .pods import pod_ready
 from .registry import Entry, World
 from .router_config import RouterConfigPublisher, build_gateway
-from .status import get_condition, iso, post_event, set_condition
+from .status import changed_reason, get_condition, iso, post_event, set_condition
 from .writer import StatusWriter
 
 
@@ -136,12 +136,12 @@ class PrefillClusterReconciler:
     async def _reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, sync: bool) -> None:
         log = logger(KIND_PREFILL_CLUSTER, entry.namespace, entry.name)
         gen = entry.generation
-        conds: list[JsonDict] = list(entry.status.get("conditions") or [])
+        conds = entry.read_status(PrefillClusterStatus).conditions
         if entry.paused:
             conds = set_condition(conds, "Paused", True, "PausedByAnnotation", "reconciliation is paused", now_s, gen)
-            await self.writer.write(entry, {"conditions": conds})
+            await self.writer.write(entry, PrefillClusterStatus(conditions=conds))
             return
-        old = get_condition(conds, "Ready") or {}
+        old = get_condition(conds, "Ready")
         problem: tuple[str, str] | None = None
         if not entry.valid:
             problem = ("InvalidSpec", "; ".join(entry.problems))
@@ -150,8 +150,8 @@ class PrefillClusterReconciler:
             problem = ("DanglingReference", f"spec.modelProfileRef: ModelProfile {ref!r} not found")
         if problem is not None:
             conds = set_condition(conds, "Ready", False, *problem, now_s, gen)
-            await self.writer.write(entry, {"observedGeneration": gen, "conditions": conds})
-            if old.get("reason") != problem[0] or old.get("message") != problem[1]:
+            await self.writer.write(entry, PrefillClusterStatus(observed_generation=gen, conditions=conds))
+            if changed_reason(old, *problem):
                 log.warning("not ready", reason=problem[0], message=problem[1])
                 await post_event(self.api, entry.body, "Warning", *problem, now_s)
             return
@@ -160,13 +160,13 @@ class PrefillClusterReconciler:
         if pfc.spec.mode == "Managed":
             await self._publish_gateway(entry, pfc, pods)
         if not sync:
-            if old.get("reason") in ("InvalidSpec", "DanglingReference"):
+            if old is not None and old.reason in ("InvalidSpec", "DanglingReference"):
                 conds = set_condition(
                     conds, "Ready", "Unknown", "Syncing", "references resolved; status syncing", now_s, gen
                 )
-            await self.writer.write(entry, {"observedGeneration": gen, "conditions": conds})
+            await self.writer.write(entry, PrefillClusterStatus(observed_generation=gen, conditions=conds))
             return
-        status: dict[str, Any] = {"observedGeneration": gen}
+        status: dict[str, Any] = {"observed_generation": gen}
         if pfc.spec.mode == "Remote":
             try:
                 gw = await fetch_gateway_status(self.api, pfc, self.gateways)
@@ -174,18 +174,17 @@ class PrefillClusterReconciler:
                 message = str(exc)
                 conds = set_condition(conds, "Ready", False, "GatewayUnreachable", message, now_s, gen)
                 conds = set_condition(conds, "Degraded", True, "GatewayUnreachable", message, now_s, gen)
-                status["conditions"] = conds
-                await self.writer.write(entry, status)
-                if old.get("reason") != "GatewayUnreachable":
+                await self.writer.write(entry, PrefillClusterStatus(**status, conditions=conds))
+                if old is None or old.reason != "GatewayUnreachable":
                     log.warning("gateway unreachable", message=message)
                     await post_event(self.api, entry.body, "Warning", "GatewayUnreachable", message, now_s)
                 return
             status.update(
-                readyInstances=gw.ready_instances,
-                queueDepth=gw.queue_depth,
-                measuredPrefillTokensPerSecond=gw.measured_prefill_tokens_per_second,
-                egressGbps=gw.egress_gbps,
-                lastSyncTime=iso(now_s),
+                ready_instances=gw.ready_instances,
+                queue_depth=gw.queue_depth,
+                measured_prefill_tokens_per_second=gw.measured_prefill_tokens_per_second,
+                egress_gbps=gw.egress_gbps,
+                last_sync_time=iso(now_s),
             )
             conds = set_condition(
                 conds, "Ready", True, "GatewaySynced", f"status from the gateway at {gw.time}", now_s, gen
@@ -196,15 +195,14 @@ class PrefillClusterReconciler:
             if workload is None:
                 message = f"spec.workload: {pfc.spec.workload.kind} {pfc.spec.workload.name!r} not found"
                 conds = set_condition(conds, "Ready", False, "WorkloadMissing", message, now_s, gen)
-                status["conditions"] = conds
-                await self.writer.write(entry, status)
+                await self.writer.write(entry, PrefillClusterStatus(**status, conditions=conds))
                 return
             ready = sum(1 for p in pods if pod_ready(p) and not draining(p))
-            status.update(readyInstances=ready, lastSyncTime=iso(now_s))
+            status.update(ready_instances=ready, last_sync_time=iso(now_s))
             if snap is not None:
                 queue = snap.prefill_queue.get((entry.namespace or "", entry.name))
                 if queue is not None:
-                    status["queueDepth"] = queue
+                    status["queue_depth"] = float(queue)
             conds = set_condition(
                 conds,
                 "Ready",
@@ -216,8 +214,7 @@ class PrefillClusterReconciler:
                 gen,
             )
         conds = set_condition(conds, "Degraded", False, "Synced", "status refreshed this cycle", now_s, gen)
-        status["conditions"] = conds
-        await self.writer.write(entry, status)
+        await self.writer.write(entry, PrefillClusterStatus(**status, conditions=conds))
 
     async def _publish_gateway(self, entry: Entry, pfc: PrefillCluster, pods: list[JsonDict]) -> None:
         """The gateway's RouterConfig from the cache (references already resolved); a failed write is logged and

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prfaas_core.api import InterDCLink, ModelProfile, PDCluster, PrefillCluster
 from prfaas_core.api.base import ApiModel
@@ -28,6 +28,9 @@ from prfaas_core.names import (
 from prfaas_core.validation import model_issues
 
 from .kube import JsonDict
+from .status import read_status
+
+S = TypeVar("S", bound=ApiModel)
 
 MODELS: dict[str, type[ApiModel]] = {
     KIND_PD_CLUSTER: PDCluster,
@@ -53,6 +56,7 @@ class Entry:
     body: JsonDict
     model: Any = None
     problems: tuple[str, ...] = ()
+    _typed: tuple[Any, ApiModel] | None = field(default=None, repr=False, compare=False)
 
     @property
     def namespace(self) -> str | None:
@@ -76,6 +80,16 @@ class Entry:
     def status(self) -> JsonDict:
         s = self.body.get("status")
         return s if isinstance(s, dict) else {}
+
+    def read_status(self, model: type[S]) -> S:
+        """Its status through the core's model (parsed once per version of the body)."""
+        raw = self.body.get("status")
+        cached = self._typed
+        if cached is not None and cached[0] is raw and type(cached[1]) is model:
+            return cached[1]
+        typed = read_status(model, self.status)
+        self._typed = (raw, typed)
+        return typed
 
     @property
     def paused(self) -> bool:

@@ -37,6 +37,7 @@ from prfaas_core.names import (
     LABEL_ROLE,
     MANAGED_BY_VALUE,
 )
+from prfaas_core.policy.threshold import ThresholdBounds
 
 from .kube import ApiError, JsonDict, KubeApi, api_path
 
@@ -45,7 +46,6 @@ GATEWAY_DIR = "/var/run/prfaas/gateway"
 """Where the chart mounts the gateway's token Secret (``token/``) and TLS Secret (``tls/``)."""
 CONFIG_KEY = "router-config.json"
 DEFAULT_ENGINE_PORT = 8000
-T_MAX = 1 << 30
 
 
 def configmap_name(pd_name: str) -> str:
@@ -120,9 +120,10 @@ def build(
     model: ModelProfileSpec,
     links: list[InterDCLink],
     prefill_clusters: dict[str, PrefillCluster],
-    threshold_min_tokens: int,
-    threshold_max_tokens: int = T_MAX,
+    bounds: ThresholdBounds,
 ) -> RouterConfig:
+    """A PD cluster's routers' configuration: its endpoints and drain list, the remote gateways and links,
+    and the bounds on ``t`` the loop published (:func:`prfaas_core.policy.threshold.published_bounds`)."""
     endpoints, draining = pod_endpoints(pods)
     remotes = []
     for link in links:
@@ -159,8 +160,8 @@ def build(
         draining=draining,
         remotes=remotes,
         links=router_links,
-        threshold_min_tokens=threshold_min_tokens,
-        threshold_max_tokens=max(threshold_min_tokens, threshold_max_tokens),
+        threshold_min_tokens=bounds.min_tokens,
+        threshold_max_tokens=bounds.max_tokens,
         model=model,
         tokenizer_file=model.tokenizer.file if model.tokenizer else None,
         chat_template_file=model.tokenizer.chat_template_file if model.tokenizer else None,

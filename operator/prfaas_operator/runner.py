@@ -1,9 +1,9 @@
 """Wiring: builds the operator's object graph from its config and runs kopf embedded.
 
 :func:`build` is the factory (no singletons): one API client, one world, one metrics registry, one
-collector, the reconcilers, the Lease elector and the cycle, all passed down explicitly. kopf gets its own
-:class:`kopf.OperatorRegistry` (``handlers.register``); ``kopf run -m prfaas_operator.kopf_entry`` uses
-the default one and reads the config from the environment.
+collector, the reconcilers, the Lease elector and the cycle, all passed down explicitly. It knows nothing of
+the handlers: :mod:`.handlers` registers them and calls :func:`build` from its startup handler, and
+:mod:`.embedded` (``prfaas operator``) or :mod:`.kopf_entry` (``kopf run``) runs kopf with them.
 
 Besides kopf's watch events, every replica re-lists what it serves every ``resync_s`` (:meth:`Operator.resync`):
 a watch can drop an event (a reconnect gap, an overloaded replica), and a missed creation would otherwise strand
@@ -38,7 +38,7 @@ from .cycle import Cycle
 from .kube import JsonDict, KubeApi, KubeCredentials, api_path, list_labelled
 from .leader import LeaderElector
 from .link import LinkReconciler
-from .logs import configure, logger
+from .logs import logger
 from .metrics import OperatorMetrics
 from .observe import PrometheusCollector
 from .pd_cluster import PDClusterReconciler
@@ -284,7 +284,7 @@ def build(config: OperatorConfig, creds: KubeCredentials | None = None) -> Opera
     publisher = RouterConfigPublisher(api)
     pd = PDClusterReconciler(api, world, writer, KubeActuator(api, world), publisher, metrics, config.prometheus_url)
     prefill = PrefillClusterReconciler(api, world, writer, metrics, config.prometheus_url, publisher)
-    link = LinkReconciler(api, world, writer, metrics, config.prometheus_url, pd.inputs_for)
+    link = LinkReconciler(api, world, writer, metrics, config.prometheus_url, pd.published)
     collector = PrometheusCollector(config.prometheus_timeout_s)
     holder: dict[str, Operator] = {}
     leader = LeaderElector(
@@ -320,25 +320,6 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     # no cap on kopf's per-object workers: a cap queues the initial listing behind slow handler slots (at 32,
     # 100 PDClusters took minutes to reach the cache); the handlers only parse and store, the cycle does the work
     settings.batching.worker_limit = None
-
-
-async def run_operator(config: OperatorConfig, stop_flag: Any = None, ready_flag: Any = None) -> None:
-    from . import handlers
-
-    configure(config.log_level)
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry)
-    memo = kopf.Memo()
-    memo["config"] = config
-    await kopf.operator(
-        registry=registry,
-        memo=memo,
-        standalone=True,
-        clusterwide=config.all_namespaces,
-        namespaces=list(config.namespaces),
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-    )
 
 
 def plain(value: Any) -> Any:

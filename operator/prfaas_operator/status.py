@@ -1,66 +1,99 @@
-"""Conditions, printer-column summaries, decision history and Kubernetes Events.
+"""Conditions, printer-column formatting, Kubernetes Events, and our own status as the core's models.
 
-Conditions follow ``metav1.Condition``: ``lastTransitionTime`` moves only when the status flips, and each
-carries ``observedGeneration``. Events are posted on transitions (a new invalid spec, a decision that acts),
-not every cycle, so ``kubectl describe`` stays readable.
+Conditions follow ``metav1.Condition`` (the core's :class:`~prfaas_core.api.Condition`): ``lastTransitionTime``
+moves only when the status flips, and each carries ``observedGeneration``. Events are posted on transitions
+(a new invalid spec, a decision that acts), not every cycle, so ``kubectl describe`` stays readable.
+
+Our own resources' status is read through the core's pydantic models (:func:`read_status`) and written as
+one (:func:`status_patch`): no camelCase dict walking.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import uuid
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
-from prfaas_core.api import DecisionRecord
-from prfaas_core.policy.roles import RoleDecision
+from pydantic import ValidationError
+
+from prfaas_core.api import ApiModel, Condition
+from prfaas_core.api.common import parse_rfc3339, rfc3339
 
 from .kube import ApiError, JsonDict, KubeApi
+
+S = TypeVar("S", bound=ApiModel)
 
 COMPONENT = "prfaas-operator"
 
 
-def iso(now_s: float) -> str:
-    return dt.datetime.fromtimestamp(now_s, tz=dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+iso = rfc3339
+parse_iso = parse_rfc3339
 
 
-def parse_iso(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+def get_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
 
 
-def get_condition(conditions: Iterable[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == type_), None)
+def condition_true(conditions: Sequence[Condition], type_: str) -> bool:
+    c = get_condition(conditions, type_)
+    return c is not None and c.status == "True"
 
 
 def set_condition(
-    conditions: list[JsonDict],
+    conditions: Sequence[Condition],
     type_: str,
     status: bool | str,
     reason: str,
     message: str,
     now_s: float,
     generation: int | None,
-) -> list[JsonDict]:
+) -> list[Condition]:
     """A new list with one condition set; the transition time is kept when the status did not change."""
     value = ("True" if status else "False") if isinstance(status, bool) else status
     old = get_condition(conditions, type_)
-    since = old["lastTransitionTime"] if old and old.get("status") == value else iso(now_s)
-    new: JsonDict = {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": message[:32768],
-        "lastTransitionTime": since,
-    }
-    if generation is not None:
-        new["observedGeneration"] = generation
-    return [c for c in conditions if c.get("type") != type_] + [new]
+    since = old.last_transition_time if old is not None and old.status == value else iso(now_s)
+    new = Condition(
+        type=type_,
+        status=value,  # type: ignore[arg-type]  # "True"/"False"/"Unknown" by construction
+        reason=reason,
+        message=message[:32768],
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+    return [c for c in conditions if c.type != type_] + [new]
+
+
+def changed_reason(old: Condition | None, reason: str, message: str) -> bool:
+    """Whether a condition's reason or message differs from ``old``'s (an Event is posted on a change)."""
+    return old is None or old.reason != reason or old.message != message
+
+
+def read_status(model: type[S], status: Mapping[str, Any]) -> S:
+    """Our own status through the core's model. Lenient, since status is ours but may come from an older
+    operator: a field that no longer parses is dropped (and rewritten by the next reconcile)."""
+    data = dict(status)
+    for _ in range(len(data) + 1):
+        try:
+            return model.model_validate(data, strict=False)
+        except ValidationError as exc:
+            bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+            if not bad & data.keys():
+                break
+            data = {k: v for k, v in data.items() if k not in bad}
+    return model()
+
+
+def status_patch(status: ApiModel) -> JsonDict:
+    """The fields set on ``status`` as a merge patch of the status subresource: camelCase, nested objects
+    without unset optionals, and a field set to None removes it."""
+    full = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    fields = type(status).model_fields
+    out: JsonDict = {}
+    for name in status.model_fields_set:
+        alias = fields[name].alias or name
+        out[alias] = full.get(alias)
+    return out
 
 
 def format_tokens(tokens: int | None) -> str:
@@ -69,26 +102,6 @@ def format_tokens(tokens: int | None) -> str:
     if tokens >= 1 << 30:
         return "inf"
     return f"{tokens / 1000:.1f}K" if tokens >= 1000 else str(tokens)
-
-
-def decision_record(decision: RoleDecision, now_s: float, threshold_tokens: int | None) -> DecisionRecord:
-    return DecisionRecord(
-        time=iso(now_s),
-        action=decision.action,
-        reason=decision.reason[:1024],
-        prefill_from=decision.prefill_from,
-        decode_from=decision.decode_from,
-        prefill_to=decision.prefill_to,
-        decode_to=decision.decode_to,
-        threshold_tokens=threshold_tokens,
-    )
-
-
-def append_history(history: list[JsonDict], record: JsonDict, limit: int) -> list[JsonDict]:
-    """The loop's rule: a Hold is recorded only when its reason differs from the last entry's."""
-    if history and record["action"] == "Hold" and history[-1].get("reason") == record["reason"]:
-        return history
-    return [*history, record][-limit:]
 
 
 async def post_event(

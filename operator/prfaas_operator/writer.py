@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from prfaas_core.api import ApiModel
 from prfaas_core.names import GROUP_VERSION
 
-from .kube import ApiError, JsonDict, KubeApi, api_path
+from .kube import ApiError, KubeApi, api_path
 from .registry import PLURALS, Entry, World
-from .status import status_changed
+from .status import status_changed, status_patch
 
 
 class StatusWriter:
@@ -15,8 +16,10 @@ class StatusWriter:
         self.world = world
         self.writes = 0
 
-    async def write(self, entry: Entry, status: JsonDict) -> bool:
-        """Patch ``status`` (keys given replace the old ones); False when nothing changed or the object is gone."""
+    async def write(self, entry: Entry, typed: ApiModel) -> bool:
+        """Patch the fields set on ``typed`` (the kind's status model; they replace the old ones); False when
+        nothing changed or the object is gone."""
+        status = status_patch(typed)
         if not status_changed(entry.status, status):
             return False
         path = api_path(GROUP_VERSION, PLURALS[entry.kind], entry.namespace, entry.name, "status")

@@ -1,8 +1,8 @@
-"""The core's long-term loop on one machine (``prfaas up``): an observer that reads the emulated engines'
-admin state and the gateway's status, and an actuator that drains and flips engines through their admin API
-and publishes the routers' configuration file — the same RouterConfig the operator publishes as a
-ConfigMap. The loop itself (prfaas_core.policy.loop) is unchanged; only these two differ from the
-operator's."""
+"""The core's long-term loop on one machine (``prfaas up``): an observation read from the emulated engines'
+admin state and the gateway's status, and the effects carried out through the engines' admin API (drain,
+flip) and the routers' configuration file — the same RouterConfig the operator publishes as a ConfigMap.
+The decision is the core's (:func:`prfaas_core.policy.loop.step`); only the observation and the effects
+differ from the operator's."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_core.api import RouterConfig, RouterEndpoint
 from prfaas_core.names import METRIC_ROUTER_ROUTE_DECISIONS
-from prfaas_core.policy.roles import InstanceState, Role, RoleDecision, RoleObservation, StageLoad
+from prfaas_core.plan_inputs import PlanInputs
+from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, step
+from prfaas_core.policy.roles import InstanceState, Role, RoleDecision, RoleObservation, RolePolicyParams, StageLoad
 
 
 def write_router_config(path: Path, config: RouterConfig) -> None:
@@ -28,7 +30,7 @@ def write_router_config(path: Path, config: RouterConfig) -> None:
 
 @dataclass
 class LocalCluster:
-    """Observer and Actuator over the emulated PD engines; the one writer of the router config file."""
+    """Observation and effects over the emulated PD engines; the one writer of the router config file."""
 
     config_path: Path
     config: RouterConfig
@@ -91,7 +93,11 @@ class LocalCluster:
         self.last_observation = obs
         return obs
 
-    def apply(self, decision: RoleDecision, now_s: float) -> None:
+    def apply(self, effects: LoopDecision, now_s: float) -> None:
+        """Carry out one cycle's effects: drain, flip, publish ``t_min`` (nothing under dry-run)."""
+        decision = effects.roles
+        if decision is None or not effects.act:
+            return
         self.decisions.append(decision)
         by_name = {e.name: e for e in self.config.endpoints}
         draining = set(self.config.draining)
@@ -105,7 +111,7 @@ class LocalCluster:
             self.http.post(f"{url}/admin/drain", json={"drain": False}).raise_for_status()
             draining.discard(name)
             endpoints = [RouterEndpoint(name=e.name, url=e.url, role=role) if e.name == name else e for e in endpoints]
-        t_min = decision.threshold_min_tokens
+        t_min = effects.threshold_min_tokens
         new = self.config.model_copy(
             update={
                 "endpoints": endpoints,
@@ -125,6 +131,30 @@ class LocalCluster:
         self.http.close()
 
 
+@dataclass
+class LocalLoop:
+    """The driver: when due, observe, call the core's step, carry out its effects, keep its state. A failed
+    observation or effect leaves the state as it was (the next call retries)."""
+
+    cluster: LocalCluster
+    params: RolePolicyParams
+    inputs: PlanInputs
+    state: LoopState = field(default_factory=LoopState)
+
+    def next_due_s(self) -> float:
+        return self.state.next_due_s(self.params)
+
+    def run_once(self, now_s: float) -> LoopDecision:
+        obs = self.cluster.observe(now_s)
+        tick = LoopTick(
+            now_s, self.params, self.inputs, self.state, obs, float(self.cluster.config.threshold_min_tokens)
+        )
+        decision = step(tick)
+        self.cluster.apply(decision, now_s)
+        self.state = decision.state
+        return decision
+
+
 def decision_json(d: RoleDecision) -> dict[str, Any]:
     return {
         "action": d.action,
@@ -135,4 +165,4 @@ def decision_json(d: RoleDecision) -> dict[str, Any]:
     }
 
 
-__all__ = ["LocalCluster", "decision_json", "write_router_config"]
+__all__ = ["LocalCluster", "LocalLoop", "decision_json", "write_router_config"]

@@ -66,7 +66,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from prfaas_operator.runner import run_operator
+    from prfaas_operator.embedded import run_operator
 
     try:
         config = config_from_args(args)

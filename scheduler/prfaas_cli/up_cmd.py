@@ -23,12 +23,11 @@ import httpx
 from prfaas_core.names import METRIC_ROUTER_THRESHOLD_TOKENS
 from prfaas_core.plan_inputs import case_study_inputs
 from prfaas_core.planner import plan
-from prfaas_core.policy.loop import LongTermLoop
 from prfaas_core.policy.roles import RolePolicyParams
 from prfaas_core.trace import TraceRecord, parse_trace
 
 from .load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
-from .local_loop import LocalCluster, decision_json
+from .local_loop import LocalCluster, LocalLoop, decision_json
 from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
 from .stack import LocalStack, StackSpec
 
@@ -148,7 +147,7 @@ async def _run(
         router_url=stack.urls["router"],
         time_scale=stack.spec.time_scale,
     )
-    loop = LongTermLoop(params, inputs, cluster, cluster, lambda: float(cluster.config.threshold_min_tokens))
+    loop = LocalLoop(cluster, params, inputs)
     scale = stack.spec.time_scale
     bodies = prepare_bodies(records, args.seed)
     results: list[Result] = []

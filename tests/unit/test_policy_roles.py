@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from prfaas_core.plan_inputs import case_study_inputs
-from prfaas_core.policy.loop import LongTermLoop
+from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, step
 from prfaas_core.policy.roles import (
     InstanceState,
     RoleDecision,
@@ -120,7 +120,7 @@ def test_a_verdict_that_changes_resets_the_streak() -> None:
 
 @dataclass
 class ScriptedCluster:
-    """Test double implementing Observer and Actuator over an in-memory cluster."""
+    """Test double: an in-memory cluster that gives the observation and carries out the effects."""
 
     roles: dict[str, str]
     decode_queue: float = 40.0
@@ -131,7 +131,10 @@ class ScriptedCluster:
         insts = tuple(InstanceState(n, r, 0, n in self.draining) for n, r in sorted(self.roles.items()))  # type: ignore[arg-type]
         return RoleObservation(insts, decode=StageLoad(self.decode_queue))
 
-    def apply(self, decision: RoleDecision, now_s: float) -> None:
+    def apply(self, effects: LoopDecision, now_s: float) -> None:
+        if effects.roles is None or not effects.act:
+            return
+        decision = effects.roles
         self.applied.append(decision)
         self.draining |= set(decision.drain)
         for name, role in decision.flip:
@@ -139,19 +142,33 @@ class ScriptedCluster:
             self.draining.discard(name)
 
 
+def run_once(
+    cluster: ScriptedCluster, params: RolePolicyParams, state: LoopState, now_s: float, history_limit: int = 20
+) -> LoopDecision:
+    """What every shell does: observe, the core's step, carry out the effects."""
+    tick = LoopTick(now_s, params, INPUTS, state, cluster.observe(now_s), float(T), history_limit=history_limit)
+    decision = step(tick)
+    cluster.apply(decision, now_s)
+    return decision
+
+
 def test_loop_runs_observe_decide_actuate_and_keeps_bounded_history() -> None:
     cluster = ScriptedCluster({**{f"p{i}": "prefill" for i in range(3)}, **{f"d{i}": "decode" for i in range(5)}})
-    loop = LongTermLoop(PARAMS, INPUTS, cluster, cluster, lambda: float(T), history_limit=3)
-    assert loop.next_due_s() == 0.0
-    now = 0.0
+    state = LoopState()
+    assert state.next_due_s(PARAMS) == 0.0
+    now, dues = 0.0, []
     for _ in range(6):
-        loop.run_once(now)
-        now = loop.next_due_s()
+        d = run_once(cluster, PARAMS, state, now, history_limit=3)
+        state = d.state
+        assert d.next_due_s == state.next_due_s(PARAMS)
+        dues.append(d.next_due_s - now)
+        now = d.next_due_s
     assert sum(1 for r in cluster.roles.values() if r == "decode") == 6
     assert [d.action for d in cluster.applied][:3] == ["Hold", "Drain", "FlipToDecode"]
-    assert len(loop.history) <= 3
+    assert len(state.history) <= 3
     # while a flip is pending the loop polls faster than its period
     assert cluster.applied[1].action == "Drain"
+    assert dues[0] == PARAMS.period_s and dues[1] == PARAMS.drain_poll_s
 
 
 def test_override_pins_the_split_step_by_step_through_drains() -> None:
@@ -172,11 +189,14 @@ def test_threshold_override_is_published_as_t_min() -> None:
 def test_dry_run_loop_records_but_never_acts() -> None:
     cluster = ScriptedCluster({**{f"p{i}": "prefill" for i in range(3)}, **{f"d{i}": "decode" for i in range(5)}})
     params = RolePolicyParams(hysteresis_cycles=1, dry_run=True)
-    loop = LongTermLoop(params, INPUTS, cluster, cluster, lambda: float(T))
+    state = LoopState()
     for i in range(4):
-        d = loop.run_once(i * 60.0)
+        effects = run_once(cluster, params, state, i * 60.0)
+        state = effects.state
     assert cluster.applied == []
-    assert d.action == "Drain" and loop.state.pending is None
+    assert effects.roles is not None and effects.roles.action == "Drain" and state.roles.pending is None
+    assert not effects.act and effects.record is not None
+    assert effects.record.reason.startswith("dry-run, not acted on: ")
     assert sum(1 for r in cluster.roles.values() if r == "prefill") == 3
 
 

@@ -107,7 +107,7 @@ def test_a_draining_instance_gets_no_new_work_and_a_forced_flip_redispatches_its
     sim.events.run_until(0.0)
     assert all(len(sim.by_name[n].prefill_jobs) == 3 for n in names)
     drain = RoleDecision("Drain", "test", 3, 5, 3, 5, RoleState(), drain=("pd-0",))
-    control.apply(drain, 0.0)
+    control.carry_out(drain, 0.0)
     later = [Req(req(100 + k, 1.0, 1_000)) for k in range(4)]
     for r in later:
         sim.events.at(1.0, sim._arrive, r)
@@ -115,7 +115,7 @@ def test_a_draining_instance_gets_no_new_work_and_a_forced_flip_redispatches_its
     assert len(sim.by_name["pd-0"].prefill_jobs) == 3  # nothing new went to the draining instance
     # the drain times out with 2 jobs not started: the flip re-dispatches them; the one running finishes
     flip = RoleDecision("FlipToDecode", "test", 3, 5, 2, 6, RoleState(), flip=(("pd-0", "decode"),))
-    control.apply(flip, 1.0)
+    control.carry_out(flip, 1.0)
     assert sim.by_name["pd-0"].role == "decode" and not sim.by_name["pd-0"].draining
     assert len(sim.by_name["pd-0"].prefill_jobs) == 1
     assert sim.result.flips == 1

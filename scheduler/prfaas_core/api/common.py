@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -89,6 +90,21 @@ class SloSpec(ApiModel):
     objective_ratio: float = Field(
         default=0.95, gt=0, le=1, description="Fraction of requests that must meet the SLO (for burn alerts)."
     )
+
+
+def rfc3339(time_s: float) -> str:
+    """A Unix time as Kubernetes writes times (RFC 3339, UTC, whole seconds, ``Z``)."""
+    return dt.datetime.fromtimestamp(time_s, tz=dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def parse_rfc3339(value: str | None) -> float | None:
+    """The inverse of :func:`rfc3339` (None for a missing or malformed time)."""
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 DecisionAction = Literal["Hold", "FlipToDecode", "FlipToPrefill", "Drain", "Rebalance", "Suspended"]

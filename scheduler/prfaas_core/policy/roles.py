@@ -233,6 +233,10 @@ def _pick(obs: RoleObservation, role: Role, k: int) -> tuple[str, ...]:
     return tuple(i.name for i in candidates[:k])
 
 
+Decide = Callable[..., RoleDecision]
+"""Builds the cycle's decision from an action, reason and next state (``t_min`` re-optimised for the counts)."""
+
+
 def decide_roles(
     state: RoleState,
     obs: RoleObservation,
@@ -241,7 +245,9 @@ def decide_roles(
     threshold_tokens: float,
     now_s: float,
 ) -> RoleDecision:
-    """One cycle of the long-term policy. Pure: the next state travels inside the decision."""
+    """One cycle of the long-term policy. Pure: the next state travels inside the decision. In order: a
+    suspended policy observes only; a pending flip finishes its drain (:func:`_finish_drain`); a pinned split
+    is approached (:func:`_toward_override`); else the verdict may start a drain (:func:`_from_verdict`)."""
     inputs = _inputs_for(base_inputs, obs)
     n_p, n_d = obs.count("prefill"), obs.count("decode")
 
@@ -266,44 +272,67 @@ def decide_roles(
 
     if params.suspend:
         return decision("Suspended", "policy.suspend is true: observing only, no flips", replace(state, pending=None))
-
-    pending = state.pending
-    if pending is not None:
-        by_name = {i.name: i for i in obs.instances}
-        from_role: Role = "prefill" if pending.direction == "FlipToDecode" else "decode"
-        target: Role = "decode" if from_role == "prefill" else "prefill"
-        present = [by_name[n] for n in pending.instances if n in by_name and by_name[n].role == from_role]
-        if not present:
-            return decision(
-                "Hold",
-                "pending flip abandoned: its instances are gone or already flipped",
-                replace(state, pending=None),
-            )
-        in_flight = sum(i.in_flight for i in present)
-        waited = now_s - pending.drain_started_s
-        if in_flight > 0 and waited < params.drain_timeout_s:
-            return decision(
-                "Drain",
-                f"draining {', '.join(i.name for i in present)}: {in_flight} in flight "
-                f"({waited:.0f} s of {params.drain_timeout_s:.0f} s)",
-                state,
-            )
-        how = "drained" if in_flight == 0 else f"drain timeout after {waited:.0f} s with {in_flight} in flight"
-        k = len(present)
-        p_to, d_to = (n_p - k, n_d + k) if target == "decode" else (n_p + k, n_d - k)
-        flip = tuple((i.name, target) for i in present)
-        return decision(
-            pending.direction,
-            f"{pending.reason}; {how}: {', '.join(i.name for i in present)} -> {target}",
-            RoleState(None, 0, now_s, None, state.threshold_min_tokens),
-            p_to,
-            d_to,
-            flip=flip,
-        )
-
+    if state.pending is not None:
+        return _finish_drain(state, state.pending, obs, params, now_s, decision)
     if params.override_prefill is not None:
         return _toward_override(params.override_prefill, obs, params, now_s, n_p, decision)
+    return _from_verdict(state, obs, params, inputs, threshold_tokens, now_s, decision)
 
+
+def _finish_drain(
+    state: RoleState,
+    pending: PendingFlip,
+    obs: RoleObservation,
+    params: RolePolicyParams,
+    now_s: float,
+    decision: Decide,
+) -> RoleDecision:
+    """A flip in progress: keep draining, or flip once drained (or at the drain timeout)."""
+    n_p, n_d = obs.count("prefill"), obs.count("decode")
+    by_name = {i.name: i for i in obs.instances}
+    from_role: Role = "prefill" if pending.direction == "FlipToDecode" else "decode"
+    target: Role = "decode" if from_role == "prefill" else "prefill"
+    present = [by_name[n] for n in pending.instances if n in by_name and by_name[n].role == from_role]
+    if not present:
+        return decision(
+            "Hold",
+            "pending flip abandoned: its instances are gone or already flipped",
+            replace(state, pending=None),
+        )
+    in_flight = sum(i.in_flight for i in present)
+    waited = now_s - pending.drain_started_s
+    if in_flight > 0 and waited < params.drain_timeout_s:
+        return decision(
+            "Drain",
+            f"draining {', '.join(i.name for i in present)}: {in_flight} in flight "
+            f"({waited:.0f} s of {params.drain_timeout_s:.0f} s)",
+            state,
+        )
+    how = "drained" if in_flight == 0 else f"drain timeout after {waited:.0f} s with {in_flight} in flight"
+    k = len(present)
+    p_to, d_to = (n_p - k, n_d + k) if target == "decode" else (n_p + k, n_d - k)
+    flip = tuple((i.name, target) for i in present)
+    return decision(
+        pending.direction,
+        f"{pending.reason}; {how}: {', '.join(i.name for i in present)} -> {target}",
+        RoleState(None, 0, now_s, None, state.threshold_min_tokens),
+        p_to,
+        d_to,
+        flip=flip,
+    )
+
+
+def _from_verdict(
+    state: RoleState,
+    obs: RoleObservation,
+    params: RolePolicyParams,
+    inputs: PlanInputs,
+    threshold_tokens: float,
+    now_s: float,
+    decision: Decide,
+) -> RoleDecision:
+    """The verdict, after hysteresis, cooldown and the per-role bounds: hold, or drain ``stepSize`` instances."""
+    n_p, n_d = obs.count("prefill"), obs.count("decode")
     verdict, why, ratio = classify(obs, inputs, params, threshold_tokens)
     streak = state.streak + 1 if verdict is not None and verdict == state.verdict else (1 if verdict else 0)
     held = RoleState(verdict, streak, state.last_flip_s, None, state.threshold_min_tokens)
@@ -346,7 +375,7 @@ def _toward_override(
     params: RolePolicyParams,
     now_s: float,
     n_p: int,
-    decision: Callable[..., RoleDecision],
+    decision: Decide,
 ) -> RoleDecision:
     """A pinned split: drain ``stepSize`` instances toward it each step (drain still applies)."""
     pinned = f"manual override: prefill pinned to {target_p}"

@@ -7,18 +7,29 @@ paper prescribes: the smallest ``t`` at which the window's requests, routed with
 no more egress than the budget. The budget depends on the link's mode, which makes ``t`` itself hysteretic:
 abundant -> budget at the scarce watermark (intervene only before the link would turn scarce); scarce ->
 budget at the abundant watermark (pull egress well below, so the link can recover).
+
+The long-term side of the same bound lives here too, so that every bound on ``t`` has one place:
+:func:`bandwidth_floor_tokens` (``t_bw`` at the arrival rate implied by a link's *measured* egress, shown on
+the InterDCLink and raising the PD cluster's ``t`` in force while the link is scarce),
+:func:`threshold_in_force` (``max(t_min, floors)``, or the SRE's pin) and :func:`published_bounds` (the
+``[min, max]`` the one writer publishes to the routers).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..kv import KvModel
 from ..names import GBPS_BITS
+from ..plan_inputs import PlanInputs
 from ..planner import egress_floor_threshold
-from ..workload import EmpiricalDistribution
+from ..workload import EmpiricalDistribution, expect
 from .link import LinkMode, LinkParams
+
+T_MAX_TOKENS = 1 << 30
+"""The upper bound on ``t`` when nothing pins it: effectively "no request is too long to offload"."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +37,7 @@ class ThresholdBounds:
     """Bounds on ``t`` published by the one writer (operator or ``prfaas up``)."""
 
     min_tokens: int
-    max_tokens: int = 1 << 30
+    max_tokens: int = T_MAX_TOKENS
 
     def clamp(self, tokens: int) -> int:
         return max(self.min_tokens, min(self.max_tokens, tokens))
@@ -39,6 +50,46 @@ class ThresholdDecision:
     reason: str
 
 
+def egress_budget(mode: LinkMode, link: LinkParams) -> tuple[float, float]:
+    """``(watermark, budget_gbps)`` the bound keeps egress under: the scarce watermark while abundant (step in
+    only before the link would turn scarce), the abundant watermark while scarce (let it recover)."""
+    watermark = link.abundant_watermark if mode == "scarce" else link.scarce_watermark
+    return watermark, link.cap_gbps * watermark
+
+
+def bandwidth_floor_tokens(
+    inputs: PlanInputs, threshold_tokens: float, egress_gbps: float, link: LinkParams, mode: LinkMode
+) -> int:
+    """``t_bw`` at the load a link measures (paper-spec §2.4): the arrival rate is recovered from the measured
+    egress and the ``t`` it was produced under (``Λ = egress / E[S_kv(L)·1{L > t}]``), then ``t_bw`` is the
+    smallest ``t`` whose egress at that rate fits :func:`egress_budget`. 0: nothing to bound."""
+    if egress_gbps <= 0:
+        return 0
+    per_request = expect(inputs.lengths, inputs.kv.curve, threshold_tokens, math.inf)
+    if per_request <= 0:
+        return 0
+    rate = egress_gbps * GBPS_BITS / 8.0 / per_request
+    return egress_floor_threshold(inputs.lengths, inputs.kv, rate, egress_budget(mode, link)[1])
+
+
+def threshold_in_force(t_min: int | None, floors: Sequence[int], override: int | None) -> int | None:
+    """The long-term ``t`` in force: the SRE's pin, else ``max(t_min, the scarce links' floors)``."""
+    if override is not None:
+        return override
+    if t_min is None:
+        return None
+    return max([t_min, *floors])
+
+
+def published_bounds(t_min: int | None, override: int | None) -> ThresholdBounds:
+    """The bounds the one writer publishes to the routers: ``[t_min, T_MAX]`` (routers raise ``t`` under link
+    pressure themselves), or ``[pin, pin]`` when the SRE pins ``t`` (routers stop adapting it)."""
+    if override is not None:
+        return ThresholdBounds(override, override)
+    lo = t_min if t_min is not None else 0
+    return ThresholdBounds(lo, max(lo, T_MAX_TOKENS))
+
+
 def decide_threshold(
     mode: LinkMode,
     bounds: ThresholdBounds,
@@ -48,8 +99,7 @@ def decide_threshold(
     link: LinkParams,
 ) -> ThresholdDecision:
     """``t = clamp(max(t_min, t_bw(window, budget(mode))))``."""
-    watermark = link.abundant_watermark if mode == "scarce" else link.scarce_watermark
-    budget_gbps = link.cap_gbps * watermark
+    watermark, budget_gbps = egress_budget(mode, link)
     # a fully cached request puts nothing on the link
     recent_uncached_lengths = [n for n in recent_uncached_lengths if n > 0]
     if not recent_uncached_lengths or window_s <= 0:

@@ -1,4 +1,5 @@
-"""The simulator's Observer and Actuator for the unchanged :class:`~prfaas_core.policy.loop.LongTermLoop`.
+"""The simulator's side of the long-term loop: the observation for :func:`~prfaas_core.policy.loop.step`, and
+its effects carried out on the simulated instances.
 
 *Observe* (what a Prometheus observer would read): per-stage queue depth and utilisation averaged over the
 samples since the last cycle (one per simulated second), every PD instance's role, work in flight and
@@ -7,11 +8,11 @@ arrival rate over ``observeWindowSeconds`` (default 300 s: a one-minute window h
 case study's rates, and the model ratio and ``t_min`` computed from so few swing by ±15 % on a stationary
 workload).
 
-*Apply*: ``drain`` sets the instance's draining flag (the pickers send it no new work; its queue and
-streams finish); ``flip`` gives it the new role (after ``flipDelaySeconds`` of warm-up). A flip forced by
-the drain timeout re-dispatches the work that had not started (prefill jobs, waiting streams) — nothing is
-dropped; work already running finishes where it is. ``t_min`` published with the decision becomes the
-threshold policy's lower bound.
+*Apply* (the effects, unless dry-run): ``drain`` sets the instance's draining flag (the pickers send it no
+new work; its queue and streams finish); ``flip`` gives it the new role (after ``flipDelaySeconds`` of
+warm-up). A flip forced by the drain timeout re-dispatches the work that had not started (prefill jobs,
+waiting streams) — nothing is dropped; work already running finishes where it is. ``t_min`` published
+with the decision becomes the threshold policy's lower bound.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..policy.roles import InstanceState, RoleDecision, RoleObservation, StageLoad
+from ..policy.loop import LoopDecision
+from ..policy.roles import InstanceState, Role, RoleDecision, RoleObservation, StageLoad
 from ..workload import EmpiricalDistribution
 from .results import RoleEvent
 
 if TYPE_CHECKING:
     from .engine import Req, Simulation
+    from .instances import Instance
 
 MIN_LENGTH_SAMPLES = 20
 
@@ -39,7 +42,7 @@ def _bucket(length: int) -> float:
 
 
 class SimControl:
-    """Observer + Actuator over one :class:`~prfaas_core.sim.engine.Simulation`."""
+    """Observation and effects over one :class:`~prfaas_core.sim.engine.Simulation`."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -86,7 +89,7 @@ class SimControl:
             r.util_prfaas_sum += u_prf
             r.util_decode_sum += u_dec
 
-    # --- Observer ------------------------------------------------------------------------------------------
+    # --- Observation ------------------------------------------------------------------------------------------
 
     def observe(self, now_s: float) -> RoleObservation:
         sim = self.sim
@@ -114,42 +117,47 @@ class SimControl:
             arrival_rate_rps=n_seen / window if window > 0 else None,
         )
 
-    # --- Actuator ------------------------------------------------------------------------------------------
+    # --- Effects -------------------------------------------------------------------------------------------
 
-    def apply(self, decision: RoleDecision, now_s: float) -> None:
+    def apply(self, decision: LoopDecision, now_s: float) -> None:
+        """Carry out one cycle's effects (when ``act``), publish ``t_min``, record the decision."""
         sim = self.sim
-        for name in decision.drain:
-            sim.by_name[name].draining = True
-        for name, role in decision.flip:
-            inst = sim.by_name[name]
-            old = inst.role
-            inst.role = role
-            inst.draining = False
-            inst.available_at_s = now_s + sim.cfg.flip_delay_s
-            if old == "prefill" and role == "decode":
-                for job in inst.withdraw_unstarted(now_s):
-                    req: Req = job.req  # type: ignore[assignment]
-                    sim.redispatch_prefill(req)
-            elif old == "decode" and role == "prefill":
-                waiting = list(inst.waiting)
-                inst.waiting.clear()
-                for stream in waiting:
-                    sim.redispatch_decode(stream)  # type: ignore[arg-type]
-        if decision.flip:
-            sim.result.flips += 1
-        if decision.threshold_min_tokens is not None:
-            sim.t_min = decision.threshold_min_tokens
-            if not sim.cfg.live_threshold:
-                sim.t = decision.threshold_min_tokens
-        events = sim.result.role_events
-        if decision.action != "Hold" or not events or events[-1].reason != decision.reason:
-            events.append(
-                RoleEvent(
-                    now_s,
-                    decision.action,
-                    decision.reason,
-                    decision.prefill_to,
-                    decision.decode_to,
-                    decision.threshold_min_tokens,
-                )
+        d = decision.roles
+        if d is None:
+            return
+        if decision.act:
+            self.carry_out(d, now_s)
+            if decision.threshold_min_tokens is not None:
+                sim.t_min = decision.threshold_min_tokens
+                if not sim.cfg.live_threshold:
+                    sim.t = decision.threshold_min_tokens
+        if decision.recorded:
+            sim.result.role_events.append(
+                RoleEvent(now_s, d.action, d.reason, d.prefill_to, d.decode_to, decision.threshold_min_tokens)
             )
+
+    def carry_out(self, d: RoleDecision, now_s: float) -> None:
+        """The role effects: drain, then flip (counted once per flipping decision)."""
+        sim = self.sim
+        for name in d.drain:
+            sim.by_name[name].draining = True
+        for name, role in d.flip:
+            self._flip(sim.by_name[name], role, now_s)
+        if d.flip:
+            sim.result.flips += 1
+
+    def _flip(self, inst: Instance, role: Role, now_s: float) -> None:
+        sim = self.sim
+        old = inst.role
+        inst.role = role
+        inst.draining = False
+        inst.available_at_s = now_s + sim.cfg.flip_delay_s
+        if old == "prefill" and role == "decode":
+            for job in inst.withdraw_unstarted(now_s):
+                req: Req = job.req  # type: ignore[assignment]
+                sim.redispatch_prefill(req)
+        elif old == "decode" and role == "prefill":
+            waiting = list(inst.waiting)
+            inst.waiting.clear()
+            for stream in waiting:
+                sim.redispatch_decode(stream)  # type: ignore[arg-type]

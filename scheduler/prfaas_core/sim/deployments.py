@@ -8,7 +8,7 @@
   and admits remote prefills only under the cap);
 * ``prfaas_pd`` — the same start with both timescales live: ``t`` re-evaluated every second
   (:func:`~prfaas_core.policy.threshold.decide_threshold`) and the role loop flipping PD instances
-  (:class:`~prfaas_core.policy.loop.LongTermLoop`), which also re-optimises ``t_min``.
+  (:func:`~prfaas_core.policy.loop.step`), which also re-optimises ``t_min``.
 
 :func:`static_split_configs` gives ``prfaas_pd`` with each fixed prefill count: the same role loop with
 ``suspend`` set (it observes and re-optimises ``t_min`` for the observed mix every cycle, but flips

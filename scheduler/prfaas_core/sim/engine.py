@@ -9,9 +9,9 @@ PD cluster, :func:`~prfaas_core.policy.routing.pick_decode_instance` -> decode s
 Short term, once per simulated second: the link's 1-s egress is measured and fed to the router's
 :class:`~prfaas_core.policy.link.EgressLedger`; :func:`~prfaas_core.policy.link.next_link_state` gives the
 scarce/abundant mode; with a live threshold :func:`~prfaas_core.policy.threshold.decide_threshold`
-re-evaluates ``t`` from the last window of incremental lengths. Long term: the unchanged
-:class:`~prfaas_core.policy.loop.LongTermLoop` with this module's observer and actuator
-(:mod:`.control`) on its own schedule (``next_due_s``). Cross-cluster cache moves of the abundant mode
+re-evaluates ``t`` from the last window of incremental lengths. Long term: the core's
+:func:`~prfaas_core.policy.loop.step` on this module's observation, its effects carried out by
+:mod:`.control`, on its own schedule (``next_due_s``). Cross-cluster cache moves of the abundant mode
 take the link too (PD -> PrFaaS moves the reverse direction, a link of its own).
 
 TTFT is measured from arrival to the first token, which the decode instance streams after its first step;
@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..names import GBPS_BITS
+from ..policy import loop as long_term
 from ..policy.link import EgressLedger, LinkParams, LinkState, next_link_state
-from ..policy.loop import LongTermLoop
 from ..policy.routing import (
     InstanceView,
     RouteRequest,
@@ -114,11 +114,7 @@ class Simulation:
         self.threshold_reason = "initial t = t_min"
         self.window: deque[tuple[float, int]] = deque()
         self.control = SimControl(self)
-        self.loop: LongTermLoop | None = None
-        if config.live_roles:
-            self.loop = LongTermLoop(
-                config.role_params, inputs, self.control, self.control, lambda: float(self.t), history_limit=100
-            )
+        self.loop_state: long_term.LoopState | None = long_term.LoopState() if config.live_roles else None
         self.result = RunResult(config.name, duration_s, len(requests))
         self.series = self.result.series
         self.arrived = 0
@@ -139,7 +135,7 @@ class Simulation:
         for step in self.cfg.link.schedule:
             ev.at(step.at_seconds, self._set_capacity, step.capacity_gbps)
         ev.at(1.0, self._tick, None)
-        if self.loop is not None:
+        if self.loop_state is not None:
             ev.at(self.cfg.role_params.period_s, self._run_loop, None)
         self._stop_s = until_s if until_s is not None else 3.0 * self.duration_s + 600.0
         self._progress = progress
@@ -158,8 +154,8 @@ class Simulation:
         r.link_max_over_capacity_gbps = self.link.max_over_capacity * 8.0 / GBPS_BITS
         r.pool_hit_tokens = self.pd_pool.hit_tokens + self.prfaas_pool.hit_tokens
         r.pool_block_match_tokens = self.pd_pool.block_match_tokens + self.prfaas_pool.block_match_tokens
-        if self.loop is not None:
-            r.decisions = [(e.time_s, e.decision.action, e.decision.reason) for e in self.loop.history]
+        if self.loop_state is not None:
+            r.decisions = [(e.time_s, e.action, e.reason) for e in r.role_events[-len(self.loop_state.history) :]]
         return r
 
     # --- arrival and routing -------------------------------------------------------------------------------
@@ -221,7 +217,7 @@ class Simulation:
     def _record_length(self, now: float, uncached: int) -> None:
         if self.cfg.live_threshold:
             self.window.append((now, uncached))
-        if self.loop is not None:
+        if self.loop_state is not None:
             self.control.lengths.append((now, uncached))
 
     def redispatch_prefill(self, req: Req) -> None:
@@ -439,9 +435,22 @@ class Simulation:
             self.events.at(now + 1.0, self._tick, None)
 
     def _run_loop(self, _: object) -> None:
-        assert self.loop is not None
+        """One long-term cycle: observe, the core's step, carry out its effects (the routers' live ``t`` is the
+        verdict's ``t``)."""
+        assert self.loop_state is not None
         now = self.events.now_s
         if now >= self.duration_s and self.arrived == self.completed:
             return
-        self.loop.run_once(now)
-        self.events.at(max(self.loop.next_due_s(), now + 1e-3), self._run_loop, None)
+        tick = long_term.LoopTick(
+            now,
+            self.cfg.role_params,
+            self.cfg.inputs,
+            self.loop_state,
+            self.control.observe(now),
+            threshold_tokens=float(self.t),
+            history_limit=100,
+        )
+        decision = long_term.step(tick)
+        self.control.apply(decision, now)
+        self.loop_state = decision.state
+        self.events.at(max(decision.next_due_s, now + 1e-3), self._run_loop, None)
