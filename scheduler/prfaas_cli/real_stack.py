@@ -12,16 +12,37 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from .stack import free_port, spawn_process, stop_processes
-from .vllm_engines import BLOCK_SIZE, RealEngine, RealEnv
+from .vllm_engines import BLOCK_SIZE, RealEnv
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
+
+
+class Endpoint(Protocol):
+    """What a router configuration needs of an engine: its name and base URL."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    """An engine somebody else started."""
+
+    name: str
+    url: str
+
+
 TOKEN = "real-tier-token"
 LINK = "a-to-b"
 
@@ -52,7 +73,7 @@ class RealStack:
     def token_file(self) -> Path:
         return self.dir / "gateway-token"
 
-    def gateway_config(self, prfaas: RealEngine, name: str = "prfaas") -> dict[str, Any]:
+    def gateway_config(self, prfaas: Endpoint, name: str = "prfaas") -> dict[str, Any]:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.token_file.write_text(TOKEN + "\n")
         return {
@@ -68,8 +89,8 @@ class RealStack:
 
     def router_config(
         self,
-        prefill: list[RealEngine],
-        decode: list[RealEngine],
+        prefill: Sequence[Endpoint],
+        decode: Sequence[Endpoint],
         gateway: str | None,
         threshold_min_tokens: int,
         decode_urls: dict[str, str] | None = None,

@@ -67,8 +67,12 @@ class RealEnv:
             raise RealEnginesUnavailable("scripts/real-engines.sh did not finish in 30 min") from None
         if done.returncode != 0:
             raise RealEnginesUnavailable(f"scripts/real-engines.sh failed ({done.returncode}): {done.stderr[-2000:]}")
-        data = json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())
-        return cls(**data)
+        return cls.load(Path(done.stdout.strip().splitlines()[-1]))
+
+    @classmethod
+    def load(cls, path: Path) -> RealEnv:
+        """The environment file ``scripts/real-engines.sh`` wrote."""
+        return cls(**json.loads(path.read_text()))
 
 
 def metric_values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -112,6 +112,11 @@ VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
 VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
 VLLM_E2E_LATENCY_SECONDS: Final = "vllm:e2e_request_latency_seconds"
 VLLM_REQUEST_SUCCESS: Final = "vllm:request_success_total"
+VLLM_PROMPT_TOKENS_BY_SOURCE: Final = "vllm:prompt_tokens_by_source_total"
+"""Prompt tokens by ``source``: ``local_compute`` (prefilled here), ``local_cache_hit`` (this engine's prefix cache),
+``external_kv_transfer`` (pulled from a prefill engine by the KV connector) — the ground truth for "the decode side
+did not recompute"."""
+PROMPT_SOURCES: Final = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 KIB: Final = 1024
 MIB: Final = 1024 * 1024

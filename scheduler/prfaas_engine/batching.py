@@ -227,6 +227,8 @@ class EngineCore:
             return
         self.loading.discard(req)
         self.prefix_cache.insert(req.hashes)
+        # as vLLM counts it: every prompt token of a request whose KV was pulled came by the connector
+        self.metrics.prompt_by_source["external_kv_transfer"].inc(req.prompt_tokens)
         req.phase = "ready"
         self.waiting.appendleft(req)
         self._update_gauges()
@@ -273,6 +275,8 @@ class EngineCore:
     def _prefill_complete(self, req: EngineRequest, now: float) -> None:
         self.prefix_cache.insert(req.hashes)
         self.metrics.prompt_tokens_l.inc(req.prompt_tokens)
+        self.metrics.prompt_by_source["local_compute"].inc(req.uncached_tokens)
+        self.metrics.prompt_by_source["local_cache_hit"].inc(req.cached_tokens)
         req.phase = "decode"
         self._emit(req, now)
 

@@ -86,6 +86,14 @@ class Engine:
             "remote_host": adv.host,
             "remote_port": adv.port,
             "tp_size": 1,
+            # the rest of what vLLM 0.32's NixlConnector answers (seen on real engines); decode legs echo it back
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_request_id": req.request_id,
+            "remote_num_tokens": req.prompt_tokens,
+            "remote_blocks_expiry_time": None,
+            "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": req.cached_tokens,
         }
 
     async def _load_kv(self, req: EngineRequest) -> None:

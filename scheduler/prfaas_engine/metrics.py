@@ -38,6 +38,13 @@ class EngineMetrics:
         self.kv_usage_l = self.kv_usage.labels(*lv)
         self.prompt_tokens = Counter(names.VLLM_PROMPT_TOKENS, "Prefill tokens processed.", LABELS, registry=r)
         self.prompt_tokens_l = self.prompt_tokens.labels(*lv)
+        by_source = Counter(
+            names.VLLM_PROMPT_TOKENS_BY_SOURCE.removesuffix("_total"),
+            "Number of prompt tokens by source.",
+            (*LABELS, "source"),
+            registry=r,
+        )
+        self.prompt_by_source = {source: by_source.labels(*lv, source) for source in names.PROMPT_SOURCES}
         self.generation_tokens = Counter(names.VLLM_GENERATION_TOKENS, "Generation tokens.", LABELS, registry=r)
         self.generation_tokens_l = self.generation_tokens.labels(*lv)
         self.prefix_queries = Counter(

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from prfaas_cli.vllm_engines import RealEngine, RealEnginesUnavailable, RealEnv
+from prfaas_cli.vllm_engines import REPO, RealEngine, RealEnginesUnavailable, RealEnv
 
 REQUIRE_REAL = os.environ.get("PRFAAS_REQUIRE_REAL") == "1"
 
-__all__ = ["REQUIRE_REAL", "RealEngine", "prepare_or_skip", "skip_or_fail"]
+__all__ = ["REPO", "REQUIRE_REAL", "RealEngine", "prepare_or_skip", "skip_or_fail"]
 
 
 def skip_or_fail(reason: str) -> None:
