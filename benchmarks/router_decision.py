@@ -2,7 +2,11 @@
 over the current snapshot: prefix-index lookups, decide_route, admission) versus the work around it that is
 reported separately — token counting of a text prompt and prefix-block hashing. Prints JSON.
 
-    .venv/bin/python benchmarks/router_decision.py [--requests 20000]
+Tokenising cost is reported for the character estimate and for a model tokenizer (a byte-level BPE with a
+32K vocabulary, trained here on generated text, loaded through the router's own ModelTokenizer): p50/p99 at
+1K and 32K tokens.
+
+    .venv/bin/python benchmarks/router_decision.py [--requests 20000] [--smoke]
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from prfaas_core.api import RouterConfig
 from prfaas_core.policy.routing import RouteRequest, RoutingView, decide_route
 from prfaas_core.profiles import builtin_model_profiles
-from prfaas_core.tokens import block_hashes, build_tokenizer
+from prfaas_core.tokens import ModelTokenizer, Tokenizer, block_hashes, build_tokenizer
 from prfaas_router.runtime import Runtime, compile_config
 
 
@@ -46,10 +50,69 @@ def us(values: list[float]) -> dict[str, float]:
     return {"p50": round(statistics.median(values) * 1e6, 2), "p99": round(pct(values, 0.99) * 1e6, 2)}
 
 
+def bpe_tokenizer(vocab: int, seed: int = 0) -> ModelTokenizer:
+    """A byte-level BPE of ``vocab`` ids trained on generated text (no download), as a ModelTokenizer."""
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(seed)
+    syllables = [a + b for a in "bcdfghjklmnprstvwz" for b in "aeiou"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(20_000)]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) for _ in range(20_000)]
+    tok = HfTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(lines, trainer=trainer)
+    return ModelTokenizer(tok.to_str(), name=f"bpe-{vocab}")
+
+
+def text_of(tokenizer: Tokenizer, tokens: int, rng: random.Random) -> str:
+    """A text the tokenizer counts as about ``tokens`` tokens."""
+    syllables = [a + b for a in "bcdfghjklmnprstvwz" for b in "aeiou"]
+    text = ""
+    while len(tokenizer.encode(text)) < tokens:
+        text += " " + " ".join("".join(rng.choice(syllables) for _ in range(3)) for _ in range(tokens // 2 + 1))
+    lo, hi = 0, len(text)
+    while lo < hi:  # the shortest prefix with enough tokens
+        mid = (lo + hi) // 2
+        if len(tokenizer.encode(text[:mid])) >= tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return text[:lo]
+
+
+def tokenising_cost(reps: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Milliseconds to count a prompt's tokens, by tokenizer and prompt length (p50/p99 over ``reps``)."""
+    rng = random.Random(1)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for tokenizer in (build_tokenizer("chars4"), bpe_tokenizer(32_000)):
+        out[tokenizer.name] = {}
+        for tokens in (1024, 32 * 1024):
+            text = text_of(tokenizer, tokens, rng)
+            times = []
+            for _ in range(reps if tokens <= 1024 else max(3, reps // 10)):
+                t0 = time.perf_counter()
+                tokenizer.encode(text)
+                times.append(time.perf_counter() - t0)
+            out[tokenizer.name][f"{tokens // 1024}k_tokens_ms"] = {
+                "p50": round(statistics.median(times) * 1e3, 3),
+                "p99": round(pct(times, 0.99) * 1e3, 3),
+            }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--tokenize-reps", type=int, default=200, help="repetitions per 1K prompt (32K: a tenth)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny run of every code path (the test run's check)")
     args = ap.parse_args()
+    if args.smoke:
+        args.requests, args.tokenize_reps = 300, 10
     rng = random.Random(0)
     rt = Runtime(compile_config(config()))
     tok = build_tokenizer("chars4")
@@ -96,6 +159,7 @@ def main() -> None:
                 "tokenize_27k_tokens_ms": round(tokenize_s * 1e3, 2),
                 "prefix_hash_27k_tokens_ms": round(hash_s * 1e3, 2),
                 "target_policy_call_p99_us": 50,
+                "tokenize": tokenising_cost(args.tokenize_reps),
             },
             indent=2,
         )
