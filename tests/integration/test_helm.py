@@ -679,3 +679,22 @@ def test_rbac_allows_every_call_of_the_operator_and_explains_every_other_rule(
     for _, rule in grants:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
         assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "patch", "delete"}
+
+
+def test_the_tokenizer_volume_is_mounted_into_routers_and_gateways(helm: str, tmp_path: Path) -> None:
+    """values.tokenizer: the model's tokenizer reaches every router and gateway container at its mountPath
+    (the ModelProfile's tokenizer.file points inside it), and nothing is mounted without a volume."""
+    extra = tmp_path / "tokenizer.yaml"
+    extra.write_text(
+        "tokenizer:\n  mountPath: /models/tok\n  volume:\n    persistentVolumeClaim:\n      claimName: qwen-tokenizer\n"
+    )
+    for region, kind_suffix in (("region-b", "-router"), ("region-a", "-gateway")):
+        values = REPO / f"examples/03-helm/{region}/values.yaml"
+        deploy = find(render(helm, CHART, values, "-f", str(extra)), "Deployment", kind_suffix)
+        pod = deploy["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "prfaas-tokenizer")
+        assert volume["persistentVolumeClaim"] == {"claimName": "qwen-tokenizer"}
+        mount = next(m for m in containers(deploy)[0]["volumeMounts"] if m["name"] == "prfaas-tokenizer")
+        assert mount == {"name": "prfaas-tokenizer", "mountPath": "/models/tok", "readOnly": True}
+        plain = find(render(helm, CHART, values), "Deployment", kind_suffix)
+        assert all(v["name"] != "prfaas-tokenizer" for v in plain["spec"]["template"]["spec"]["volumes"])

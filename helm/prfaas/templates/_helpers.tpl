@@ -128,6 +128,24 @@ Router (standalone and sidecar)
   mountPath: {{ include "prfaas.secretsDir" $ }}/{{ $name }}
   readOnly: true
 {{- end }}
+{{- include "prfaas.tokenizer.volumeMount" . }}
+{{- end }}
+
+{{/*
+The served model's tokenizer volume (values.tokenizer), mounted read-only into routers and gateways.
+*/}}
+{{- define "prfaas.tokenizer.volumeMount" -}}
+{{- if .Values.tokenizer.volume }}
+- name: prfaas-tokenizer
+  mountPath: {{ .Values.tokenizer.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- define "prfaas.tokenizer.volume" -}}
+{{- if .Values.tokenizer.volume }}
+- name: prfaas-tokenizer
+  {{- toYaml .Values.tokenizer.volume | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -144,6 +162,7 @@ restarts until it appears (kubelet then fills the volume; later changes are hot-
   secret:
     secretName: {{ $name }}
 {{- end }}
+{{- include "prfaas.tokenizer.volume" . }}
 {{- end }}
 
 {{/*
