@@ -138,14 +138,7 @@ class ModelTokenizer:
         """The chat's prompt text as vLLM renders it (text parts joined with newlines, generation prompt)."""
         if self._template is None:
             raise ValueError("the model's tokenizer has no chat template: chat completions cannot be counted")
-        normalised = []
-        for message in messages:
-            if not isinstance(message, dict):
-                raise ValueError("every message must be an object")
-            role = message.get("role")
-            if not isinstance(role, str) or not role:
-                raise ValueError("every message needs a string 'role'")
-            normalised.append({**message, "content": message_text(message.get("content"))})
+        normalised = normalise_messages(messages)
         return str(
             self._template.render(
                 messages=normalised,
@@ -187,8 +180,9 @@ def message_text(content: Any) -> str:
     raise ValueError("message content must be a string or a list of content parts")
 
 
-def render_chat(messages: Sequence[dict[str, Any]]) -> str:
-    """The prompt text of a chat conversation (minimal template, generation prompt appended)."""
+def normalise_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages checked (objects with a string ``role``) and with their content as text, as a chat
+    template sees them. ValueError names what is wrong."""
     out = []
     for message in messages:
         if not isinstance(message, dict):
@@ -196,7 +190,13 @@ def render_chat(messages: Sequence[dict[str, Any]]) -> str:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise ValueError("every message needs a string 'role'")
-        out.append(f"<|{role}|>\n{message_text(message.get('content'))}\n")
+        out.append({**message, "content": message_text(message.get("content"))})
+    return out
+
+
+def render_chat(messages: Sequence[dict[str, Any]]) -> str:
+    """The prompt text of a chat conversation (minimal template, generation prompt appended)."""
+    out = [f"<|{m['role']}|>\n{m['content']}\n" for m in normalise_messages(messages)]
     out.append("<|assistant|>\n")
     return "".join(out)
 
