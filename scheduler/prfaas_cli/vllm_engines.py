@@ -36,8 +36,9 @@ NIXL_PROGRESS_DELAY_US = "10000"
 """NIXL's progress-thread poll delay (the vLLM environment's sitecustomize applies it) instead of busy-polling a
 core per agent. Measured here with four engines on 2 cores: 100 us starved the engines' start (none healthy in
 300 s), 1 ms gave first KV pulls of 8-30 s under load, 10 ms gave 1.5-3 s and 0.15-0.2 s decodes after."""
-START_TIMEOUT_S = 300.0
-"""Engines starting together on 2 busy cores take ~1 min; the deadline is generous, the wait is on /health."""
+START_TIMEOUT_S = 600.0
+"""Four engines starting together take ~1 min on 2 idle cores and several minutes when the cores are busy; the
+deadline only catches a stuck start (the wait itself is on /health)."""
 
 
 class RealEnginesUnavailable(RuntimeError):

@@ -33,6 +33,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.real_engine)
+            # the first test also sets up the tier's engines (a minute on 2 idle cores, several when busy);
+            # the engines' own start deadline (START_TIMEOUT_S) reports a stuck start first, with its log
+            item.add_marker(pytest.mark.timeout(900))
 
 
 @dataclass
