@@ -117,12 +117,20 @@ def test_measured_egress_utilisation_and_hysteresis(h: Harness) -> None:
     t_min = wait_until(lambda: h.status(ns).get("thresholdMinTokens"), 30, "t_min published")
 
     st = wait_until(lambda: measured_near(h, ns, LOW), 30, f"egress ~{LOW} Gbps")
-    assert st["state"] == "Abundant" and abs(st["utilization"] - LOW / 100) < 0.02
-    assert st["utilizationPercent"] == "20%" and st["lastMeasuredTime"]
+    # the measurement is a rate over scraped counters: within 10 % of the set egress (18-22 Gbps here) on a
+    # loaded machine, so the checks below tie the figures to each other, not to the exact set value
+    assert st["state"] == "Abundant" and abs(st["utilization"] - st["measuredEgressGbps"] / 100) < 0.005
+    assert abs(st["utilization"] - LOW / 100) <= 0.1 * LOW / 100 + 0.005
+    assert st["utilizationPercent"] == f"{st['utilization']:.0%}" and st["lastMeasuredTime"]
     degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "False"
     assert isinstance(st["thresholdFloorTokens"], int) and st["thresholdFloorTokens"] <= t_min
-    wait_until(lambda: h.status(ns)["summary"]["link"] == "20%", 20, "the PDCluster's link column")
+    near_low = {f"{p}%" for p in range(18, 23)}
+    wait_until(
+        lambda: h.status(ns)["summary"]["link"] == link(h, ns)["utilizationPercent"] in near_low,
+        20,
+        "the PDCluster's link column",
+    )
     assert h.status(ns)["thresholdTokens"] == t_min  # abundant: the floor does not bind
 
     # into the hysteresis band from below: still abundant
