@@ -109,6 +109,9 @@ class RealStack:
             "endpoints": endpoints,
             "links": [{"name": LINK, "capacityGbps": 100}],
             "routing": {"prefixBlockTokens": BLOCK_SIZE, "refreshIntervalSeconds": 0.5, "breakerOpenSeconds": 3},
+            # a KV pull on CPU vLLM occasionally stalls for many seconds on a loaded 2-core machine (the decode
+            # engine busy-steps while it waits): only a dead producer (vLLM answers 500 within ~5 s) falls back
+            "timeouts": {"kvPullSeconds": 120},
             **extra,
         }
         if gateway is not None:
@@ -119,7 +122,7 @@ class RealStack:
                     "statusUrl": self.url(gateway) + "/status",
                     "tokenFile": str(self.token_file),
                     "link": LINK,
-                    "timeoutSeconds": 8,
+                    "timeoutSeconds": 10,
                 }
             ]
         return config
