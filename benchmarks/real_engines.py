@@ -202,7 +202,8 @@ def plot(samples: dict[str, dict[str, list[float]]], path: Path) -> None:
     for ax, key, title in ((axes[0], "ttft", "TTFT"), (axes[1], "e2e", "End-to-end")):
         ax.boxplot([[v * 1000 for v in samples[s][key]] for s in SYSTEMS], tick_labels=list(SYSTEMS))
         ax.set_title(f"{title} on real vLLM (CPU, tiny model)")
-        ax.set_ylabel("ms")
+        ax.set_ylabel("ms (log scale: KV pulls on CPU vLLM have long stalls)")
+        ax.set_yscale("log")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
