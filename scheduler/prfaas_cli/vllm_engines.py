@@ -10,6 +10,7 @@ namespace. Field references (``status.podIP``) resolve to the engine's address: 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -140,6 +141,13 @@ class RealEngine:
             return ""
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started the engine dies (a killed test run
+    must not leave 2.6 GiB engines behind; vLLM's own processes follow their API server)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class EnginePool:
     """Starts real engines through :func:`engine_launch` and ends them (whole process groups)."""
@@ -195,7 +203,13 @@ class EnginePool:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         engine = RealEngine(name, spec, launch, host, proc, log, netns)
         self.engines[name] = engine
@@ -208,7 +222,7 @@ class EnginePool:
         while pending:
             for engine in list(pending):
                 if not engine.alive():
-                    raise AssertionError(f"engine {engine.name} exited ({engine.proc.returncode}):\n{engine.tail()}")
+                    raise RuntimeError(f"engine {engine.name} exited ({engine.proc.returncode}):\n{engine.tail()}")
                 try:
                     if httpx.get(f"{engine.url}/health", timeout=2).status_code == 200:
                         pending.remove(engine)
@@ -216,7 +230,8 @@ class EnginePool:
                     pass
             if pending and time.monotonic() > deadline:
                 names = ", ".join(e.name for e in pending)
-                raise AssertionError(f"engines not healthy after {timeout_s} s: {names}\n{pending[0].tail()}")
+                tails = "\n".join(f"--- {e.name}:\n{e.tail(1500)}" for e in pending)
+                raise RuntimeError(f"engines not healthy after {timeout_s} s: {names}\n{tails}")
             if pending:
                 time.sleep(0.5)
 
