@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import prfaas_core.sim.engine as engine
+import prfaas_core.sim.simulation as engine
 from prfaas_core.policy.routing import InstancePick, RouteDecision, RouteRequest, RoutingView
 from prfaas_core.policy.threshold import ThresholdDecision
 from prfaas_core.sim.arrivals import generate_requests

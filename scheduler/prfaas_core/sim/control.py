@@ -26,7 +26,7 @@ from ..workload import EmpiricalDistribution
 from .results import RoleEvent
 
 if TYPE_CHECKING:
-    from .engine import Req, Simulation
+    from .simulation import Req, Simulation
     from .instances import Instance
 
 MIN_LENGTH_SAMPLES = 20

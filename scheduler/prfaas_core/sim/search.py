@@ -26,7 +26,7 @@ from ..trace import TraceRecord
 from .arrivals import Curve, SimRequest, generate_requests, requests_from_trace
 from .config import SimConfig
 from .deployments import PlannedDeployments, ScenarioError, plan_deployments, static_split_configs
-from .engine import Simulation
+from .simulation import Simulation
 from .metrics import RunSummary, summarize
 from .results import RunResult
 from .scenario import Scenario
