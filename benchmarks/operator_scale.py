@@ -43,8 +43,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support.operator_harness import GATEWAY_TOKEN, Harness
-from support.prom import wait_until
+from prfaas_testbed.operator_harness import GATEWAY_TOKEN, Harness
+from prfaas_testbed.prom import wait_until
 
 TICK_FIELDS = ("pd_clusters", "links", "prefill_clusters", "seconds", "queries", "api_calls", "status_writes")
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+|NaN|[+-]Inf)$", re.M)
