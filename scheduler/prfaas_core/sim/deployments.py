@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from ..hardware import builtin_hardware, list_builtin_hardware
 from ..kv import kv_model_from_profile
+from ..names import NO_THRESHOLD_TOKENS
 from ..plan_inputs import PlanInputs
 from ..planner import Plan, compute_balanced_threshold, plan
 from ..policy.roles import RolePolicyParams
@@ -31,8 +32,6 @@ from ..workload import EmpiricalDistribution, LengthDistribution, distribution_f
 from .arrivals import SimRequest
 from .config import SimConfig
 from .scenario import DeploymentName, Scenario
-
-NO_THRESHOLD = 1 << 30
 
 
 class ScenarioError(ValueError):
@@ -150,7 +149,7 @@ def plan_deployments(scenario: Scenario, requests: Sequence[SimRequest]) -> Plan
             "n_prfaas": 0,
             "n_prefill": homog.n_prefill,
             "n_decode": homog.n_decode,
-            "threshold_tokens": NO_THRESHOLD,
+            "threshold_tokens": NO_THRESHOLD_TOKENS,
             "live_threshold": False,
             "live_roles": False,
         },
@@ -186,7 +185,7 @@ def static_split_configs(scenario: Scenario, inputs: PlanInputs) -> dict[int, Si
     suspended = replace(role_params(scenario), suspend=True)
     for n_p in range(c.prefill_min, c.pd_instances - c.decode_min + 1):
         t_bal = compute_balanced_threshold(inputs, n_p)
-        t = t_bal if t_bal is not None else NO_THRESHOLD
+        t = t_bal if t_bal is not None else NO_THRESHOLD_TOKENS
         out[n_p] = _config(
             scenario,
             inputs,
