@@ -96,17 +96,13 @@ def generate_trace(rate_rps: float, duration_s: float, output_tokens: int, seed:
 
 def _router_threshold(url: str) -> float | None:
     """The ``t`` in force at the router (its own gauge)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prfaas_router.prom_text import sample_sum
 
     try:
         text = httpx.get(f"{url}/metrics", timeout=5.0).text
     except httpx.HTTPError:
         return None
-    for fam in text_string_to_metric_families(text):
-        for sample in fam.samples:
-            if sample.name == METRIC_ROUTER_THRESHOLD_TOKENS:
-                return sample.value
-    return None
+    return sample_sum(text, METRIC_ROUTER_THRESHOLD_TOKENS)
 
 
 def _view(

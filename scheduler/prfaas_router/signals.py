@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import httpx
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_core import names
 from prfaas_core.api import GatewayStatus
@@ -17,34 +16,20 @@ from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.short_term import Refreshed
 
 from .metrics import RouterMetrics
+from .prom_text import sample_sum, sample_sums
 from .runtime import EngineLoad, Runtime, Snapshot
 
 log = structlog.get_logger("prfaas.router.signals")
 
 
 def parse_engine_load(text: str) -> EngineLoad:
-    waiting = running = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == names.VLLM_REQUESTS_WAITING:
-                waiting += sample.value
-            elif sample.name == names.VLLM_REQUESTS_RUNNING:
-                running += sample.value
-    return EngineLoad(True, waiting, running)
+    sums = sample_sums(text, (names.VLLM_REQUESTS_WAITING, names.VLLM_REQUESTS_RUNNING))
+    return EngineLoad(True, sums.get(names.VLLM_REQUESTS_WAITING, 0.0), sums.get(names.VLLM_REQUESTS_RUNNING, 0.0))
 
 
 def parse_counter(text: str, metric: str, labels: dict[str, str]) -> float | None:
     """Sum of the samples of counter ``metric`` (``_total``) whose labels include ``labels``."""
-    base = metric.removesuffix("_total")
-    total, found = 0.0, False
-    for family in text_string_to_metric_families(text):
-        if family.name not in (base, metric):
-            continue
-        for sample in family.samples:
-            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-                found = True
-    return total if found else None
+    return sample_sum(text, metric, labels)
 
 
 @dataclass
