@@ -93,20 +93,13 @@ def scenario_inputs(scenario: Scenario, requests: Sequence[SimRequest]) -> PlanI
 
 def role_params(scenario: Scenario) -> RolePolicyParams:
     p, c = scenario.policy.roles, scenario.cluster
-    return RolePolicyParams(
-        period_s=float(p.period_seconds),
-        hysteresis_cycles=p.hysteresis_cycles,
-        cooldown_s=float(p.cooldown_seconds),
-        drain_timeout_s=float(p.drain_timeout_seconds),
-        step_size=p.step_size,
-        flip_to_decode_ratio=p.flip_to_decode_ratio,
-        flip_to_prefill_ratio=p.flip_to_prefill_ratio,
+    return RolePolicyParams.from_policy(
+        p,
         prefill_min=c.prefill_min,
         prefill_max=c.pd_instances - c.decode_min,
         decode_min=c.decode_min,
         decode_max=c.pd_instances - c.prefill_min,
         queue_per_instance=scenario.policy.queue_per_instance,
-        suspend=p.suspend,
     )
 
 
