@@ -18,7 +18,7 @@ latency = through the router minus direct at the same percentile. The routing de
 Every process shares this machine's cores with wrk, so the absolute figures are the machine's; the ratios are
 the point.
 
-    .venv/bin/python benchmarks/router_overhead.py [--seconds 5] [--connections 32] [--rate 500]
+    .venv/bin/python benchmarks/router_overhead.py [--seconds 5] [--connections 32] [--rate 500] [--smoke]
 
 Prints JSON and writes it to out/bench/overhead.json. Not a test: it asserts nothing.
 """
@@ -142,10 +142,10 @@ def our_config(backend: str, path: Path) -> None:
     path.write_text(json.dumps(config))
 
 
-def decision_time() -> dict[str, Any]:
+def decision_time(requests: int) -> dict[str, Any]:
     script = Path(__file__).with_name("router_decision.py")
     out = subprocess.run(
-        [sys.executable, str(script), "--requests", "20000"], capture_output=True, text=True, check=True
+        [sys.executable, str(script), "--requests", str(requests)], capture_output=True, text=True, check=True
     ).stdout
     return dict(json.loads(out))
 
@@ -157,7 +157,16 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=500.0, help="the fixed rate of the latency runs, req/s")
     ap.add_argument("--paced-connections", type=int, default=25, help="connections of the fixed-rate runs")
     ap.add_argument("--out", default="out/bench/overhead.json")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the real code path on a tiny input (1-s runs, a short warm-up and calibration, 200 decisions): what "
+        "the test suite runs so that the benchmark never rots; its figures mean nothing",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.seconds = 1.0
+    short = 1.0 if args.smoke else 2.0
     if shutil.which("wrk") is None:
         print("error: wrk is not installed (scripts/system-deps.sh installs it)", file=sys.stderr)
         return 2
@@ -208,7 +217,7 @@ def main() -> int:
             # pacing: each connection waits delay_ms after each answer, so a cycle is delay + latency; a short
             # calibration run measures the latency and the delay is set so the cycle hits the target rate
             delay_ms = max(1, round(cycle_ms))
-            probe = wrk(url, 2, args.paced_connections, PACED_LUA.replace("{delay_ms}", str(delay_ms)))
+            probe = wrk(url, short, args.paced_connections, PACED_LUA.replace("{delay_ms}", str(delay_ms)))
             latency_ms = max(0.0, args.paced_connections * 1000.0 / max(probe["rps"], 1.0) - delay_ms)
             delay_ms = max(1, round(cycle_ms - latency_ms))
             fixed = wrk(url, args.seconds, args.paced_connections, PACED_LUA.replace("{delay_ms}", str(delay_ms)))
@@ -225,7 +234,7 @@ def main() -> int:
             "p50_ms": round(fixed["p50_ms"] - direct["p50_ms"], 3),
             "p99_ms": round(fixed["p99_ms"] - direct["p99_ms"], 3),
         }
-    decision = decision_time()
+    decision = decision_time(200 if args.smoke else 20_000)
 
     def ratio(a: float, b: float) -> float | None:
         return round(a / b, 3) if b > 0 else None

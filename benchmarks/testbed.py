@@ -9,7 +9,7 @@ system under test — becomes the limit.
   source read directly. Also the shaped case: the achieved rate over the configured rate (at most 1 by
   construction; the lower bound the integration tests assert).
 
-Usage: ``python benchmarks/testbed.py [--seconds 5] [--concurrency 32] [--megabytes 256]``. Not a test.
+Usage: ``python benchmarks/testbed.py [--seconds 5] [--concurrency 32] [--megabytes 256] [--smoke]``. Not a test.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def bench_engine(seconds: float, concurrency: int) -> dict[str, float]:
     return out
 
 
-def bench_relay(megabytes: int) -> dict[str, float]:
+def bench_relay(megabytes: int, shaped_megabytes: int = 200) -> dict[str, float]:
     nbytes = megabytes * 1_000_000
     src_port, link_port, shaped_port = free_port(), free_port(), free_port()
     procs = [spawn_process([sys.executable, "-c", SOURCE, str(src_port)])]
@@ -203,7 +203,7 @@ def bench_relay(megabytes: int) -> dict[str, float]:
         direct = asyncio.run(pull(src_port, nbytes))
         asyncio.run(pull(link_port, 10_000_000))
         relayed = asyncio.run(pull(link_port, nbytes))
-        shaped_bytes = 200_000_000
+        shaped_bytes = shaped_megabytes * 1_000_000
         shaped = asyncio.run(pull(shaped_port, shaped_bytes))
     finally:
         stop_processes(procs)
@@ -223,9 +223,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="concurrent clients")
     parser.add_argument("--megabytes", type=int, default=256, help="bytes per relay transfer, MB")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument(
+        "--smoke", action="store_true", help="the real code path on a tiny input (1-s loads, 8 MB and 10 MB shaped)"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.megabytes = 1.0, 8
     engine = bench_engine(args.seconds, args.concurrency)
-    relay = bench_relay(args.megabytes)
+    relay = bench_relay(args.megabytes, 10 if args.smoke else 200)
     if args.json:
         print(json.dumps({"cpus": os.cpu_count(), **engine, **relay}))
         return

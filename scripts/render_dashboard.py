@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from observability_stack import ObservedStack, start  # noqa: E402
 from testbed_support import processes  # noqa: E402
 
-from support.operator_harness import Harness  # noqa: E402
+from prfaas_testbed.operator_harness import Harness  # noqa: E402
 
 GRID_UNIT_W, GRID_UNIT_H = 0.62, 0.36  # inches per Grafana grid unit
 

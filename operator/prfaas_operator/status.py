@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from prfaas_core.api import ApiModel, Condition
 from prfaas_core.api.common import parse_rfc3339, rfc3339
+from prfaas_core.names import NO_THRESHOLD_TOKENS
 
 from .kube import ApiError, JsonDict, KubeApi
 
@@ -99,7 +100,7 @@ def status_patch(status: ApiModel) -> JsonDict:
 def format_tokens(tokens: int | None) -> str:
     if tokens is None:
         return ""
-    if tokens >= 1 << 30:
+    if tokens >= NO_THRESHOLD_TOKENS:
         return "inf"
     return f"{tokens / 1000:.1f}K" if tokens >= 1000 else str(tokens)
 

@@ -229,7 +229,7 @@ async def sample_egress(
     urls: Sequence[str], time_scale: float, stop: asyncio.Event, samples: list[float], metric: str = EGRESS
 ) -> None:
     """Link egress (model Gbps) per 1-second *model* window, summed over the link's relays' counters."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prfaas_router.prom_text import sample_sum
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
         last: tuple[float, float] | None = None
@@ -241,10 +241,7 @@ async def sample_egress(
                         text = await resp.text()
                 except (aiohttp.ClientError, TimeoutError):
                     continue
-                for fam in text_string_to_metric_families(text):
-                    for s in fam.samples:
-                        if s.name == metric:
-                            total += s.value
+                total += sample_sum(text, metric) or 0.0
             now = time.perf_counter()
             if last is not None and now > last[0]:
                 samples.append((total - last[1]) * 8 / 1e9 / ((now - last[0]) * time_scale))

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_core.api import RouterConfig, RouterEndpoint
 from prfaas_core.names import METRIC_ROUTER_ROUTE_DECISIONS
 from prfaas_core.plan_inputs import PlanInputs
 from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, step
 from prfaas_core.policy.roles import InstanceState, Role, RoleDecision, RoleObservation, RolePolicyParams, StageLoad
+from prfaas_router.prom_text import sample_sum
 
 
 def write_router_config(path: Path, config: RouterConfig) -> None:
@@ -50,11 +50,7 @@ class LocalCluster:
             text = self.http.get(f"{self.router_url}/metrics").text
         except httpx.HTTPError:
             return None
-        total = 0.0
-        for fam in text_string_to_metric_families(text):
-            for sample in fam.samples:
-                if sample.name == METRIC_ROUTER_ROUTE_DECISIONS:
-                    total += sample.value
+        total = sample_sum(text, METRIC_ROUTER_ROUTE_DECISIONS) or 0.0
         prev, self._requests = self._requests, (now_s, total)
         if prev is None or now_s <= prev[0] or total < prev[1]:
             return None

@@ -34,7 +34,7 @@ from prfaas_core.planner import (
     sweep_thresholds,
 )
 from prfaas_core.trace import TraceError, parse_trace
-from prfaas_core.validation import validate_documents
+from prfaas_core.validation import validate_documents, validation_message
 from prfaas_core.workload import WorkloadSpec, mean, workload_from_trace
 
 from .manifests import InputError, load_documents
@@ -98,16 +98,6 @@ def run(args: argparse.Namespace) -> int:
 # --- Inputs ------------------------------------------------------------------------------------------------
 
 
-def _pydantic_message(source: str, exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(x) for x in err["loc"])
-        ctx = err.get("ctx") or {}
-        msg = str(ctx.get("message", err["msg"])) if err["type"] == "cel_rule" else err["msg"]
-        parts.append(f"{source}: {loc + str(ctx.get('field_path', '')) or '<root>'}: {msg}")
-    return "\n".join(parts)
-
-
 def load_workload(path_text: str) -> WorkloadSpec:
     """A WorkloadSpec from YAML, or one derived from a JSONL trace."""
     path = Path(path_text)
@@ -127,7 +117,7 @@ def load_workload(path_text: str) -> WorkloadSpec:
     try:
         return WorkloadSpec.model_validate(body if body is not None else {})
     except ValidationError as exc:
-        raise PlanCliError(_pydantic_message(str(path), exc)) from None
+        raise PlanCliError(validation_message(str(path), exc)) from None
 
 
 def _specs_from_files(files: list[str]) -> tuple[ModelProfileSpec, PrefillClusterSpec, PDClusterSpec, InterDCLinkSpec]:

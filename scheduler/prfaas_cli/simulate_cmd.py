@@ -40,6 +40,7 @@ from prfaas_core.sim.search import (
     static_split_report,
 )
 from prfaas_core.trace import TraceError, TraceRecord, dump_trace, parse_trace
+from prfaas_core.validation import validation_message
 
 from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
@@ -69,16 +70,6 @@ def register(sub: Any) -> None:
 # --- inputs ------------------------------------------------------------------------------------------------
 
 
-def _pydantic_message(source: str, exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(x) for x in err["loc"])
-        ctx = err.get("ctx") or {}
-        msg = str(ctx.get("message", err["msg"])) if err["type"] == "cel_rule" else err["msg"]
-        parts.append(f"{source}: {loc + str(ctx.get('field_path', '')) or '<root>'}: {msg}")
-    return "\n".join(parts)
-
-
 def load_scenario(path_text: str | None) -> tuple[Scenario, Path | None]:
     if path_text is None:
         return default_scenario(), None
@@ -96,7 +87,7 @@ def load_scenario(path_text: str | None) -> tuple[Scenario, Path | None]:
     try:
         return Scenario.model_validate(body or {}), path
     except ValidationError as exc:
-        raise SimulateCliError(_pydantic_message(str(path), exc)) from None
+        raise SimulateCliError(validation_message(str(path), exc)) from None
 
 
 def load_trace(scenario: Scenario, scenario_path: Path | None) -> tuple[TraceRecord, ...] | None:

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -115,111 +116,96 @@ class LocalStack:
         return out
 
     def start(self) -> None:
+        """The PrFaaS engines behind their link relays, the PD engines, the gateway and the router; then wait."""
         exit_on_sigterm()
         s = self.spec
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
         scale = ["--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale)]
-        model = builtin_model_profiles()[s.model_profile]
-        model_json = model.model_dump(mode="json", by_alias=True, exclude_none=True)
-        per_relay_gbps = s.link_gbps / s.n_prfaas
-        prfaas_eps, link_metrics = [], []
-        for i in range(s.n_prfaas):
-            port, kv, relay, admin = free_port(), free_port(), free_port(), free_port()
-            self._start(
-                f"prfaas-{i}",
-                [
-                    "engine",
-                    "--role",
-                    "prefill",
-                    "--hardware",
-                    "H200",
-                    "--port",
-                    str(port),
-                    "--kv-listen",
-                    f"127.0.0.1:{kv}",
-                    "--kv-advertise",
-                    f"127.0.0.1:{relay}",
-                    "--engine-id",
-                    f"prfaas-{i}",
-                    "--model-profile",
-                    s.model_profile,
-                    *scale,
-                ],
-            )
-            self._start(
-                f"link-{i}",
-                [
-                    "link",
-                    "--listen",
-                    f"127.0.0.1:{relay}",
-                    "--target",
-                    f"127.0.0.1:{kv}",
-                    "--capacity-gbps",
-                    str(per_relay_gbps),
-                    "--rtt-ms",
-                    str(s.rtt_ms),
-                    "--name",
-                    "a-to-b",
-                    "--metrics-port",
-                    str(admin),
-                    *scale,
-                ],
-            )
-            self.urls[f"prfaas-{i}"] = f"http://127.0.0.1:{port}"
-            self.urls[f"link-{i}"] = f"http://127.0.0.1:{admin}"
-            self.link_metric_urls.append(f"http://127.0.0.1:{admin}/metrics")
-            prfaas_eps.append({"name": f"prfaas-{i}", "url": f"http://127.0.0.1:{port}", "role": "prefill"})
-            link_metrics.append(f"http://127.0.0.1:{admin}/metrics")
-        pd_eps = []
-        for i in range(s.n_pd):
-            port = free_port()
-            role = "prefill" if i < s.initial_prefill else "decode"
-            self._start(
-                f"pd-{i}",
-                [
-                    "engine",
-                    "--role",
-                    role,
-                    "--hardware",
-                    "H20",
-                    "--port",
-                    str(port),
-                    "--kv-listen",
-                    f"127.0.0.1:{free_port()}",
-                    "--engine-id",
-                    f"pd-{i}",
-                    "--model-profile",
-                    s.model_profile,
-                    *scale,
-                ],
-            )
-            self.urls[f"pd-{i}"] = f"http://127.0.0.1:{port}"
-            pd_eps.append({"name": f"pd-{i}", "url": f"http://127.0.0.1:{port}", "role": role})
+        model_json = builtin_model_profiles()[s.model_profile].model_dump(mode="json", by_alias=True, exclude_none=True)
+        prfaas_eps = [self._start_prfaas(i, scale) for i in range(s.n_prfaas)]
+        pd_eps = [self._start_pd(i, scale) for i in range(s.n_pd)]
         token = self.work_dir / "gateway-token"
         token.write_text(os.urandom(16).hex())
-        scale_cfg = {"timeScale": s.time_scale, "byteScale": s.byte_scale}
         gw_port, router_port = free_port(), free_port()
-        gateway = {
+        gw_url = f"http://127.0.0.1:{gw_port}"
+        self.urls["gateway"], self.urls["router"] = gw_url, f"http://127.0.0.1:{router_port}"
+        gateway = self._gateway_config(model_json, prfaas_eps, token)
+        (self.work_dir / "gateway.json").write_text(json.dumps(gateway, indent=2))
+        self.router_config = self._router_config(model_json, pd_eps, gw_url, token)
+        write_router_config(self.config_path, self.router_config)
+        self._start("gateway", ["router", "--config", str(self.work_dir / "gateway.json"), "--port", str(gw_port)])
+        self._start("router", ["router", "--config", str(self.config_path), "--port", str(router_port)])
+        self.wait_ready()
+
+    def _start_prfaas(self, i: int, scale: list[str]) -> dict[str, str]:
+        """PrFaaS engine ``i`` and its link relay (its share of the link); the engine advertises the relay as
+        its KV address, so that the KV crosses the shaped link. Returns its gateway endpoint."""
+        s = self.spec
+        port, kv, relay, admin = free_port(), free_port(), free_port(), free_port()
+        name = f"prfaas-{i}"
+        self._start(
+            name,
+            ["engine", "--role", "prefill", "--hardware", "H200", "--port", str(port),
+             "--kv-listen", f"127.0.0.1:{kv}", "--kv-advertise", f"127.0.0.1:{relay}", "--engine-id", name,
+             "--model-profile", s.model_profile, *scale],
+        )  # fmt: skip
+        self._start(
+            f"link-{i}",
+            ["link", "--listen", f"127.0.0.1:{relay}", "--target", f"127.0.0.1:{kv}",
+             "--capacity-gbps", str(s.link_gbps / s.n_prfaas), "--rtt-ms", str(s.rtt_ms), "--name", "a-to-b",
+             "--metrics-port", str(admin), *scale],
+        )  # fmt: skip
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        self.urls[f"link-{i}"] = f"http://127.0.0.1:{admin}"
+        self.link_metric_urls.append(f"http://127.0.0.1:{admin}/metrics")
+        return {"name": name, "url": f"http://127.0.0.1:{port}", "role": "prefill"}
+
+    def _start_pd(self, i: int, scale: list[str]) -> dict[str, str]:
+        """PD engine ``i`` (prefill for the first ``initial_prefill``, decode after). Returns its endpoint."""
+        s = self.spec
+        port = free_port()
+        name, role = f"pd-{i}", "prefill" if i < s.initial_prefill else "decode"
+        self._start(
+            name,
+            ["engine", "--role", role, "--hardware", "H20", "--port", str(port),
+             "--kv-listen", f"127.0.0.1:{free_port()}", "--engine-id", name, "--model-profile", s.model_profile,
+             *scale],
+        )  # fmt: skip
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        return {"name": name, "url": f"http://127.0.0.1:{port}", "role": role}
+
+    def _scale_config(self) -> dict[str, float]:
+        return {"timeScale": self.spec.time_scale, "byteScale": self.spec.byte_scale}
+
+    def _gateway_config(
+        self, model_json: dict[str, Any], endpoints: list[dict[str, str]], token: Path
+    ) -> dict[str, Any]:
+        """The gateway's RouterConfig (gateway mode in front of the PrFaaS engines)."""
+        return {
             "pdCluster": "prfaas-h200",
             "mode": "gateway",
             "thresholdMinTokens": 0,
             "model": model_json,
-            "endpoints": prfaas_eps,
+            "endpoints": endpoints,
             "gateway": {"prefillCluster": "prfaas-h200", "tokenFile": str(token)},
             "prfaasHardware": {"accelerator": "H200"},
-            "scale": scale_cfg,
+            "scale": self._scale_config(),
         }
-        (self.work_dir / "gateway.json").write_text(json.dumps(gateway, indent=2))
-        gw_url = f"http://127.0.0.1:{gw_port}"
-        self.urls["gateway"], self.urls["router"] = gw_url, f"http://127.0.0.1:{router_port}"
-        # one logical link (total capacity) made of one relay per PrFaaS engine: the router admits against
-        # the total; its own in-flight egress covers every relay, its measured correction reads the first
-        self.router_config = RouterConfig.model_validate(
+
+    def _router_config(
+        self, model_json: dict[str, Any], endpoints: list[dict[str, str]], gw_url: str, token: Path
+    ) -> RouterConfig:
+        """The router's RouterConfig: the PD engines, the gateway as its remote, the link.
+
+        One logical link (total capacity) made of one relay per PrFaaS engine: the router admits against the
+        total; its own in-flight egress covers every relay, its measured correction reads the first."""
+        s = self.spec
+        return RouterConfig.model_validate(
             {
                 "pdCluster": "pd-h20",
                 "thresholdMinTokens": s.threshold_min_tokens,
                 "model": model_json,
-                "endpoints": pd_eps,
+                "endpoints": endpoints,
                 "remotes": [
                     {
                         "name": "prfaas-h200",
@@ -234,19 +220,15 @@ class LocalStack:
                         "name": "a-to-b",
                         "capacityGbps": s.link_gbps,
                         "maxUtilization": s.link_max_utilization,
-                        "metricsUrl": link_metrics[0],
+                        "metricsUrl": self.link_metric_urls[0],
                     }
                 ],
                 "pdHardware": {"accelerator": "H20"},
                 "prfaasHardware": {"accelerator": "H200"},
-                "scale": scale_cfg,
+                "scale": self._scale_config(),
                 "routing": {"refreshIntervalSeconds": 0.5},
             }
         )
-        write_router_config(self.config_path, self.router_config)
-        self._start("gateway", ["router", "--config", str(self.work_dir / "gateway.json"), "--port", str(gw_port)])
-        self._start("router", ["router", "--config", str(self.config_path), "--port", str(router_port)])
-        self.wait_ready()
 
     def check_alive(self) -> None:
         for name, proc in self.procs:

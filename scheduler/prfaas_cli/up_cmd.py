@@ -96,17 +96,13 @@ def generate_trace(rate_rps: float, duration_s: float, output_tokens: int, seed:
 
 def _router_threshold(url: str) -> float | None:
     """The ``t`` in force at the router (its own gauge)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prfaas_router.prom_text import sample_sum
 
     try:
         text = httpx.get(f"{url}/metrics", timeout=5.0).text
     except httpx.HTTPError:
         return None
-    for fam in text_string_to_metric_families(text):
-        for sample in fam.samples:
-            if sample.name == METRIC_ROUTER_THRESHOLD_TOKENS:
-                return sample.value
-    return None
+    return sample_sum(text, METRIC_ROUTER_THRESHOLD_TOKENS)
 
 
 def _view(
@@ -191,6 +187,21 @@ async def _run(
         cluster.close()
     if tty:
         print(file=sys.stderr)
+    summary = _summary(stack, cluster, results, egress, slo, cap, router_t, time.perf_counter() - start)
+    return summary, PlotData([(r.uncached_tokens, r.ttft_s, r.route) for r in results], egress, timeline, cap)
+
+
+def _summary(
+    stack: LocalStack,
+    cluster: LocalCluster,
+    results: list[Result],
+    egress: list[float],
+    slo: Slo,
+    cap: float,
+    router_t: float | None,
+    wall_s: float,
+) -> dict[str, Any]:
+    """The run's JSON: requests (all and by route), egress against the cap, the loop's decisions."""
     summary = summarize(results, slo)
     by_route: dict[str, dict[str, Any]] = {}
     for route in sorted({r.route for r in results}):
@@ -216,10 +227,56 @@ async def _run(
             "published_threshold_min_tokens": published["thresholdMinTokens"],
             "router_threshold_tokens": router_t,
         },
-        "wall_seconds": round(time.perf_counter() - start, 1),
+        "wall_seconds": round(wall_s, 1),
         "last_decisions": [decision_json(d) for d in cluster.decisions[-5:]],
         "errors": sorted({f"{r.status}: {r.error}" for r in results if r.status != 200})[:5],
-    }, PlotData([(r.uncached_tokens, r.ttft_s, r.route) for r in results], egress, timeline, cap)
+    }
+
+
+UP_ROLE_PARAMS = RolePolicyParams(
+    period_s=20.0,
+    hysteresis_cycles=2,
+    cooldown_s=60.0,
+    drain_timeout_s=30.0,
+    drain_poll_s=2.0,
+    prefill_min=1,
+    decode_min=1,
+)
+"""The long-term loop's policy in ``prfaas up`` (short periods: a local run lasts minutes)."""
+
+
+def _records(args: argparse.Namespace, rate_rps: float) -> list[TraceRecord]:
+    """The trace to replay: ``--trace``, or one generated at ``rate_rps`` (raises ValueError/OSError)."""
+    if args.trace:
+        return list(parse_trace(Path(args.trace).read_text().splitlines(), args.trace))
+    return generate_trace(rate_rps, args.duration, args.output_tokens, args.seed)
+
+
+def _print_summary(out: dict[str, Any], work: Path) -> None:
+    """The run's summary as text."""
+    r = out["requests"]
+    print(
+        f"requests {r['requests']}, ok {r['ok']}, within SLO {r['meets_slo']} ({r['slo_attainment']:.1%}); "
+        f"TTFT p50/p90 {r['ttft_p50_s']}/{r['ttft_p90_s']} s (model)"
+    )
+    for route, s in out["by_route"].items():
+        print(
+            f"  {route:9s} {s['requests']:5d} requests, TTFT p50/p90 {s['ttft_p50_s']}/{s['ttft_p90_s']} s, "
+            f"SLO {s['slo_attainment']:.1%}"
+        )
+    if r["slo_misses"]:
+        print(f"  missed the SLO by: {r['slo_misses']}")
+    print(
+        f"egress mean/peak {out['egress_mean_gbps']}/{out['egress_peak_gbps']} Gbps vs cap "
+        f"{out['link_cap_gbps']:g}; roles now {out['final_roles']}; t {out['threshold_tokens']}; "
+        f"flips {len(out['role_flips'])}"
+    )
+    lp = out["loop"]
+    print(
+        f"long-term loop: {lp['cycles']} cycles {lp['actions']}; t_min published "
+        f"{lp['published_threshold_min_tokens']}, t in force at the router {lp['router_threshold_tokens']}"
+    )
+    print(f"summary: {work / 'summary.json'}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -236,14 +293,11 @@ def run(args: argparse.Namespace) -> int:
     p = plan(base)
     best = p.prfaas_pd.point
     t_best = round(best.split.threshold_tokens)
-    if args.trace:
-        try:
-            records = list(parse_trace(Path(args.trace).read_text().splitlines(), args.trace))
-        except (OSError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    else:
-        records = generate_trace(args.load * best.throughput_rps, args.duration, args.output_tokens, args.seed)
+    try:
+        records = _records(args, args.load * best.throughput_rps)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-up-"))
     work.mkdir(parents=True, exist_ok=True)
     spec = StackSpec(
@@ -253,15 +307,6 @@ def run(args: argparse.Namespace) -> int:
         link_gbps=args.link_gbps,
         time_scale=args.time_scale,
         threshold_min_tokens=int(t_best),
-    )
-    params = RolePolicyParams(
-        period_s=20.0,
-        hysteresis_cycles=2,
-        cooldown_s=60.0,
-        drain_timeout_s=30.0,
-        drain_poll_s=2.0,
-        prefill_min=1,
-        decode_min=1,
     )
     print(
         f"plan for {args.prfaas} PrFaaS + {args.pd} PD: t = {t_best}, "
@@ -277,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         stack.start()
-        run_out = asyncio.run(_run(args, stack, records, params, base, Slo()))
+        run_out = asyncio.run(_run(args, stack, records, UP_ROLE_PARAMS, base, Slo()))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -294,29 +339,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(out, indent=2))
     else:
-        r = out["requests"]
-        print(
-            f"requests {r['requests']}, ok {r['ok']}, within SLO {r['meets_slo']} ({r['slo_attainment']:.1%}); "
-            f"TTFT p50/p90 {r['ttft_p50_s']}/{r['ttft_p90_s']} s (model)"
-        )
-        for route, s in out["by_route"].items():
-            print(
-                f"  {route:9s} {s['requests']:5d} requests, TTFT p50/p90 {s['ttft_p50_s']}/{s['ttft_p90_s']} s, "
-                f"SLO {s['slo_attainment']:.1%}"
-            )
-        if r["slo_misses"]:
-            print(f"  missed the SLO by: {r['slo_misses']}")
-        print(
-            f"egress mean/peak {out['egress_mean_gbps']}/{out['egress_peak_gbps']} Gbps vs cap "
-            f"{out['link_cap_gbps']:g}; roles now {out['final_roles']}; t {out['threshold_tokens']}; "
-            f"flips {len(out['role_flips'])}"
-        )
-        lp = out["loop"]
-        print(
-            f"long-term loop: {lp['cycles']} cycles {lp['actions']}; t_min published "
-            f"{lp['published_threshold_min_tokens']}, t in force at the router {lp['router_threshold_tokens']}"
-        )
-        print(f"summary: {work / 'summary.json'}")
+        _print_summary(out, work)
     if plot_dir is not None:
         try:
             write_plots(plot_dir, {"up.png": render_plot(plot_data, Slo())})

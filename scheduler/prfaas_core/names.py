@@ -124,3 +124,6 @@ K_TOKENS: Final = 1024
 """The paper's "K" for token counts (Table 5: K = 1024 tokens)."""
 GBPS_BITS: Final = 1e9
 """One Gbps is 10^9 bit/s (paper-spec.md §2.1 unit check)."""
+NO_THRESHOLD_TOKENS: Final = 1 << 30
+"""The threshold ``t`` that offloads nothing (no request is that long): the upper bound on ``t`` when nothing
+pins it, the ``t`` of a deployment without a remote cluster, the largest ``t`` a resource may pin."""

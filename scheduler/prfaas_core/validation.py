@@ -87,6 +87,18 @@ def model_issues(model: type[ApiModel], body: Any) -> tuple[ApiModel | None, lis
         return None, issues
 
 
+def validation_message(source: str, exc: ValidationError) -> str:
+    """A pydantic error as the CLI prints it: one ``source: field: message`` line per error (a CEL-paired rule
+    names its fieldPath and says its own message)."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in err["loc"])
+        ctx = err.get("ctx") or {}
+        msg = str(ctx.get("message", err["msg"])) if err["type"] == "cel_rule" else err["msg"]
+        parts.append(f"{source}: {loc + str(ctx.get('field_path', '')) or '<root>'}: {msg}")
+    return "\n".join(parts)
+
+
 def check_document(doc: Document) -> Checked:
     """Run the CRD check and the model check on one document."""
     body = doc.body

@@ -19,8 +19,9 @@ from prfaas_core.api import RouterConfig
 
 from .config import ConfigWatcher, load_config
 from .gateway import Gateway
+from .http_util import json_error
 from .metrics import RouterMetrics
-from .proxy import Proxy, json_error
+from .proxy import Proxy
 from .runtime import Runtime, compile_config
 from .signals import Signals
 

@@ -20,10 +20,10 @@ from aiohttp import web
 
 from prfaas_core.api import GatewayStatus
 from prfaas_core.names import GBPS_BITS
-from prfaas_core.policy.routing import InstanceView, pick_prefill_instance
+from prfaas_core.policy.routing import InstanceView
 from prfaas_core.tokens import block_hashes, prompt_token_ids
 
-from .proxy import is_chat, json_error, read_token
+from .http_util import is_chat, json_error, read_token
 from .runtime import EngineLoad, Runtime
 
 WINDOW_S = 10.0
@@ -73,32 +73,31 @@ class Gateway:
             views = [
                 InstanceView(
                     e.name,
-                    queued_prefill_s=rt.queued_prefill_s.get(e.name, 0.0),
+                    queued_prefill_s=rt.queued_prefill_s(e.name),
                     cached_prefix_tokens=hits.get(e.name, 0),
                     healthy=rt.snapshot.engines.get(e.name, EngineLoad()).healthy and e.name not in tried,
                     draining=e.name in c.draining,
                 )
                 for e in c.prefill
             ]
-            pick = pick_prefill_instance(views, len(ids), c.prfaas.prefill_seconds)
+            pick = rt.policy.pick_prefill(views, len(ids), c.prfaas.prefill_seconds)
             if pick.name is None:
                 break
             tried.add(pick.name)
             uncached = max(0, len(ids) - hits.get(pick.name, 0))
-            seconds = c.prfaas.prefill_seconds(float(uncached))
-            rt.queued_prefill_s[pick.name] = rt.queued_prefill_s.get(pick.name, 0.0) + seconds
-            try:
-                resp = await self.http.post(
-                    f"{c.by_name[pick.name].url}{request.path}",
-                    json=body,
-                    headers={"x-request-id": request.headers.get("x-request-id", "")},
-                    timeout=httpx.Timeout(c.config.timeouts.prefill_seconds, connect=c.config.timeouts.connect_seconds),
-                )
-            except httpx.HTTPError as exc:
-                last_error = f"{pick.name}: {exc.__class__.__name__}"
-                continue
-            finally:
-                rt.queued_prefill_s[pick.name] = max(0.0, rt.queued_prefill_s.get(pick.name, 0.0) - seconds)
+            with rt.prefill_queued(pick.name, c.prfaas.prefill_seconds(float(uncached))):
+                try:
+                    resp = await self.http.post(
+                        f"{c.by_name[pick.name].url}{request.path}",
+                        json=body,
+                        headers={"x-request-id": request.headers.get("x-request-id", "")},
+                        timeout=httpx.Timeout(
+                            c.config.timeouts.prefill_seconds, connect=c.config.timeouts.connect_seconds
+                        ),
+                    )
+                except httpx.HTTPError as exc:
+                    last_error = f"{pick.name}: {exc.__class__.__name__}"
+                    continue
             if resp.status_code >= 500:
                 last_error = f"{pick.name} answered {resp.status_code}"
                 continue

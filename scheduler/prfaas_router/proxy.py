@@ -14,7 +14,8 @@ import json
 import os
 import ssl
 import time
-from pathlib import Path
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -26,6 +27,7 @@ from aiohttp import web
 from prfaas_core.api import RemoteGateway
 from prfaas_core.tokens import block_hashes, prompt_token_ids
 
+from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
 from .legs import LegError, decode_body, kv_handle, prefill_body
 from .metrics import RouterMetrics
 from .runtime import LocalPlan, Runtime
@@ -36,35 +38,6 @@ ROUTE_HEADER = "x-prfaas-route"
 """Response header naming the route a request took: local, remote or fallback."""
 PROMPT_TOKENS_HEADER = "x-prfaas-prompt-tokens"
 """Response header: the prompt's tokens as the router counted them (the model's tokenizer, or the estimate)."""
-
-
-def json_bytes(obj: Any) -> bytes:
-    """A leg's body: orjson is ~15x faster than json on the long token-id lists prompts carry."""
-    return orjson.dumps(obj)
-
-
-JSON_CONTENT = "application/json"
-
-
-def json_error(status: int, message: str, kind: str = "invalid_request_error", **headers: str) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.json_response(body, status=status, headers=headers or None)
-
-
-def is_chat(path: str) -> bool:
-    return path.endswith("/chat/completions")
-
-
-def read_token(path: str | None) -> str | None:
-    return Path(path).read_text(encoding="utf-8").strip() if path else None
-
-
-def new_session(limit: int = 4096) -> aiohttp.ClientSession:
-    """The legs' HTTP client (aiohttp: its connection pool costs O(1) per request, httpx's scans every pooled
-    connection, which capped the plain-proxy rate at a few hundred requests per second). Bodies pass through
-    as the engines sent them (no decompression); timeouts are set per leg."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60.0)
-    return aiohttp.ClientSession(connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
 
 
 class Proxy:
@@ -156,13 +129,14 @@ class Proxy:
         hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
         pd_hits = rt.pd_index.match(hashes)
         t0 = time.perf_counter()
-        decision, remote = rt.decide(len(ids), hashes, pd_hits)
+        routed = rt.route(len(ids), hashes, pd_hits)
         m.decision_seconds.observe(time.perf_counter() - t0)
+        decision, remote = routed.decision, rt.remote_gateway(routed)
         rt.remember_length(decision.uncached_tokens, rt.model_now())
         route: str = decision.target
         m.decisions.labels(route, decision.kind).inc()
         kv: dict[str, Any] | None = None
-        plan = rt.plan_local(len(ids), hashes, pd_hits)
+        plan = rt.local_plan(routed)
         if plan is None:
             m.requests.labels(route, "unavailable").inc()
             return json_error(503, "no healthy decode instance", "service_unavailable")
@@ -196,7 +170,7 @@ class Proxy:
             )
         except LegError as exc:
             if remote is not None and remote_kv:
-                rt.breakers[remote.name] = rt.breakers[remote.name].on_failure(rt.clock(), c.breaker, str(exc))
+                rt.remote_failed(remote.name, str(exc))
             if not (remote_kv and exc.retriable):
                 m.requests.labels(route, "error").inc()
                 return json_error(exc.status, str(exc), "upstream_error")
@@ -221,9 +195,8 @@ class Proxy:
         self, remote: RemoteGateway, path: str, body: dict[str, Any], request_id: str, nbytes: float, uncached: int
     ) -> dict[str, Any]:
         rt = self.rt
-        ledger = rt.ledgers[remote.link]
         duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
-        ledger.start(request_id, nbytes, rt.model_now(), duration)
+        rt.start_transfer(remote.link, request_id, nbytes, duration)
         self.metrics.remote_bytes.labels(remote.link).inc(nbytes)
         headers = {"x-request-id": request_id}
         token = self.remote_tokens.get(remote.name)
@@ -244,11 +217,11 @@ class Proxy:
                     raise LegError(f"remote prefill answered {resp.status}")
                 handle = kv_handle(orjson.loads(await resp.read()))
         except (aiohttp.ClientError, TimeoutError, ValueError, LegError) as exc:
-            ledger.finish(request_id)
+            rt.finish_transfer(request_id)
             why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
-            rt.breakers[remote.name] = rt.breakers[remote.name].on_failure(now, rt.compiled.breaker, str(why))
+            rt.remote_failed(remote.name, str(why), now)
             raise why from None
-        rt.breakers[remote.name] = rt.breakers[remote.name].on_success()
+        rt.remote_succeeded(remote.name)
         return handle
 
     async def _local_prefill(
@@ -258,29 +231,29 @@ class Proxy:
         assert plan.prefill is not None
         endpoint = rt.compiled.by_name[plan.prefill]
         seconds = rt.compiled.pd.prefill_seconds(float(uncached))
-        rt.queued_prefill_s[plan.prefill] = rt.queued_prefill_s.get(plan.prefill, 0.0) + seconds
         timeouts = rt.compiled.config.timeouts
-        try:
-            async with self.legs.post(
-                f"{endpoint.url}{path}",
-                data=json_bytes(prefill_body(body)),
-                headers={"x-request-id": request_id, "Content-Type": JSON_CONTENT},
-                timeout=aiohttp.ClientTimeout(total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds),
-            ) as resp:
-                data = await resp.read()
-                if resp.status != 200:
-                    text = data[:200].decode(errors="replace")
-                    raise LegError(
-                        f"local prefill on {plan.prefill} answered {resp.status}: {text}",
-                        status=502 if resp.status >= 500 else resp.status,
-                    )
-                return kv_handle(orjson.loads(data))
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise LegError(f"local prefill on {plan.prefill}: {exc.__class__.__name__}") from None
-        except ValueError:
-            raise LegError(f"local prefill on {plan.prefill} answered a body that is not JSON") from None
-        finally:
-            rt.queued_prefill_s[plan.prefill] = max(0.0, rt.queued_prefill_s.get(plan.prefill, 0.0) - seconds)
+        with rt.prefill_queued(plan.prefill, seconds):
+            try:
+                async with self.legs.post(
+                    f"{endpoint.url}{path}",
+                    data=json_bytes(prefill_body(body)),
+                    headers={"x-request-id": request_id, "Content-Type": JSON_CONTENT},
+                    timeout=aiohttp.ClientTimeout(
+                        total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds
+                    ),
+                ) as resp:
+                    data = await resp.read()
+                    if resp.status != 200:
+                        text = data[:200].decode(errors="replace")
+                        raise LegError(
+                            f"local prefill on {plan.prefill} answered {resp.status}: {text}",
+                            status=502 if resp.status >= 500 else resp.status,
+                        )
+                    return kv_handle(orjson.loads(data))
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise LegError(f"local prefill on {plan.prefill}: {exc.__class__.__name__}") from None
+            except ValueError:
+                raise LegError(f"local prefill on {plan.prefill} answered a body that is not JSON") from None
 
     async def _decode(
         self,
@@ -296,125 +269,147 @@ class Proxy:
         prompt_tokens: int = 0,
     ) -> web.StreamResponse:
         """The decode leg, streamed or not; ``prefilled`` is when the prefill leg returned the first token."""
-        rt, m = self.rt, self.metrics
-        endpoint = rt.compiled.by_name[plan.decode]
-        timeouts = rt.compiled.config.timeouts
-        rt.active_decodes[plan.decode] = rt.active_decodes.get(plan.decode, 0) + 1
-        ledger_keys = [lk for lk in rt.ledgers.values()]
-        upstream: aiohttp.ClientResponse | None = None
-        drained = False
+        rt = self.rt
+        leg = DecodeLeg(request, plan.decode, body, route, started, prompt_tokens)
+        try:
+            with rt.decoding(plan.decode):
+                # the decode has *started* once its first byte arrives: until then a failure may be retried
+                # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
+                limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
+                chunks, first = await self._open_decode(leg, kv, request_id, limit)
+                rt.finish_transfer(request_id)
+                if not body.get("stream"):
+                    return await self._answer_whole(leg, chunks, first, prefilled)
+                return await self._answer_stream(leg, chunks, first)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.metrics.requests.labels(route, "cancelled").inc()
+            raise
+        finally:
+            rt.finish_transfer(request_id)
+            leg.close()
+
+    async def _open_decode(
+        self, leg: DecodeLeg, kv: dict[str, Any] | None, request_id: str, limit: float | None
+    ) -> tuple[AsyncIterator[bytes], bytes]:
+        """Post the decode leg and wait for its first bytes (a failure before them may be retried)."""
+        timeouts = self.rt.compiled.config.timeouts
+        endpoint = self.rt.compiled.by_name[leg.instance]
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=timeouts.connect_seconds, sock_read=timeouts.decode_idle_seconds
         )
-        try:
-            # the decode has *started* once its first byte arrives: until then a failure may be retried
-            # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
-            limit = timeouts.kv_pull_seconds if kv_crosses_link else None
 
-            async def open_leg() -> aiohttp.ClientResponse:
-                return await self.legs.post(
-                    f"{endpoint.url}{request.path}",
-                    data=json_bytes(decode_body(body, kv)),
-                    headers={"x-request-id": request_id, "Content-Type": JSON_CONTENT},
-                    timeout=timeout,
-                )
-
-            try:
-                upstream = await asyncio.wait_for(open_leg(), limit)
-                if upstream.status != 200:
-                    data = await upstream.read()
-                    drained = True
-                    status = upstream.status
-                    raise LegError(
-                        f"decode on {plan.decode} answered {status}: {data[:300].decode(errors='replace')}",
-                        status=502 if status >= 500 else status,
-                        retriable=status >= 500 or status in (404, 410),
-                    )
-                chunks = upstream.content.iter_any()
-                first = await asyncio.wait_for(anext(chunks, b""), limit)
-            # aiohttp's read timeout is a ClientError *and* a TimeoutError: a failed leg, not a stalled pull
-            except aiohttp.ClientError as exc:
-                raise LegError(f"decode on {plan.decode} failed: {exc.__class__.__name__}") from None
-            except TimeoutError:
-                raise LegError(
-                    f"decode on {plan.decode} did not start within {limit:g} s: the KV pull across the link stalled"
-                ) from None
-            _finish_transfer(ledger_keys, request_id)
-            if not body.get("stream"):
-                try:
-                    data = first + b"".join([c async for c in chunks])
-                except aiohttp.ClientError as exc:
-                    raise LegError(
-                        f"decode on {plan.decode} broke mid-answer: {exc.__class__.__name__}", retriable=False
-                    ) from None
-                drained = True
-                if prefilled is not None:
-                    m.ttft.labels(route).observe(prefilled - started)
-                m.e2e.labels(route).observe(time.perf_counter() - started)
-                m.requests.labels(route, "ok").inc()
-                return web.Response(
-                    body=data,
-                    status=200,
-                    content_type="application/json",
-                    headers={ROUTE_HEADER: route, PROMPT_TOKENS_HEADER: str(prompt_tokens)},
-                )
-            out = web.StreamResponse(
-                headers={
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-cache",
-                    ROUTE_HEADER: route,
-                    PROMPT_TOKENS_HEADER: str(prompt_tokens),
-                }
+        async def open_leg() -> aiohttp.ClientResponse:
+            return await self.legs.post(
+                f"{endpoint.url}{leg.request.path}",
+                data=json_bytes(decode_body(leg.body, kv)),
+                headers={"x-request-id": request_id, "Content-Type": JSON_CONTENT},
+                timeout=timeout,
             )
-            await out.prepare(request)
-            first_at = last_at = time.perf_counter()
-            m.ttft.labels(route).observe(first_at - started)
-            events = first.count(b"data: ")
-            try:
-                await out.write(first)
-                async for chunk in chunks:
-                    if request.transport is None or request.transport.is_closing():
-                        raise ConnectionResetError("client went away")  # closes the decode leg below
-                    await out.write(chunk)
-                    events += chunk.count(b"data: ")
-                    last_at = time.perf_counter()
-            except aiohttp.ClientError as exc:
-                m.requests.labels(route, "error").inc()
-                err = {
-                    "error": {
-                        "message": f"decode stream from {plan.decode} broke: {exc.__class__.__name__}",
-                        "type": "upstream_error",
-                        "code": 502,
-                    }
+
+        try:
+            upstream = leg.upstream = await asyncio.wait_for(open_leg(), limit)
+            if upstream.status != 200:
+                data = await upstream.read()
+                leg.drained = True
+                status = upstream.status
+                raise LegError(
+                    f"decode on {leg.instance} answered {status}: {data[:300].decode(errors='replace')}",
+                    status=502 if status >= 500 else status,
+                    retriable=status >= 500 or status in (404, 410),
+                )
+            chunks = upstream.content.iter_any()
+            first = await asyncio.wait_for(anext(chunks, b""), limit)
+        # aiohttp's read timeout is a ClientError *and* a TimeoutError: a failed leg, not a stalled pull
+        except aiohttp.ClientError as exc:
+            raise LegError(f"decode on {leg.instance} failed: {exc.__class__.__name__}") from None
+        except TimeoutError:
+            raise LegError(
+                f"decode on {leg.instance} did not start within {limit:g} s: the KV pull across the link stalled"
+            ) from None
+        return chunks, first
+
+    async def _answer_whole(
+        self, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes, prefilled: float | None
+    ) -> web.Response:
+        """A non-streamed answer: the decode's body read to its end."""
+        m, route = self.metrics, leg.route
+        try:
+            data = first + b"".join([c async for c in chunks])
+        except aiohttp.ClientError as exc:
+            raise LegError(
+                f"decode on {leg.instance} broke mid-answer: {exc.__class__.__name__}", retriable=False
+            ) from None
+        leg.drained = True
+        if prefilled is not None:
+            m.ttft.labels(route).observe(prefilled - leg.started)
+        m.e2e.labels(route).observe(time.perf_counter() - leg.started)
+        m.requests.labels(route, "ok").inc()
+        return web.Response(body=data, status=200, content_type="application/json", headers=leg.headers())
+
+    async def _answer_stream(self, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes) -> web.StreamResponse:
+        """A streamed answer: the decode's events passed on as they come; a break ends with an error event."""
+        m, route, request = self.metrics, leg.route, leg.request
+        out = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **leg.headers()}
+        )
+        await out.prepare(request)
+        first_at = last_at = time.perf_counter()
+        m.ttft.labels(route).observe(first_at - leg.started)
+        events = first.count(b"data: ")
+        try:
+            await out.write(first)
+            async for chunk in chunks:
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError("client went away")  # closes the decode leg below
+                await out.write(chunk)
+                events += chunk.count(b"data: ")
+                last_at = time.perf_counter()
+        except aiohttp.ClientError as exc:
+            m.requests.labels(route, "error").inc()
+            err = {
+                "error": {
+                    "message": f"decode stream from {leg.instance} broke: {exc.__class__.__name__}",
+                    "type": "upstream_error",
+                    "code": 502,
                 }
-                await out.write(f"data: {json.dumps(err)}\n\n".encode())
-                await out.write_eof()
-                return out
-            drained = True
+            }
+            await out.write(f"data: {json.dumps(err)}\n\n".encode())
             await out.write_eof()
-            if events > 2:  # the last event is [DONE]
-                m.tpot.labels(route).observe((last_at - first_at) / (events - 2))
-            m.e2e.labels(route).observe(time.perf_counter() - started)
-            m.requests.labels(route, "ok").inc()
             return out
-        except (asyncio.CancelledError, ConnectionResetError):
-            m.requests.labels(route, "cancelled").inc()
-            raise
-        finally:
-            _finish_transfer(ledger_keys, request_id)
-            rt.active_decodes[plan.decode] = max(0, rt.active_decodes.get(plan.decode, 0) - 1)
-            if upstream is not None:
-                # a leg read to its end goes back to the pool; any other is closed, so the engine sees the
-                # disconnect, drops the request and frees its KV
-                if drained:
-                    upstream.release()
-                else:
-                    upstream.close()
+        leg.drained = True
+        await out.write_eof()
+        if events > 2:  # the last event is [DONE]
+            m.tpot.labels(route).observe((last_at - first_at) / (events - 2))
+        m.e2e.labels(route).observe(time.perf_counter() - leg.started)
+        m.requests.labels(route, "ok").inc()
+        return out
 
 
-def _finish_transfer(ledgers: list[Any], request_id: str) -> None:
-    for ledger in ledgers:
-        ledger.finish(request_id)
+@dataclass
+class DecodeLeg:
+    """One decode leg's context: whom it answers, where it runs, and its upstream response once open."""
+
+    request: web.Request
+    instance: str
+    body: dict[str, Any]
+    route: str
+    started: float
+    prompt_tokens: int
+    upstream: aiohttp.ClientResponse | None = None
+    drained: bool = False
+    """The upstream was read to its end (it goes back to the pool; any other is closed)."""
+
+    def headers(self) -> dict[str, str]:
+        return {ROUTE_HEADER: self.route, PROMPT_TOKENS_HEADER: str(self.prompt_tokens)}
+
+    def close(self) -> None:
+        """Release a drained upstream to the pool; close any other, so that the engine sees the disconnect,
+        drops the request and frees its KV."""
+        if self.upstream is not None:
+            if self.drained:
+                self.upstream.release()
+            else:
+                self.upstream.close()
 
 
 def _failure_kind(message: str) -> str:

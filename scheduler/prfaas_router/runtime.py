@@ -8,24 +8,28 @@ same policies and profiles apply to real engines (scale 1) and to the time-scale
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from prfaas_core.api import RemoteGateway, RouterConfig, RouterEndpoint
 from prfaas_core.hardware import HardwareProfile, builtin_hardware, hardware_from_spec
 from prfaas_core.kv import KvModel, kv_model_from_profile
-from prfaas_core.policy.breaker import Breaker, BreakerParams
-from prfaas_core.policy.link import EgressLedger, LinkMode, LinkParams, LinkState
-from prfaas_core.policy.routing import (
-    InstanceView,
-    RouteDecision,
-    RouteRequest,
-    RoutingView,
-    decide_route,
-    pick_decode_instance,
-    pick_prefill_instance,
+from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams
+from prfaas_core.policy.link import EgressLedger, LinkParams, LinkState
+from prfaas_core.policy.routing import InstanceView, RouteDecision, RouteRequest
+from prfaas_core.policy.short_term import (
+    PRODUCTION,
+    RecentLengths,
+    Refreshed,
+    RefreshTick,
+    RemoteSide,
+    RoutePlan,
+    RouteTick,
+    ShortTermPolicy,
+    refresh,
+    route,
 )
 from prfaas_core.policy.threshold import ThresholdBounds, ThresholdDecision
 from prfaas_core.scale import ScaleSettings
@@ -125,19 +129,22 @@ class LocalPlan:
 
 @dataclass
 class Runtime:
-    """Mutable router state. Only the event loop thread touches it (no locks needed)."""
+    """Mutable router state behind methods (the request path and the refresher call them; nothing reaches into
+    its ledgers, breakers or counters). Only the event loop thread touches it (no locks needed)."""
 
     compiled: Compiled
     clock: Callable[[], float] = time.monotonic
+    policy: ShortTermPolicy = PRODUCTION
+    """The short-term policies (a baseline is another :class:`ShortTermPolicy`)."""
     snapshot: Snapshot = field(init=False)
-    ledgers: dict[str, EgressLedger] = field(default_factory=dict)
-    breakers: dict[str, Breaker] = field(default_factory=dict)
-    recent: deque[tuple[float, int]] = field(default_factory=deque)
-    queued_prefill_s: dict[str, float] = field(default_factory=dict)
-    active_decodes: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     pd_index: PrefixIndex = field(init=False)
     remote_index: PrefixIndex = field(init=False)
+    _ledgers: dict[str, EgressLedger] = field(default_factory=dict)
+    _breakers: BreakerBoard = field(default_factory=BreakerBoard)
+    _recent: RecentLengths = field(default_factory=RecentLengths)
+    _queued_prefill_s: dict[str, float] = field(default_factory=dict)
+    _active_decodes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         r = self.compiled.config.routing
@@ -155,119 +162,171 @@ class Runtime:
         """Apply a new config; counters and ledgers of links/remotes that remain are kept."""
         self.compiled = compiled
         for name in compiled.links:
-            self.ledgers.setdefault(name, EgressLedger())
-        for remote in compiled.remotes:
-            self.breakers.setdefault(remote.name, Breaker())
-        gone = set(self.queued_prefill_s) - set(compiled.by_name)
+            self._ledgers.setdefault(name, EgressLedger())
+        self._breakers.ensure(remote.name for remote in compiled.remotes)
+        gone = set(self._queued_prefill_s) - set(compiled.by_name)
         self.pd_index.forget(gone)
 
     def model_now(self) -> float:
         return self.clock() * self.compiled.scale.time_scale
 
+    # --- what the request path reports -------------------------------------------------------------------
     def remember_length(self, uncached_tokens: int, now: float) -> None:
-        window = self.compiled.config.routing.threshold_window_seconds
-        self.recent.append((now, uncached_tokens))
-        while self.recent and now - self.recent[0][0] > window:
-            self.recent.popleft()
+        self._recent.add(now, uncached_tokens)
+
+    def start_transfer(self, link: str, key: str, nbytes: float, duration_s: float) -> None:
+        """A remote prefill's KV starts streaming over ``link`` (the ledger admits the next ones around it)."""
+        self._ledgers[link].start(key, nbytes, self.model_now(), duration_s)
+
+    def finish_transfer(self, key: str) -> None:
+        """The stream ``key`` is over (its decode answered, or it failed), on whichever link it was."""
+        for ledger in self._ledgers.values():
+            ledger.finish(key)
+
+    def remote_succeeded(self, remote: str) -> None:
+        self._breakers.succeeded(remote)
+
+    def remote_failed(self, remote: str, why: str, now: float | None = None) -> None:
+        self._breakers.failed(remote, self.clock() if now is None else now, self.compiled.breaker, why)
+
+    def breaker(self, remote: str) -> Breaker:
+        return self._breakers.get(remote)
+
+    @contextmanager
+    def prefill_queued(self, instance: str, seconds: float) -> Iterator[None]:
+        """``seconds`` of predicted prefill work queued on ``instance`` while the block runs."""
+        q = self._queued_prefill_s
+        q[instance] = q.get(instance, 0.0) + seconds
+        try:
+            yield
+        finally:
+            q[instance] = max(0.0, q.get(instance, 0.0) - seconds)
+
+    @contextmanager
+    def decoding(self, instance: str) -> Iterator[None]:
+        """One decode stream active on ``instance`` while the block runs."""
+        a = self._active_decodes
+        a[instance] = a.get(instance, 0) + 1
+        try:
+            yield
+        finally:
+            a[instance] = max(0, a.get(instance, 0) - 1)
+
+    def queued_prefill_s(self, instance: str) -> float:
+        return self._queued_prefill_s.get(instance, 0.0)
+
+    def active_decodes(self, instance: str) -> int:
+        return self._active_decodes.get(instance, 0)
+
+    # --- the refresher -------------------------------------------------------------------------------------
+    def set_lanes(self, link: str, lanes: int) -> None:
+        """The PrFaaS instances prefilling in parallel behind ``link`` (the ledger's lanes)."""
+        self._ledgers[link].set_lanes(lanes)
+
+    def refresh(self, measured_gbps: dict[str, float]) -> Refreshed:
+        """The core's refresh over this router's links, ledgers and recent lengths."""
+        c, now = self.compiled, self.model_now()
+        window = c.config.routing.threshold_window_seconds
+        return refresh(
+            RefreshTick(
+                now,
+                c.links,
+                self._ledgers,
+                self.snapshot.links,
+                c.bounds,
+                c.kv,
+                self._recent.within(now, window),
+                window,
+                self.snapshot.threshold,
+                measured_gbps,
+            ),
+            self.policy,
+        )
 
     # --- the hot path: pure arithmetic over the snapshot -------------------------------------------------
+    def route(self, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None) -> RoutePlan:
+        """Prefix lookups (PD cluster, remote), then the core's route: decision and local instance picks."""
+        c, snap = self.compiled, self.snapshot
+        hits = self.pd_index.match(hashes) if pd_hits is None else pd_hits
+        l_pd = max((v for k, v in hits.items() if k not in c.draining), default=0)
+        remote_hits = self.remote_index.match(hashes) if c.remotes else {}
+        remotes = [
+            RemoteSide(r.name, r.link, snap.remote_ready.get(r.name), remote_hits.get(r.name, 0)) for r in c.remotes
+        ]
+        views = self._views(hits)
+        return route(
+            RouteTick(
+                self.model_now(),
+                RouteRequest(total_tokens, l_pd),
+                snap.threshold.tokens,
+                c.kv,
+                c.prfaas.prefill_seconds,
+                c.pd.prefill_seconds,
+                c.links,
+                snap.links,
+                self._ledgers,
+                remotes,
+                local_wait_s=self._local_wait_s(),
+                breakers=self._breakers,
+                breaker_now_s=self.clock(),
+                breaker_params=c.breaker,
+                prefill=[views(e) for e in c.prefill] if c.prefill else None,
+                decode=[views(e) for e in (c.decode or c.both)],
+            ),
+            self.policy,
+        )
+
     def decide(
         self, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None
     ) -> tuple[RouteDecision, RemoteGateway | None]:
-        """The routing decision: prefix lookups (PD cluster, remote) then the core's policy call."""
-        c, snap = self.compiled, self.snapshot
-        if pd_hits is None:
-            pd_hits = self.pd_index.match(hashes)
-        l_pd = max((v for k, v in pd_hits.items() if k not in c.draining), default=0)
-        remote = self._usable_remote()
-        mode: LinkMode = "abundant"
-        if remote is None:
-            link_params, estimate, why = None, 0.0, self._why_no_remote()
-            l_prfaas = 0
-        else:
-            link_params = c.links[remote.link]
-            state = snap.links.get(remote.link, LinkState())
-            mode, estimate, why = (
-                state.mode,
-                self.ledgers[remote.link].admission_gbps(self.model_now(), link_params),
-                "",
-            )
-            l_prfaas = self.remote_index.match(hashes).get(remote.name, 0)
-        remote_wait = None if remote is None else self.ledgers[remote.link].queue_wait_s(self.model_now())
-        view = RoutingView(
-            snap.threshold.tokens,
-            mode,
-            estimate,
-            link_params,
-            remote is not None,
-            why,
-            self._local_wait_s(),
-            remote_wait,
-        )
-        decision = decide_route(
-            RouteRequest(total_tokens, l_pd, l_prfaas), view, c.kv, c.prfaas.prefill_seconds, c.pd.prefill_seconds
-        )
-        return decision, remote if decision.target == "remote" else None
+        """The routing decision and the remote gateway that prefills (None: local)."""
+        plan = self.route(total_tokens, hashes, pd_hits)
+        return plan.decision, self.remote_gateway(plan)
 
-    def _local_wait_s(self) -> float | None:
-        """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance."""
-        c, engines = self.compiled, self.snapshot.engines
-        waits = [
-            self.queued_prefill_s.get(e.name, 0.0)
-            for e in c.prefill
-            if e.name not in c.draining and engines.get(e.name, EngineLoad()).healthy
-        ]
-        return min(waits) if waits else None
+    def remote_gateway(self, plan: RoutePlan) -> RemoteGateway | None:
+        if plan.remote is None:
+            return None
+        return next(r for r in self.compiled.remotes if r.name == plan.remote.name)
 
-    def _usable_remote(self) -> RemoteGateway | None:
-        now = self.clock()
-        for remote in self.compiled.remotes:
-            if self.snapshot.remote_ready.get(remote.name) is not None:
-                continue
-            allowed, breaker = self.breakers[remote.name].allows(now, self.compiled.breaker)
-            self.breakers[remote.name] = breaker
-            if allowed:
-                return remote
-        return None
-
-    def _why_no_remote(self) -> str:
-        if not self.compiled.remotes:
-            return "no remote PrFaaS cluster configured"
-        reasons = []
-        for remote in self.compiled.remotes:
-            not_ready = self.snapshot.remote_ready.get(remote.name)
-            breaker = self.breakers.get(remote.name)
-            if not_ready:
-                reasons.append(f"{remote.name}: {not_ready}")
-            elif breaker is not None and breaker.is_open:
-                reasons.append(f"{remote.name}: breaker {breaker.reason}")
-        return "; ".join(reasons) or "remote unavailable"
+    def local_plan(self, plan: RoutePlan) -> LocalPlan | None:
+        """Prefill and decode instances for a local request (cache-affine prefill, least-loaded decode)."""
+        decode = plan.decode
+        if decode is None or decode.name is None:
+            return None
+        if plan.prefill is None:
+            return LocalPlan(None, decode.name)
+        if plan.prefill.name is None:
+            return LocalPlan(None, decode.name) if self.compiled.both else None
+        return LocalPlan(plan.prefill.name, decode.name)
 
     def plan_local(
         self, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None
     ) -> LocalPlan | None:
-        """Prefill and decode instances for a local request (cache-affine prefill, least-loaded decode)."""
+        return self.local_plan(self.route(total_tokens, hashes, pd_hits))
+
+    def _views(self, hits: dict[str, int]) -> Callable[[RouterEndpoint], InstanceView]:
         c, engines = self.compiled, self.snapshot.engines
-        hits = self.pd_index.match(hashes) if pd_hits is None else pd_hits
 
         def view(e: RouterEndpoint) -> InstanceView:
             load = engines.get(e.name, EngineLoad())
             return InstanceView(
                 e.name,
-                queued_prefill_s=self.queued_prefill_s.get(e.name, 0.0),
+                queued_prefill_s=self._queued_prefill_s.get(e.name, 0.0),
                 cached_prefix_tokens=hits.get(e.name, 0),
-                active_decodes=self.active_decodes.get(e.name, 0),
+                active_decodes=self._active_decodes.get(e.name, 0),
                 decode_slots=c.decode_slots,
                 healthy=load.healthy,
                 draining=e.name in c.draining,
             )
 
-        decode = pick_decode_instance([view(e) for e in (c.decode or c.both)])
-        if decode.name is None:
-            return None
-        if not c.prefill:
-            return LocalPlan(None, decode.name)
-        prefill = pick_prefill_instance([view(e) for e in c.prefill], total_tokens, c.pd.prefill_seconds)
-        if prefill.name is None:
-            return LocalPlan(None, decode.name) if c.both else None
-        return LocalPlan(prefill.name, decode.name)
+        return view
+
+    def _local_wait_s(self) -> float | None:
+        """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance."""
+        c, engines = self.compiled, self.snapshot.engines
+        waits = [
+            self._queued_prefill_s.get(e.name, 0.0)
+            for e in c.prefill
+            if e.name not in c.draining and engines.get(e.name, EngineLoad()).healthy
+        ]
+        return min(waits) if waits else None

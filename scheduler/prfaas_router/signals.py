@@ -9,43 +9,27 @@ from dataclasses import dataclass, field
 
 import httpx
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_core import names
 from prfaas_core.api import GatewayStatus
 from prfaas_core.names import GBPS_BITS
-from prfaas_core.policy.link import LinkMode, LinkState, next_link_state
-from prfaas_core.policy.threshold import decide_threshold
+from prfaas_core.policy.short_term import Refreshed
 
 from .metrics import RouterMetrics
+from .prom_text import sample_sum, sample_sums
 from .runtime import EngineLoad, Runtime, Snapshot
 
 log = structlog.get_logger("prfaas.router.signals")
 
 
 def parse_engine_load(text: str) -> EngineLoad:
-    waiting = running = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == names.VLLM_REQUESTS_WAITING:
-                waiting += sample.value
-            elif sample.name == names.VLLM_REQUESTS_RUNNING:
-                running += sample.value
-    return EngineLoad(True, waiting, running)
+    sums = sample_sums(text, (names.VLLM_REQUESTS_WAITING, names.VLLM_REQUESTS_RUNNING))
+    return EngineLoad(True, sums.get(names.VLLM_REQUESTS_WAITING, 0.0), sums.get(names.VLLM_REQUESTS_RUNNING, 0.0))
 
 
 def parse_counter(text: str, metric: str, labels: dict[str, str]) -> float | None:
     """Sum of the samples of counter ``metric`` (``_total``) whose labels include ``labels``."""
-    base = metric.removesuffix("_total")
-    total, found = 0.0, False
-    for family in text_string_to_metric_families(text):
-        if family.name not in (base, metric):
-            continue
-        for sample in family.samples:
-            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-                found = True
-    return total if found else None
+    return sample_sum(text, metric, labels)
 
 
 @dataclass
@@ -80,22 +64,22 @@ class Signals:
             pass
         return name, EngineLoad(healthy=False)
 
-    async def _link(self, name: str, url: str) -> None:
+    async def _link(self, name: str, url: str) -> tuple[str, float | None]:
+        """(name, its measured egress in model Gbps since the last reading, None when not known)."""
         rt = self.runtime
         try:
             resp = await self.http.get(url, timeout=2.0)
             value = parse_counter(resp.text, names.METRIC_LINK_EGRESS_BYTES, {"link": name})
         except httpx.HTTPError as exc:
             log.warning("link metrics unreadable", link=name, error=str(exc))
-            return
+            return name, None
         if value is None:
-            return
+            return name, None
         per_wall_s = self.link_rates.setdefault(name, CounterRate()).update(value, rt.clock())
         if per_wall_s is None:
-            return
+            return name, None
         # the counter is in model bytes; a wall-clock rate is time_scale x the model rate
-        gbps = per_wall_s / rt.compiled.scale.time_scale * 8.0 / GBPS_BITS
-        rt.ledgers[name].record_measurement(gbps, rt.model_now())
+        return name, per_wall_s / rt.compiled.scale.time_scale * 8.0 / GBPS_BITS
 
     async def _remote(
         self, name: str, url: str | None, client: httpx.AsyncClient
@@ -115,11 +99,12 @@ class Signals:
         return name, None if ready > 0 else "no ready PrFaaS instance", ready
 
     async def refresh(self, remote_clients: dict[str, httpx.AsyncClient]) -> Snapshot:
+        """Read the engines, the links and the remotes, then the core's refresh (ledger -> link states -> t)."""
         rt = self.runtime
         c = rt.compiled
         engines = dict(await asyncio.gather(*(self._engine(e.name, e.url) for e in c.config.endpoints)))
-        await asyncio.gather(
-            *(self._link(n, lk.metrics_url) for n, lk in ((lk.name, lk) for lk in c.config.links) if lk.metrics_url)
+        measured = await asyncio.gather(
+            *(self._link(lk.name, lk.metrics_url) for lk in c.config.links if lk.metrics_url)
         )
         polled = await asyncio.gather(
             *(self._remote(r.name, r.status_url, remote_clients.get(r.name, self.http)) for r in c.remotes)
@@ -131,32 +116,27 @@ class Signals:
             if ready is not None:
                 lanes[remote.link] = lanes.get(remote.link, 0) + ready
         for link_name, count in lanes.items():
-            rt.ledgers[link_name].set_lanes(count)
-        now = rt.model_now()
-        links: dict[str, LinkState] = {}
-        for name, params in c.links.items():
-            prev = rt.snapshot.links.get(name, LinkState())
-            links[name] = next_link_state(prev, rt.ledgers[name].estimate_gbps(now, params), params, now)
-            if links[name].mode != prev.mode:
-                log.info("link state changed", link=name, mode=links[name].mode, reason=links[name].reason)
-            self.metrics.link_egress.labels(name).set(links[name].egress_gbps)
-            self.metrics.link_cap.labels(name).set(params.cap_gbps)
-            self.metrics.link_scarce.labels(name).set(1 if links[name].scarce else 0)
-        window = c.config.routing.threshold_window_seconds
-        recent = [length for t, length in rt.recent if now - t <= window]
-        scarce = [n for n, s in links.items() if s.scarce]
-        mode: LinkMode = "scarce" if scarce else "abundant"
-        link = c.links[scarce[0]] if scarce else (next(iter(c.links.values())) if c.links else None)
-        threshold = (
-            decide_threshold(mode, c.bounds, recent, window, c.kv, link)
-            if link is not None
-            else rt.snapshot.threshold.__class__(c.bounds.min_tokens, 0, "no link: t = t_min")
-        )
-        if threshold.tokens != rt.snapshot.threshold.tokens:
-            log.info("threshold changed", t=threshold.tokens, reason=threshold.reason)
-        self.metrics.threshold.set(threshold.tokens)
-        for remote in c.remotes:
-            self.metrics.breaker_open.labels(remote.name).set(1 if rt.breakers[remote.name].is_open else 0)
-        snap = Snapshot(threshold, links, engines, remotes)
+            rt.set_lanes(link_name, count)
+        done = rt.refresh({name: gbps for name, gbps in measured if gbps is not None})
+        self._report(done)
+        snap = Snapshot(done.threshold, done.links, engines, remotes)
         rt.snapshot = snap
         return snap
+
+    def _report(self, done: Refreshed) -> None:
+        """Logs and gauges of one refresh."""
+        rt, m = self.runtime, self.metrics
+        c = rt.compiled
+        for name in done.changed_links:
+            state = done.links[name]
+            log.info("link state changed", link=name, mode=state.mode, reason=state.reason)
+        for name, params in c.links.items():
+            state = done.links[name]
+            m.link_egress.labels(name).set(state.egress_gbps)
+            m.link_cap.labels(name).set(params.cap_gbps)
+            m.link_scarce.labels(name).set(1 if state.scarce else 0)
+        if done.threshold.tokens != rt.snapshot.threshold.tokens:
+            log.info("threshold changed", t=done.threshold.tokens, reason=done.threshold.reason)
+        m.threshold.set(done.threshold.tokens)
+        for remote in c.remotes:
+            m.breaker_open.labels(remote.name).set(1 if rt.breaker(remote.name).is_open else 0)

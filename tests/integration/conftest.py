@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support.operator_harness import Harness
+from prfaas_testbed.operator_harness import Harness
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ import yaml
 from router_stack import Stack, start_stack
 from testbed_support import Processes, http
 
-from support.operator_harness import Harness, OperatorProcess
-from support.prom import free_port, wait_until
+from prfaas_testbed.operator_harness import Harness, OperatorProcess
+from prfaas_testbed.prom import free_port, wait_until
 
 RATE_INTERVAL = "1m"
 """What ``$__rate_interval`` becomes when a panel's expression is run outside Grafana."""

@@ -17,8 +17,8 @@ from observability_stack import ObservedStack, start, substitute
 from prometheus_client.parser import text_string_to_metric_families
 from testbed_support import processes
 
-from support.operator_harness import Harness
-from support.prom import wait_until
+from prfaas_testbed.operator_harness import Harness
+from prfaas_testbed.prom import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "dashboards" / "prfaas.json"

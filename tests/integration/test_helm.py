@@ -22,8 +22,8 @@ import yaml
 from yamllint import config as yamllint_config
 from yamllint import linter
 
-from support.operator_harness import Harness
-from support.prom import wait_until
+from prfaas_testbed.operator_harness import Harness
+from prfaas_testbed.prom import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "prfaas"

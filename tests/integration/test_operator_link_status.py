@@ -20,8 +20,8 @@ from prfaas_core.names import GBPS_BITS, METRIC_LINK_EGRESS_BYTES
 from prfaas_core.plan_inputs import plan_inputs_from_specs
 from prfaas_core.workload import WorkloadSpec, expect
 from prfaas_operator.registry import parse
-from support.operator_harness import Harness
-from support.prom import wait_until
+from prfaas_testbed.operator_harness import Harness
+from prfaas_testbed.prom import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

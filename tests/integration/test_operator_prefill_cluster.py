@@ -14,8 +14,8 @@ import yaml
 from prfaas_core.names import LABEL_PREFILL_CLUSTER
 from prfaas_operator.router_config import CONFIG_KEY, gateway_configmap_name
 from prfaas_router.config import parse_config
-from support.operator_harness import EXAMPLE, Harness
-from support.prom import wait_until
+from prfaas_testbed.operator_harness import EXAMPLE, Harness
+from prfaas_testbed.prom import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from support.operator_harness import Harness
-from support.prom import wait_until
+from prfaas_testbed.operator_harness import Harness
+from prfaas_testbed.prom import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

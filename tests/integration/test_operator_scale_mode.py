@@ -25,8 +25,8 @@ from prfaas_core.names import (
     LABEL_PD_CLUSTER,
     LABEL_ROLE,
 )
-from support.operator_harness import GATEWAY_TOKEN, Harness
-from support.prom import wait_until
+from prfaas_testbed.operator_harness import GATEWAY_TOKEN, Harness
+from prfaas_testbed.prom import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from prfaas_core.names import GBPS_BITS
+from prfaas_core.names import GBPS_BITS, NO_THRESHOLD_TOKENS
 from prfaas_core.plan_inputs import case_study_inputs
 from prfaas_core.planner import compute_balanced_threshold, plan
 from prfaas_core.policy.link import LinkParams
 from prfaas_core.policy.loop import DRY_RUN_PREFIX, LoopState, LoopTick, ScarceLink, step
 from prfaas_core.policy.roles import InstanceState, PendingFlip, RoleObservation, RolePolicyParams, RoleState, StageLoad
-from prfaas_core.policy.threshold import T_MAX_TOKENS, bandwidth_floor_tokens, egress_budget, published_bounds
+from prfaas_core.policy.threshold import bandwidth_floor_tokens, egress_budget, published_bounds
 from prfaas_core.workload import expect
 
 INPUTS = case_study_inputs()
@@ -38,7 +38,7 @@ def test_initial_roles_follow_the_planner_and_publish_t_min_for_them() -> None:
     assert d.roles is not None and d.roles.action == "Rebalance" and "the planner's split" in d.roles.reason
     assert [r for _, r in d.assign].count("prefill") == n_p and len(d.assign) == 8
     assert d.threshold_min_tokens == compute_balanced_threshold(INPUTS, n_p) == d.bounds.min_tokens
-    assert d.bounds.max_tokens == T_MAX_TOKENS and d.act and d.recorded
+    assert d.bounds.max_tokens == NO_THRESHOLD_TOKENS and d.act and d.recorded
     assert d.next_due_s == 100.0 + PARAMS.period_s and not d.polling
 
 

@@ -10,9 +10,9 @@ from prfaas_core.policy.roles import RoleDecision, RoleState
 from prfaas_core.sim.arrivals import SimRequest
 from prfaas_core.sim.config import SimConfig
 from prfaas_core.sim.deployments import plan_deployments
-from prfaas_core.sim.engine import Req, Simulation
 from prfaas_core.sim.scenario import RequestClassSpec, Scenario, default_scenario
 from prfaas_core.sim.search import prepare, run_config
+from prfaas_core.sim.simulation import Req, Simulation
 from prfaas_core.workload import InputLengthSpec, LogNormalSpec
 
 SCENARIO = default_scenario()

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..names import GROUP_VERSION, KIND_PD_CLUSTER
+from ..names import GROUP_VERSION, KIND_PD_CLUSTER, NO_THRESHOLD_TOKENS
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
 from .common import DecisionRecord, LoopMemory, PDClusterSummary, Region, RoleRange, RoleStatus, SloSpec
 from .hardware import HardwareSpec
@@ -98,7 +98,10 @@ class OverridesSpec(ApiModel):
     """Manual overrides an SRE sets; the long-term loop respects them and reports that it does."""
 
     threshold_tokens: int | None = Field(
-        default=None, ge=0, le=1 << 30, description="Pin the routing threshold t (routers stop adapting it)."
+        default=None,
+        ge=0,
+        le=NO_THRESHOLD_TOKENS,
+        description="Pin the routing threshold t (routers stop adapting it).",
     )
     prefill_instances: int | None = Field(
         default=None,

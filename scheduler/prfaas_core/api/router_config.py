@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..names import NO_THRESHOLD_TOKENS
 from .base import ApiModel, CelRule, obj_default
 from .common import URL_PATTERN
 from .hardware import HardwareSpec
@@ -149,7 +150,7 @@ class RouterConfig(ApiModel):
         ge=0, description="t_min: the planner's compute-balanced threshold; routers never go below it."
     )
     threshold_max_tokens: int = Field(
-        default=1 << 30, ge=0, description="Upper bound on t (above it nothing is offloaded)."
+        default=NO_THRESHOLD_TOKENS, ge=0, description="Upper bound on t (above it nothing is offloaded)."
     )
     model: ModelProfileSpec = Field(description="KV model of the served model (for egress accounting).")
     tokenizer_file: str | None = Field(

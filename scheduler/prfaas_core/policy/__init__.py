@@ -2,7 +2,9 @@
 
 Short term (per request): :mod:`.link` (egress estimate, scarce/abundant with hysteresis, admission under
 the cap), :mod:`.threshold` (``t`` raised to the bandwidth-feasible bound when scarce, never below
-``t_min``), :mod:`.routing` (the paper's cache-aware rule; the instance inside a cluster).
+``t_min``), :mod:`.routing` (the paper's cache-aware rule; the instance inside a cluster), :mod:`.breaker`;
+composed once by :mod:`.short_term` (``refresh``: ledger -> link states -> ``t``; ``route``: view ->
+decision -> instance picks), which the router, the gateway and the simulator call.
 Long term (per cycle): :mod:`.roles` (prefill/decode counts, one step at a time, with hysteresis, cooldown,
 bounds and a drain phase; ``t`` re-optimised after each change) and :mod:`.loop` (one pure step from a tick's
 input — observation, persisted state, SRE controls, scarce links — to its effects: roles to assign, drain or

@@ -9,6 +9,7 @@ a time probes it. Time is a parameter.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -55,3 +56,37 @@ class Breaker:
     @property
     def is_open(self) -> bool:
         return self.mode != "closed"
+
+
+class BreakerBoard:
+    """The breakers of a shell's remote sides, consulted and updated through one interface (the request
+    path asks, the legs report; nothing else writes them)."""
+
+    def __init__(self) -> None:
+        self._breakers: dict[str, Breaker] = {}
+
+    def ensure(self, names: Iterable[str]) -> None:
+        """Add a closed breaker for each new name (those that remain keep their state)."""
+        for name in names:
+            self._breakers.setdefault(name, Breaker())
+
+    def get(self, name: str) -> Breaker:
+        return self._breakers.get(name, Breaker())
+
+    def allows(self, name: str, now_s: float, params: BreakerParams) -> bool:
+        """Whether a request may use ``name`` now (an open breaker past its time turns half-open here)."""
+        allowed, self._breakers[name] = self.get(name).allows(now_s, params)
+        return allowed
+
+    def succeeded(self, name: str) -> None:
+        self._breakers[name] = self.get(name).on_success()
+
+    def failed(self, name: str, now_s: float, params: BreakerParams, why: str) -> None:
+        self._breakers[name] = self.get(name).on_failure(now_s, params, why)
+
+    def is_open(self, name: str) -> bool:
+        breaker = self._breakers.get(name)
+        return breaker is not None and breaker.is_open
+
+    def reason(self, name: str) -> str:
+        return self.get(name).reason

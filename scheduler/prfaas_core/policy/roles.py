@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from ..api.common import DecisionAction
-from ..api.pd_cluster import PDClusterSpec
+from ..api.pd_cluster import LongTermPolicySpec, PDClusterSpec
 from ..plan_inputs import PlanInputs
 from ..planner import compute_balanced_threshold, evaluate, split_lengths
 from ..workload import LengthDistribution
@@ -58,8 +58,9 @@ class RolePolicyParams:
     """Pinned ``t``: published as both bounds, so routers stop adapting it."""
 
     @classmethod
-    def from_spec(cls, spec: PDClusterSpec) -> RolePolicyParams:
-        p = spec.policy
+    def from_policy(cls, p: LongTermPolicySpec, **rest: Any) -> RolePolicyParams:
+        """The knobs of a ``LongTermPolicySpec`` (a PDCluster's ``spec.policy``, a scenario's
+        ``policy.roles``) mapped once; ``rest``: the bounds and whatever else the caller sets."""
         return cls(
             period_s=float(p.period_seconds),
             hysteresis_cycles=p.hysteresis_cycles,
@@ -68,12 +69,20 @@ class RolePolicyParams:
             step_size=p.step_size,
             flip_to_decode_ratio=p.flip_to_decode_ratio,
             flip_to_prefill_ratio=p.flip_to_prefill_ratio,
+            suspend=p.suspend,
+            **rest,
+        )
+
+    @classmethod
+    def from_spec(cls, spec: PDClusterSpec) -> RolePolicyParams:
+        p = spec.policy
+        return cls.from_policy(
+            p,
             drain_poll_s=min(5.0, float(p.period_seconds)),
             prefill_min=spec.roles.prefill.min,
             prefill_max=spec.roles.prefill.max,
             decode_min=spec.roles.decode.min,
             decode_max=spec.roles.decode.max,
-            suspend=p.suspend,
             dry_run=p.dry_run,
             override_prefill=spec.overrides.prefill_instances,
             override_threshold=spec.overrides.threshold_tokens,

@@ -22,14 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..kv import KvModel
-from ..names import GBPS_BITS
+from ..names import GBPS_BITS, NO_THRESHOLD_TOKENS
 from ..plan_inputs import PlanInputs
 from ..planner import egress_floor_threshold
 from ..workload import EmpiricalDistribution, expect
 from .link import LinkMode, LinkParams
-
-T_MAX_TOKENS = 1 << 30
-"""The upper bound on ``t`` when nothing pins it: effectively "no request is too long to offload"."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +34,7 @@ class ThresholdBounds:
     """Bounds on ``t`` published by the one writer (operator or ``prfaas up``)."""
 
     min_tokens: int
-    max_tokens: int = T_MAX_TOKENS
+    max_tokens: int = NO_THRESHOLD_TOKENS
 
     def clamp(self, tokens: int) -> int:
         return max(self.min_tokens, min(self.max_tokens, tokens))
@@ -87,7 +84,7 @@ def published_bounds(t_min: int | None, override: int | None) -> ThresholdBounds
     if override is not None:
         return ThresholdBounds(override, override)
     lo = t_min if t_min is not None else 0
-    return ThresholdBounds(lo, max(lo, T_MAX_TOKENS))
+    return ThresholdBounds(lo, max(lo, NO_THRESHOLD_TOKENS))
 
 
 def decide_threshold(

@@ -18,16 +18,13 @@ with the decision becomes the threshold policy's lower bound.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from ..policy.loop import LoopDecision
 from ..policy.roles import InstanceState, Role, RoleDecision, RoleObservation, StageLoad
 from ..workload import EmpiricalDistribution
+from .instances import Instance
 from .results import RoleEvent
-
-if TYPE_CHECKING:
-    from .engine import Req, Simulation
-    from .instances import Instance
+from .state import Req, SimState
 
 MIN_LENGTH_SAMPLES = 20
 
@@ -42,9 +39,9 @@ def _bucket(length: int) -> float:
 
 
 class SimControl:
-    """Observation and effects over one :class:`~prfaas_core.sim.engine.Simulation`."""
+    """Observation and effects over one simulation (:class:`~prfaas_core.sim.state.SimState`)."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: SimState) -> None:
         self.sim = sim
         self.lengths: deque[tuple[float, int]] = deque()
         """``(arrival, incremental length)`` of recent requests."""

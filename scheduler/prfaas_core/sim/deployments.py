@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from ..hardware import builtin_hardware, list_builtin_hardware
 from ..kv import kv_model_from_profile
+from ..names import NO_THRESHOLD_TOKENS
 from ..plan_inputs import PlanInputs
 from ..planner import Plan, compute_balanced_threshold, plan
 from ..policy.roles import RolePolicyParams
@@ -31,8 +32,6 @@ from ..workload import EmpiricalDistribution, LengthDistribution, distribution_f
 from .arrivals import SimRequest
 from .config import SimConfig
 from .scenario import DeploymentName, Scenario
-
-NO_THRESHOLD = 1 << 30
 
 
 class ScenarioError(ValueError):
@@ -94,20 +93,13 @@ def scenario_inputs(scenario: Scenario, requests: Sequence[SimRequest]) -> PlanI
 
 def role_params(scenario: Scenario) -> RolePolicyParams:
     p, c = scenario.policy.roles, scenario.cluster
-    return RolePolicyParams(
-        period_s=float(p.period_seconds),
-        hysteresis_cycles=p.hysteresis_cycles,
-        cooldown_s=float(p.cooldown_seconds),
-        drain_timeout_s=float(p.drain_timeout_seconds),
-        step_size=p.step_size,
-        flip_to_decode_ratio=p.flip_to_decode_ratio,
-        flip_to_prefill_ratio=p.flip_to_prefill_ratio,
+    return RolePolicyParams.from_policy(
+        p,
         prefill_min=c.prefill_min,
         prefill_max=c.pd_instances - c.decode_min,
         decode_min=c.decode_min,
         decode_max=c.pd_instances - c.prefill_min,
         queue_per_instance=scenario.policy.queue_per_instance,
-        suspend=p.suspend,
     )
 
 
@@ -150,7 +142,7 @@ def plan_deployments(scenario: Scenario, requests: Sequence[SimRequest]) -> Plan
             "n_prfaas": 0,
             "n_prefill": homog.n_prefill,
             "n_decode": homog.n_decode,
-            "threshold_tokens": NO_THRESHOLD,
+            "threshold_tokens": NO_THRESHOLD_TOKENS,
             "live_threshold": False,
             "live_roles": False,
         },
@@ -186,7 +178,7 @@ def static_split_configs(scenario: Scenario, inputs: PlanInputs) -> dict[int, Si
     suspended = replace(role_params(scenario), suspend=True)
     for n_p in range(c.prefill_min, c.pd_instances - c.decode_min + 1):
         t_bal = compute_balanced_threshold(inputs, n_p)
-        t = t_bal if t_bal is not None else NO_THRESHOLD
+        t = t_bal if t_bal is not None else NO_THRESHOLD_TOKENS
         out[n_p] = _config(
             scenario,
             inputs,

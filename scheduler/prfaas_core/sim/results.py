@@ -31,6 +31,30 @@ class Series:
     queue_prfaas: list[int] = field(default_factory=list)
     queue_decode: list[int] = field(default_factory=list)
 
+    def sample(
+        self,
+        now_s: float,
+        egress_gbps: float,
+        capacity_gbps: float,
+        threshold_tokens: int,
+        scarce: bool,
+        in_system: int,
+        roles: tuple[int, int],
+        queues: tuple[int, int, int],
+    ) -> None:
+        """One second's sample: ``roles`` = (prefill, decode) counts, ``queues`` = (PD prefill, PrFaaS, decode)."""
+        self.time_s.append(now_s)
+        self.egress_gbps.append(egress_gbps)
+        self.capacity_gbps.append(capacity_gbps)
+        self.threshold_tokens.append(threshold_tokens)
+        self.scarce.append(1 if scarce else 0)
+        self.in_system.append(in_system)
+        self.n_prefill.append(roles[0])
+        self.n_decode.append(roles[1])
+        self.queue_prefill.append(queues[0])
+        self.queue_prfaas.append(queues[1])
+        self.queue_decode.append(queues[2])
+
 
 @dataclass
 class RoleEvent:
@@ -44,7 +68,7 @@ class RoleEvent:
 
 @dataclass
 class RunResult:
-    """The raw outcome of one :class:`~prfaas_core.sim.engine.Simulation` run."""
+    """The raw outcome of one :class:`~prfaas_core.sim.simulation.Simulation` run."""
 
     name: str
     duration_s: float

@@ -26,10 +26,10 @@ from ..trace import TraceRecord
 from .arrivals import Curve, SimRequest, generate_requests, requests_from_trace
 from .config import SimConfig
 from .deployments import PlannedDeployments, ScenarioError, plan_deployments, static_split_configs
-from .engine import Simulation
 from .metrics import RunSummary, summarize
 from .results import RunResult
 from .scenario import Scenario
+from .simulation import Simulation
 
 ProgressFn = Callable[[str, float], None]
 """``progress(label, fraction of this deployment's work done)``."""

@@ -1,18 +1,17 @@
 """The discrete-event simulation of one deployment, driving the production policies on a virtual clock.
 
-Request path (ARCHITECTURE.md, "The request path"): arrival -> prefix lookup in each cluster's pool ->
-:func:`~prfaas_core.policy.routing.decide_route` (threshold ``t`` in force, link mode, egress estimate,
-admission under the cap) -> :func:`~prfaas_core.policy.routing.pick_prefill_instance` -> prefill (FIFO) ->
-for a remote prefill its KV streams over the link layer-wise *during* the prefill -> when the KV is at the
-PD cluster, :func:`~prfaas_core.policy.routing.pick_decode_instance` -> decode slot -> done.
+Request path (ARCHITECTURE.md, "The request path"): arrival -> prefix lookup in each cluster's pool -> the
+core's short-term :func:`~prfaas_core.policy.short_term.route` (threshold ``t`` in force, link mode, egress
+estimate, admission under the cap) -> the policy's prefill picker -> prefill (FIFO) -> for a remote prefill its
+KV streams over the link layer-wise *during* the prefill -> when the KV is at the PD cluster, the policy's
+decode picker -> decode slot -> done. The policies are a parameter (``policy``: production by default).
 
-Short term, once per simulated second: the link's 1-s egress is measured and fed to the router's
-:class:`~prfaas_core.policy.link.EgressLedger`; :func:`~prfaas_core.policy.link.next_link_state` gives the
-scarce/abundant mode; with a live threshold :func:`~prfaas_core.policy.threshold.decide_threshold`
-re-evaluates ``t`` from the last window of incremental lengths. Long term: the core's
-:func:`~prfaas_core.policy.loop.step` on this module's observation, its effects carried out by
-:mod:`.control`, on its own schedule (``next_due_s``). Cross-cluster cache moves of the abundant mode
-take the link too (PD -> PrFaaS moves the reverse direction, a link of its own).
+Short term, once per simulated second: the link's 1-s egress goes to the core's
+:func:`~prfaas_core.policy.short_term.refresh` (the router's ledger, the scarce/abundant state, and with a
+live threshold ``t`` re-evaluated from the last window of incremental lengths), as the router's refresher
+does. Long term: the core's :func:`~prfaas_core.policy.loop.step` on :mod:`.control`'s observation, its
+effects carried out by :mod:`.control`, on its own schedule (``next_due_s``). Cross-cluster cache moves of
+the abundant mode take the link too (PD -> PrFaaS moves the reverse direction, a link of its own).
 
 TTFT is measured from arrival to the first token, which the decode instance streams after its first step;
 it therefore includes prefill queueing, the part of the transfer not hidden by pipelining and any wait
@@ -22,22 +21,23 @@ for a decode slot. TPOT is ``T_decode``. Nothing is dropped: every request runs 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..names import GBPS_BITS
 from ..policy import loop as long_term
-from ..policy.link import EgressLedger, LinkParams, LinkState, next_link_state
-from ..policy.routing import (
-    InstanceView,
-    RouteRequest,
-    RoutingView,
-    decide_route,
-    pick_decode_instance,
-    pick_prefill_instance,
-    transfer_bytes,
+from ..policy.link import EgressLedger, LinkParams, LinkState
+from ..policy.routing import InstanceView, RouteRequest, transfer_bytes
+from ..policy.short_term import (
+    PRODUCTION,
+    RecentLengths,
+    RefreshTick,
+    RemoteSide,
+    RouteTick,
+    ShortTermPolicy,
+    refresh,
+    route,
 )
-from ..policy.threshold import ThresholdBounds, decide_threshold
+from ..policy.threshold import ThresholdBounds, ThresholdDecision
 from .arrivals import SimRequest
 from .cache import HybridPrefixPool
 from .config import SimConfig
@@ -45,42 +45,30 @@ from .control import SimControl
 from .events import EventQueue
 from .instances import Instance, Job
 from .link import FluidLink
-from .results import RunResult, Series
+from .results import RunResult
+from .state import Req
+
+__all__ = ["Req", "Simulation"]
 
 ProgressFn = Callable[[float], None]
 GIB = float(1 << 30)
-
-
-class Req:
-    """A request's state in one run."""
-
-    __slots__ = (
-        "done_s",
-        "first_token_s",
-        "kv_ready_s",
-        "prefill_end_s",
-        "remote",
-        "spec",
-        "transfer_bytes",
-        "uncached",
-    )
-
-    def __init__(self, spec: SimRequest) -> None:
-        self.spec = spec
-        self.remote = False
-        self.uncached = spec.input_tokens
-        self.transfer_bytes = 0.0
-        self.prefill_end_s = math.nan
-        self.kv_ready_s = math.nan
-        self.first_token_s = math.nan
-        self.done_s = math.nan
+LINK = "prfaas-to-pd"
+"""The simulated link's name (the router's ledgers and link states are keyed by link)."""
 
 
 class Simulation:
-    """One deployment over one request sequence (see the module docstring)."""
+    """One deployment over one request sequence (see the module docstring); ``policy``: the short-term
+    policies (a baseline is another :class:`~prfaas_core.policy.short_term.ShortTermPolicy`)."""
 
-    def __init__(self, config: SimConfig, requests: Sequence[SimRequest], duration_s: float) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        requests: Sequence[SimRequest],
+        duration_s: float,
+        policy: ShortTermPolicy = PRODUCTION,
+    ) -> None:
         self.cfg = config
+        self.policy = policy
         self.requests = requests
         self.duration_s = duration_s
         inputs = config.inputs
@@ -97,7 +85,7 @@ class Simulation:
         self.by_name = {i.name: i for i in self.pd}
         link = config.link
         self.link_params = LinkParams(
-            "prfaas-to-pd", link.capacity_gbps, link.max_utilization, link.scarce_watermark, link.abundant_watermark
+            LINK, link.capacity_gbps, link.max_utilization, link.scarce_watermark, link.abundant_watermark
         )
         one_way = link.rtt_ms / 2000.0
         cap = link.capacity_gbps * GBPS_BITS / 8.0
@@ -112,7 +100,7 @@ class Simulation:
         self.t = config.threshold_tokens
         self.t_min = config.threshold_tokens
         self.threshold_reason = "initial t = t_min"
-        self.window: deque[tuple[float, int]] = deque()
+        self.window = RecentLengths()
         self.control = SimControl(self)
         self.loop_state: long_term.LoopState | None = long_term.LoopState() if config.live_roles else None
         self.result = RunResult(config.name, duration_s, len(requests))
@@ -179,16 +167,22 @@ class Simulation:
             self._record_length(now, total - l_prf)
             self._to_remote(req, total - l_prf, transfer_bytes(self.kv, total, l_pd))
             return
-        view = RoutingView(
+        tick = RouteTick(
+            now,
+            RouteRequest(total, l_pd),
             self.t,
-            self.link_state.mode,
-            self.ledger.admission_gbps(now, self.link_params),
-            self.link_params,
-            True,
+            self.kv,
+            self.prfaas_seconds,
+            self.pd_seconds,
+            {LINK: self.link_params},
+            {LINK: self.link_state},
+            {LINK: self.ledger},
+            (RemoteSide("prfaas", LINK, None, l_prf),),
             local_wait_s=self._least_wait(self.pd, now),
             remote_wait_s=self._least_wait(self.prfaas, now),
+            wait_from_ledger=False,
         )
-        decision = decide_route(RouteRequest(total, l_pd, l_prf), view, self.kv, self.prfaas_seconds, self.pd_seconds)
+        decision = route(tick, self.policy).decision
         self._record_length(now, decision.uncached_tokens)
         moved = decision.cache_transfer_tokens
         if decision.target == "remote":
@@ -216,7 +210,7 @@ class Simulation:
 
     def _record_length(self, now: float, uncached: int) -> None:
         if self.cfg.live_threshold:
-            self.window.append((now, uncached))
+            self.window.add(now, uncached)
         if self.loop_state is not None:
             self.control.lengths.append((now, uncached))
 
@@ -281,7 +275,7 @@ class Simulation:
             for i in pool
             if i.role == "prefill"
         ]
-        pick = pick_prefill_instance(views, total, seconds)
+        pick = self.policy.pick_prefill(views, total, seconds)
         if pick.name is None:  # every prefill instance drains or warms up: queue on the least busy one
             candidates = [i for i in pool if i.role == "prefill"] or pool
             return min(candidates, key=lambda i: (i.queued_prefill_s(now), i.name))
@@ -341,7 +335,7 @@ class Simulation:
             for i in self.pd
             if i.role == "decode"
         ]
-        pick = pick_decode_instance(views)
+        pick = self.policy.pick_decode(views)
         if pick.name is None:
             candidates = [i for i in self.pd if i.role == "decode"] or self.pd
             inst = min(candidates, key=lambda i: (i.decode_load, i.name))
@@ -394,41 +388,40 @@ class Simulation:
         egress = (sent - self._last_sent) * 8.0 / GBPS_BITS
         self._last_sent = sent
         params = self.link_params
-        self.ledger.record_measurement(egress, now)
-        estimate = self.ledger.estimate_gbps(now, params)
-        self.link_state = next_link_state(self.link_state, estimate, params, now)
-        if self.cfg.live_threshold and now <= self.duration_s:  # after the last arrival nothing reads t
-            horizon = now - self.cfg.threshold_window_s
-            window = self.window
-            while window and window[0][0] < horizon:
-                window.popleft()
-            decision = decide_threshold(
-                self.link_state.mode,
+        live = self.cfg.live_threshold and now <= self.duration_s  # after the last arrival nothing reads t
+        window_s = self.cfg.threshold_window_s
+        done = refresh(
+            RefreshTick(
+                now,
+                {LINK: params},
+                {LINK: self.ledger},
+                {LINK: self.link_state},
                 ThresholdBounds(self.t_min),
-                [length for _, length in window],
-                min(self.cfg.threshold_window_s, now),
                 self.kv,
-                params,
-            )
-            self.t = decision.tokens
-            self.threshold_reason = decision.reason
+                self.window.within(now, window_s) if live else (),
+                min(window_s, now),
+                ThresholdDecision(self.t, 0, self.threshold_reason),
+                {LINK: egress},
+                decide_threshold=live,
+            ),
+            self.policy,
+        )
+        self.link_state = done.links[LINK]
+        self.t, self.threshold_reason = done.threshold.tokens, done.threshold.reason
         in_system = self.arrived - self.completed
         self.control.sample(now)
-        s: Series = self.series
-        s.time_s.append(now)
-        s.egress_gbps.append(egress)
-        s.capacity_gbps.append(self._window_capacity_gbps)
-        self._window_capacity_gbps = params.capacity_gbps
-        s.threshold_tokens.append(self.t)
-        s.scarce.append(1 if self.link_state.scarce else 0)
-        s.in_system.append(in_system)
         control = self.control
-        s.n_prefill.append(control.n_prefill)
-        s.n_decode.append(control.n_decode)
-        q_pdp, q_prf, q_dec = control.last_queues
-        s.queue_prefill.append(q_pdp)
-        s.queue_prfaas.append(q_prf)
-        s.queue_decode.append(q_dec)
+        self.series.sample(
+            now,
+            egress,
+            self._window_capacity_gbps,
+            self.t,
+            self.link_state.scarce,
+            in_system,
+            (control.n_prefill, control.n_decode),
+            control.last_queues,
+        )
+        self._window_capacity_gbps = params.capacity_gbps
         if self._progress is not None and int(now) % 60 == 0:
             self._progress(min(1.0, now / self.duration_s))
         if now < self.duration_s or (in_system > 0 and now + 1.0 <= self._stop_s):

@@ -1,0 +1,252 @@
+"""The short-term pipeline as two entry points, shared by the router, the gateway and the simulator.
+
+* :func:`refresh` (about once a second): the links' egress measurements go into their
+  :class:`~.link.EgressLedger`, each ledger's estimate gives the link's next scarce/abundant state, and the
+  threshold ``t`` is re-evaluated from the recent incremental lengths against the scarcest link's budget.
+* :func:`route` (per request): the routing view (``t`` in force, the remote link's mode, the ledger's
+  admission estimate and queue wait, the local queue) -> :func:`~.routing.decide_route` -> the prefill and
+  decode instances (:func:`~.routing.pick_prefill_instance`, :func:`~.routing.pick_decode_instance`), the
+  remote side chosen among the ready ones whose :class:`~.breaker.BreakerBoard` allows it.
+
+Which functions decide is a parameter, :class:`ShortTermPolicy` (:data:`PRODUCTION` by default): a baseline
+(fixed ``t``, least-queued instances) is another instance of it, never a monkeypatch. A shell that picks an
+instance later than it routes (the simulator picks when a queued move has landed) calls the policy's pickers
+itself. Time is a parameter; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..kv import KvModel
+from .breaker import BreakerBoard, BreakerParams
+from .link import EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
+from .routing import (
+    InstancePick,
+    InstanceView,
+    RouteDecision,
+    RouteRequest,
+    RoutingView,
+    decide_route,
+    pick_decode_instance,
+    pick_prefill_instance,
+)
+from .threshold import ThresholdBounds, ThresholdDecision, decide_threshold
+
+SecondsFn = Callable[[float], float]
+RouteFn = Callable[[RouteRequest, RoutingView, KvModel, SecondsFn, SecondsFn | None], RouteDecision]
+PrefillPickFn = Callable[[Sequence[InstanceView], int, SecondsFn], InstancePick]
+DecodePickFn = Callable[[Sequence[InstanceView]], InstancePick]
+ThresholdFn = Callable[[LinkMode, ThresholdBounds, Sequence[int], float, KvModel, LinkParams], ThresholdDecision]
+LinkStateFn = Callable[[LinkState, float, LinkParams, float], LinkState]
+
+
+@dataclass(frozen=True)
+class ShortTermPolicy:
+    """The decisions the pipeline calls; the defaults are the production policies."""
+
+    route: RouteFn = decide_route
+    pick_prefill: PrefillPickFn = pick_prefill_instance
+    pick_decode: DecodePickFn = pick_decode_instance
+    threshold: ThresholdFn = decide_threshold
+    link_state: LinkStateFn = next_link_state
+
+
+PRODUCTION = ShortTermPolicy()
+
+
+class RecentLengths:
+    """The incremental lengths of recent requests (``(model time, tokens)``), what ``t`` is computed from."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[float, int]] = deque()
+
+    def add(self, now_s: float, tokens: int) -> None:
+        self._items.append((now_s, tokens))
+
+    def within(self, now_s: float, window_s: float) -> list[int]:
+        """The lengths that arrived in the last ``window_s`` (older ones are forgotten)."""
+        horizon = now_s - window_s
+        items = self._items
+        while items and items[0][0] < horizon:
+            items.popleft()
+        return [length for _, length in items]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+# --- entry point 1: link states and t -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RefreshTick:
+    """One refresh's input."""
+
+    now_s: float
+    links: Mapping[str, LinkParams]
+    """The links, in configuration order (the first scarce one, else the first, prices ``t``)."""
+    ledgers: Mapping[str, EgressLedger]
+    previous: Mapping[str, LinkState]
+    """Each link's state after the last refresh (a link missing starts abundant)."""
+    bounds: ThresholdBounds
+    kv: KvModel
+    lengths: Sequence[int]
+    """The incremental lengths of the last window (:meth:`RecentLengths.within`)."""
+    window_s: float
+    """The span those lengths arrived over (the rate is their count over it)."""
+    threshold: ThresholdDecision
+    """The ``t`` in force; kept when ``decide_threshold`` is False."""
+    measured_gbps: Mapping[str, float] | None = None
+    """Each link's measured total egress since the last refresh, recorded into its ledger first."""
+    decide_threshold: bool = True
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    links: dict[str, LinkState]
+    threshold: ThresholdDecision
+    changed_links: tuple[str, ...]
+    """The links whose mode changed (a shell logs them)."""
+
+    @property
+    def scarce(self) -> bool:
+        return any(s.scarce for s in self.links.values())
+
+
+NO_LINK = "no link: t = t_min"
+
+
+def refresh(tick: RefreshTick, policy: ShortTermPolicy = PRODUCTION) -> Refreshed:
+    """Ledger -> link state per link -> ``t``."""
+    now = tick.now_s
+    links: dict[str, LinkState] = {}
+    changed: list[str] = []
+    for name, params in tick.links.items():
+        ledger = tick.ledgers[name]
+        if tick.measured_gbps is not None and name in tick.measured_gbps:
+            ledger.record_measurement(tick.measured_gbps[name], now)
+        prev = tick.previous.get(name, LinkState())
+        links[name] = policy.link_state(prev, ledger.estimate_gbps(now, params), params, now)
+        if links[name].mode != prev.mode:
+            changed.append(name)
+    threshold = tick.threshold
+    if tick.decide_threshold:
+        scarce = [n for n, s in links.items() if s.scarce]
+        mode: LinkMode = "scarce" if scarce else "abundant"
+        pricing = tick.links[scarce[0]] if scarce else next(iter(tick.links.values()), None)
+        if pricing is None:
+            threshold = ThresholdDecision(tick.bounds.min_tokens, 0, NO_LINK)
+        else:
+            threshold = policy.threshold(mode, tick.bounds, tick.lengths, tick.window_s, tick.kv, pricing)
+    return Refreshed(links, threshold, tuple(changed))
+
+
+# --- entry point 2: one request -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteSide:
+    """A remote PrFaaS cluster as one decision sees it."""
+
+    name: str
+    link: str
+    not_ready: str | None = None
+    """Why it cannot take work (its status), None when ready."""
+    cached_tokens: int = 0
+    """The request's prefix it already holds."""
+
+
+@dataclass(frozen=True)
+class RouteTick:
+    """One request's input: the request, what the last refresh left, the ledgers and the local queue."""
+
+    now_s: float
+    request: RouteRequest
+    threshold_tokens: int
+    kv: KvModel
+    prfaas_seconds: SecondsFn
+    pd_seconds: SecondsFn
+    links: Mapping[str, LinkParams]
+    link_states: Mapping[str, LinkState]
+    ledgers: Mapping[str, EgressLedger]
+    remotes: Sequence[RemoteSide] = ()
+    """The remote sides in preference order (the first ready one its breaker allows is used)."""
+    local_wait_s: float | None = None
+    remote_wait_s: float | None = None
+    """The remote queue's wait when ``wait_from_ledger`` is False (the simulator knows its PrFaaS queues)."""
+    wait_from_ledger: bool = True
+    """The remote wait is the ledger's (its lanes' queue), as a router predicts it."""
+    breakers: BreakerBoard | None = None
+    """Consulted (and updated: an open breaker past its time lets one probe through) per remote; None: none."""
+    breaker_now_s: float = 0.0
+    breaker_params: BreakerParams = field(default_factory=BreakerParams)
+    prefill: Sequence[InstanceView] | None = None
+    """The local prefill instances to pick from now (None: the shell picks later)."""
+    decode: Sequence[InstanceView] | None = None
+    unavailable_reason: str = "remote unavailable"
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    decision: RouteDecision
+    remote: RemoteSide | None
+    """The remote side that prefills (``decision.target == "remote"``), else None."""
+    prefill: InstancePick | None = None
+    decode: InstancePick | None = None
+
+
+def _why_no_remote(tick: RouteTick) -> str:
+    if not tick.remotes:
+        return "no remote PrFaaS cluster configured"
+    reasons = []
+    for remote in tick.remotes:
+        if remote.not_ready:
+            reasons.append(f"{remote.name}: {remote.not_ready}")
+        elif tick.breakers is not None and tick.breakers.is_open(remote.name):
+            reasons.append(f"{remote.name}: breaker {tick.breakers.reason(remote.name)}")
+    return "; ".join(reasons) or tick.unavailable_reason
+
+
+def _usable(tick: RouteTick) -> RemoteSide | None:
+    for remote in tick.remotes:
+        if remote.not_ready is not None:
+            continue
+        if tick.breakers is None or tick.breakers.allows(remote.name, tick.breaker_now_s, tick.breaker_params):
+            return remote
+    return None
+
+
+def route(tick: RouteTick, policy: ShortTermPolicy = PRODUCTION) -> RoutePlan:
+    """View -> decision -> instance picks, for one request."""
+    remote = _usable(tick)
+    req = tick.request
+    if remote is None:
+        view = RoutingView(
+            tick.threshold_tokens, "abundant", 0.0, None, False, _why_no_remote(tick), tick.local_wait_s, None
+        )
+        req = RouteRequest(req.total_tokens, req.pd_cached_tokens, 0)
+    else:
+        params = tick.links[remote.link]
+        ledger = tick.ledgers[remote.link]
+        state = tick.link_states.get(remote.link, LinkState())
+        wait = ledger.queue_wait_s(tick.now_s) if tick.wait_from_ledger else tick.remote_wait_s
+        view = RoutingView(
+            tick.threshold_tokens,
+            state.mode,
+            ledger.admission_gbps(tick.now_s, params),
+            params,
+            True,
+            "",
+            tick.local_wait_s,
+            wait,
+        )
+        req = RouteRequest(req.total_tokens, req.pd_cached_tokens, remote.cached_tokens)
+    decision = policy.route(req, view, tick.kv, tick.prfaas_seconds, tick.pd_seconds)
+    decode = policy.pick_decode(tick.decode) if tick.decode is not None else None
+    prefill = None
+    if tick.prefill is not None and (decode is None or decode.name is not None):
+        prefill = policy.pick_prefill(tick.prefill, req.total_tokens, tick.pd_seconds)
+    return RoutePlan(decision, remote if decision.target == "remote" else None, prefill, decode)

@@ -1,0 +1,69 @@
+"""Every script in benchmarks/ runs its real code path on a tiny input (its smoke mode), so that none rots.
+
+The figures mean nothing here; what is checked is that each script runs to its end and prints what it
+reports. ``real_engines.py`` needs the real-engine tier's vLLM environment and is covered by that tier.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+
+
+def run(script: str, *args: str, timeout: float = 240.0) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def test_every_benchmark_has_a_smoke_test() -> None:
+    covered = {"goodput_vs_peers", "operator_scale", "router_decision", "router_overhead", "sim_speed", "testbed"}
+    scripts = {p.stem for p in BENCH.glob("*.py")} - {"real_engines"}
+    assert scripts <= covered, f"benchmarks without a smoke test: {sorted(scripts - covered)}"
+
+
+def test_sim_speed() -> None:
+    out = run("sim_speed.py", "--smoke")
+    assert "production policies" in out and "fixed-t baseline" in out
+
+
+def test_router_decision() -> None:
+    out = json.loads(run("router_decision.py", "--requests", "200"))
+    assert out
+
+
+def test_testbed() -> None:
+    out = json.loads(run("testbed.py", "--smoke", "--json"))
+    assert out["engine_rps"] > 0 and out["relay_MBps"] > 0
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (scripts/system-deps.sh)")
+def test_router_overhead(tmp_path: Path) -> None:
+    out = json.loads(run("router_overhead.py", "--smoke", "--out", str(tmp_path / "overhead.json")))
+    assert out["max_rps"]["prfaas_router"] > 0
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed (scripts/system-deps.sh)")
+def test_operator_scale(tmp_path: Path) -> None:
+    run("operator_scale.py", "--smoke", "--out", str(tmp_path / "scale.json"))
+    out = json.loads((tmp_path / "scale.json").read_text())
+    assert out["results"][0]["cycles"]
+
+
+def test_goodput_vs_peers(tmp_path: Path) -> None:
+    out = json.loads(run("goodput_vs_peers.py", "--smoke", "--out", str(tmp_path / "goodput.json")))
+    assert out["systems"]["prfaas_pd"]["reference"]["requests"] == 6
