@@ -21,10 +21,11 @@ from aiohttp import web
 from prfaas_core.api import GatewayStatus
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.routing import InstanceView
-from prfaas_core.tokens import block_hashes, prompt_token_ids
+from prfaas_core.tokens import block_hashes
 
 from .http_util import is_chat, json_error, read_token
 from .runtime import EngineLoad, Runtime
+from .tokenizer import count_prompt
 
 WINDOW_S = 10.0
 
@@ -50,8 +51,9 @@ class Gateway:
     async def prefill(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return json_error(401, "missing or wrong bearer token", "authentication_error")
+        raw = await request.read()
         try:
-            body = json.loads(await request.read())
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return json_error(400, f"request body is not valid JSON: {exc}")
         if not isinstance(body, dict):
@@ -62,7 +64,7 @@ class Gateway:
         rt = self.rt
         c = rt.compiled
         try:
-            ids = prompt_token_ids(body, is_chat(request.path), c.tokenizer)
+            ids = await count_prompt(body, is_chat(request.path), c.tokenizer, len(raw))
         except ValueError as exc:
             return json_error(400, str(exc))
         hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)

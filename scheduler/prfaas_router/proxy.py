@@ -25,12 +25,13 @@ import structlog
 from aiohttp import web
 
 from prfaas_core.api import RemoteGateway
-from prfaas_core.tokens import block_hashes, prompt_token_ids
+from prfaas_core.tokens import block_hashes
 
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
 from .legs import LegError, decode_body, kv_handle, prefill_body
 from .metrics import RouterMetrics
 from .runtime import LocalPlan, Runtime
+from .tokenizer import count_prompt
 
 log = structlog.get_logger("prfaas.router")
 
@@ -92,14 +93,15 @@ class Proxy:
         started = time.perf_counter()
         rt, m = self.rt, self.metrics
         limits = rt.compiled.config.limits
+        raw = await request.read()
         try:
-            body = orjson.loads(await request.read())
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             return json_error(400, f"request body is not valid JSON: {exc}")
         if not isinstance(body, dict):
             return json_error(400, "request body must be a JSON object")
         try:
-            ids = prompt_token_ids(body, is_chat(request.path), rt.compiled.tokenizer)
+            ids = await count_prompt(body, is_chat(request.path), rt.compiled.tokenizer, len(raw))
         except ValueError as exc:
             return json_error(400, str(exc))
         if "stream" in body and not isinstance(body["stream"], bool):

@@ -42,8 +42,12 @@ def test_sim_speed() -> None:
 
 
 def test_router_decision() -> None:
-    out = json.loads(run("router_decision.py", "--requests", "200"))
-    assert out
+    out = json.loads(run("router_decision.py", "--smoke"))
+    assert out["policy_call_us"]["p50"] > 0
+    costs = out["tokenize"]
+    assert set(costs) == {"chars4", "bpe-32000"}
+    for figures in costs.values():
+        assert 0 < figures["1k_tokens_ms"]["p50"] <= figures["32k_tokens_ms"]["p50"]
 
 
 def test_testbed() -> None:

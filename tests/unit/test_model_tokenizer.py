@@ -94,3 +94,26 @@ def test_unreadable_tokenizer_file_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="chatTemplateFile"):
         (tmp_path / "tokenizer.json").write_text(_tokenizer_json())
         load_model_tokenizer(str(tmp_path / "tokenizer.json"), str(tmp_path / "nope.jinja"))
+
+
+async def test_large_prompts_are_counted_off_the_event_loop_with_the_same_ids(
+    files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from prfaas_router import tokenizer as router_tok
+
+    tok = router_tokenizer(_config(tokenizerFile=str(files / "tokenizer.json")))
+    body = {"prompt": "hello world " * 8000}
+    seen: list[str] = []
+    original = router_tok.prompt_token_ids
+
+    def spy(*args: object) -> list[int]:
+        seen.append(threading.current_thread().name)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(router_tok, "prompt_token_ids", spy)
+    big = await router_tok.count_prompt(body, False, tok, router_tok.OFFLOAD_BODY_BYTES)
+    small = await router_tok.count_prompt({"prompt": "hello"}, False, tok, 20)
+    assert big == [3, 4] * 8000 and small == [3]
+    assert seen[0] != threading.main_thread().name and seen[1] == threading.main_thread().name
