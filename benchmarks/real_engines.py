@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import tempfile
@@ -26,11 +25,10 @@ from typing import Any
 
 import httpx
 
-from prfaas_cli.real_stack import EngineRef, RealStack
-from prfaas_cli.stack import free_port, spawn_process, stop_processes
-from prfaas_cli.vllm_engines import EnginePool, RealEnv
+from prfaas_cli.real_stack import EngineRef, RealStack, start_vllm_router
+from prfaas_cli.stack import stop_processes
+from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEnv
 from prfaas_router.legs import decode_body, kv_handle, prefill_body
-from prfaas_router.tokenizer import load_model_tokenizer
 
 SYSTEMS = ("hand", "prfaas", "vllm-router")
 
@@ -65,42 +63,6 @@ def by_hand(client: httpx.Client, prefill: str, decode: str, body: dict[str, Any
     return prefilled + ttft, prefilled + e2e
 
 
-class Prompts:
-    def __init__(self, tokenizer_file: str, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.tokenizer = load_model_tokenizer(tokenizer_file)
-        self.syllables = [a + b for a in "bdfgklmnprstvz" for b in "aeiou"]
-
-    def make(self, tokens: int) -> str:
-        words: list[str] = []
-        while len(self.tokenizer.encode(" ".join(words))) < tokens:
-            words.append("".join(self.rng.choice(self.syllables) for _ in range(self.rng.randint(1, 3))))
-        return " ".join(words[:-1])
-
-
-def start_vllm_router(prefill: str, decode: str, log: Path) -> tuple[str, Any]:
-    port = free_port()
-    argv = [
-        str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation", "--prefill", prefill,
-        "--decode", decode, "--kv-connector", "nixl", "--host", "127.0.0.1", "--port", str(port),
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
-    ]  # fmt: skip
-    proc = spawn_process(argv, log, env={"NO_PROXY": "*"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm-router exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("vllm-router did not start in 60 s")
-        time.sleep(0.2)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     env = RealEnv.load(Path(args.env_file)) if args.env_file else RealEnv.prepare()
     work = Path(tempfile.mkdtemp(prefix="prfaas-real-bench-"))
@@ -133,11 +95,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         samples: dict[str, dict[str, list[float]]] = {s: {"ttft": [], "e2e": []} for s in SYSTEMS}
         with httpx.Client(timeout=120) as client:
             for name in SYSTEMS:  # one untimed request each: connections, handshakes
-                systems[name](client, _body(env, prompts.make(args.prompt_tokens), args.max_tokens))
+                systems[name](client, _body(env, prompts.text(args.prompt_tokens), args.max_tokens))
             for i in range(args.rounds):
                 order = list(SYSTEMS) if i % 2 == 0 else list(reversed(SYSTEMS))
                 for name in order:
-                    ttft, e2e = systems[name](client, _body(env, prompts.make(args.prompt_tokens), args.max_tokens))
+                    ttft, e2e = systems[name](client, _body(env, prompts.text(args.prompt_tokens), args.max_tokens))
                     samples[name]["ttft"].append(ttft)
                     samples[name]["e2e"].append(e2e)
                 print(f"round {i + 1}/{args.rounds}", file=sys.stderr)

@@ -174,3 +174,29 @@ class RealStack:
     def close(self) -> None:
         stop_processes(list(self.procs.values()))
         self.procs.clear()
+
+
+def start_vllm_router(prefill: str, decode: str, log: Path, timeout_s: float = 60.0) -> tuple[str, Any]:
+    """vllm-router 0.1.17 in PD mode (NIXL) in front of one prefill and one decode engine, the peer we compare
+    with; returns its base URL and process once /health answers."""
+    port = free_port()
+    argv = [
+        str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation", "--prefill", prefill,
+        "--decode", decode, "--kv-connector", "nixl", "--host", "127.0.0.1", "--port", str(port),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
+    ]  # fmt: skip
+    proc = spawn_process(argv, log, env={"NO_PROXY": "*"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm-router exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return url, proc
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            stop_processes([proc])
+            raise RuntimeError(f"vllm-router did not start in {timeout_s} s")
+        time.sleep(0.2)

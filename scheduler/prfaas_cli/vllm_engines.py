@@ -13,18 +13,22 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import signal
 import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from prfaas_core import names
 from prfaas_core.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
 from prfaas_router.legs import PREFILL_KV_PARAMS
+from prfaas_router.prom_text import sample_sum
+from prfaas_router.tokenizer import load_model_tokenizer
 
 from .stack import free_port
 
@@ -40,6 +44,32 @@ core per agent. Measured here with four engines on 2 cores: 100 us starved the e
 START_TIMEOUT_S = 600.0
 """Four engines starting together take ~1 min on 2 idle cores and several minutes when the cores are busy; the
 deadline only catches a stuck start (the wait itself is on /health)."""
+
+
+class Prompts:
+    """Prompts of fresh random words (no prefix-cache hits between requests), sized in the tiny model's own
+    tokens (its tokenizer, loaded as the router loads it)."""
+
+    SYLLABLES: ClassVar[list[str]] = [a + b for a in "bdfgklmnprstvz" for b in "aeiou"]
+
+    def __init__(self, tokenizer_file: str, seed: int | None = None) -> None:
+        self.rng = random.Random(seed)
+        self.tokenizer = load_model_tokenizer(tokenizer_file)
+
+    def word(self) -> str:
+        return "".join(self.rng.choice(self.SYLLABLES) for _ in range(self.rng.randint(1, 3)))
+
+    def text(self, tokens: int) -> str:
+        """A text of about ``tokens`` tokens (within a word of it, never more)."""
+        words: list[str] = []
+        while True:
+            word = self.word()
+            if len(self.tokenizer.encode(" ".join([*words, word]))) > tokens:
+                return " ".join(words)
+            words.append(word)
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
 
 
 class RealEnginesUnavailable(RuntimeError):
@@ -77,19 +107,6 @@ class RealEnv:
         return cls(**json.loads(path.read_text()))
 
 
-def metric_values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """Samples of ``name`` (a counter's ``_total`` sample included) by their sorted labels."""
-    out: dict[tuple[tuple[str, str], ...], float] = {}
-    base = name.removesuffix("_total")
-    for family in text_string_to_metric_families(text):
-        if family.name not in (name, base):
-            continue
-        for sample in family.samples:
-            if sample.name in (name, f"{base}_total") or (sample.name == base and family.type == "gauge"):
-                out[tuple(sorted(sample.labels.items()))] = sample.value
-    return out
-
-
 @dataclass
 class RealEngine:
     """One running vLLM instance."""
@@ -112,22 +129,13 @@ class RealEngine:
     def metrics_text(self) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=10).text
 
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of ``name``'s samples whose labels include ``labels``."""
-        total = 0.0
-        for key, value in metric_values(self.metrics_text(), name).items():
-            have = dict(key)
-            if all(have.get(k) == v for k, v in labels.items()):
-                total += value
-        return total
-
     def prompt_tokens_by_source(self) -> dict[str, float]:
         """vLLM's ``prompt_tokens_by_source``: local_compute, local_cache_hit, external_kv_transfer."""
-        out: dict[str, float] = {}
-        for key, value in metric_values(self.metrics_text(), "vllm:prompt_tokens_by_source_total").items():
-            source = dict(key).get("source", "")
-            out[source] = out.get(source, 0.0) + value
-        return out
+        text = self.metrics_text()
+        return {
+            source: sample_sum(text, names.VLLM_PROMPT_TOKENS_BY_SOURCE, {"source": source}) or 0.0
+            for source in names.PROMPT_SOURCES
+        }
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the engine's whole process group (API server, EngineCore, workers)."""

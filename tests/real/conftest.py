@@ -11,17 +11,14 @@ Every test here is marked ``real_engine``; without the environment the tier skip
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
 from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, RealEngine, RealEnv
-from prfaas_router.tokenizer import load_model_tokenizer
+from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 from support.real_engines import prepare_or_skip
 
 THRESHOLD_TOKENS = 768
@@ -107,31 +104,6 @@ def stack(engines: Engines, real_env: RealEnv, tmp_path_factory: pytest.TempPath
         st.close()
 
 
-class Prompts:
-    """Prompts of fresh random words (no prefix-cache hits between tests), sized in the model's own tokens."""
-
-    SYLLABLES: ClassVar[list[str]] = [a + b for a in "bdfgklmnprstvz" for b in "aeiou"]
-
-    def __init__(self, env: RealEnv, seed: int | None = None) -> None:
-        self.rng = random.Random(seed)
-        self.tokenizer = load_model_tokenizer(env.tokenizer_file)
-
-    def word(self) -> str:
-        return "".join(self.rng.choice(self.SYLLABLES) for _ in range(self.rng.randint(1, 3)))
-
-    def text(self, tokens: int) -> str:
-        """A text of about ``tokens`` tokens (within a word of it, never more)."""
-        words: list[str] = []
-        while True:
-            candidate = " ".join([*words, self.word()])
-            if len(self.tokenizer.encode(candidate)) > tokens:
-                return " ".join(words)
-            words.append(candidate.rsplit(" ", 1)[-1])
-
-    def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text))
-
-
 @pytest.fixture
 def prompts(real_env: RealEnv) -> Prompts:
-    return Prompts(real_env)
+    return Prompts(real_env.tokenizer_file)

@@ -14,9 +14,10 @@ import pytest
 
 from conftest import Engines, Prompts
 from prfaas_cli.stack import free_port, spawn_process, stop_processes
-from prfaas_cli.vllm_engines import RealEnv, metric_values
+from prfaas_cli.vllm_engines import RealEnv
 from prfaas_core import names
 from prfaas_router.legs import PREFILL_KV_PARAMS
+from prfaas_router.prom_text import sample_sum
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 
@@ -32,12 +33,14 @@ def emulated(tmp_path: Path, real_env: RealEnv) -> Iterator[dict[str, str]]:
     urls = {"prefill": f"http://127.0.0.1:{ports['p']}", "decode": f"http://127.0.0.1:{ports['d']}"}
     try:
         for url in urls.values():
-            for _ in range(300):
+            deadline = time.monotonic() + 60
+            while True:
                 try:
                     if httpx.get(url + "/health", timeout=1).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
+                assert time.monotonic() < deadline, f"the emulated engine at {url} did not start"
                 time.sleep(0.1)
         yield urls
     finally:
@@ -81,7 +84,7 @@ def test_kv_handle_error_bodies_and_metrics_match(
     }
     for url in (engines.pdd.url, emulated["decode"]):
         text = httpx.get(url + "/metrics", timeout=10).text
-        missing = {n for n in read_by_us if not metric_values(text, n)}
+        missing = {n for n in read_by_us if sample_sum(text, n) is None}
         assert not missing, f"{url} exports none of {missing}"
-        sources = {dict(k).get("source") for k in metric_values(text, names.VLLM_PROMPT_TOKENS_BY_SOURCE)}
-        assert sources >= set(names.PROMPT_SOURCES)
+        for source in names.PROMPT_SOURCES:
+            assert sample_sum(text, names.VLLM_PROMPT_TOKENS_BY_SOURCE, {"source": source}) is not None, source

@@ -4,7 +4,6 @@ as a single instance), and its KV crosses by NIXL too."""
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +11,8 @@ import httpx
 import pytest
 
 from conftest import Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.stack import free_port, spawn_process, stop_processes
+from prfaas_cli.real_stack import RealStack, start_vllm_router
+from prfaas_cli.stack import stop_processes
 from prfaas_cli.vllm_engines import RealEnv
 
 BIN = Path(sys.executable).parent
@@ -21,25 +20,8 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture
 def vllm_router(engines: Engines, tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    argv = [
-        str(BIN / "vllm-router"), "--vllm-pd-disaggregation", "--prefill", engines.pdp0.url,
-        "--decode", engines.pdd.url, "--kv-connector", "nixl", "--host", "127.0.0.1", "--port", str(port),
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
-    ]  # fmt: skip
-    proc = spawn_process(argv, tmp_path / "vllm-router.log", env={"NO_PROXY": "*"})
-    url = f"http://127.0.0.1:{port}"
+    url, proc = start_vllm_router(engines.pdp0.url, engines.pdd.url, tmp_path / "vllm-router.log")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "vllm-router.log").read_text()[-2000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "vllm-router did not start"
-            time.sleep(0.2)
         yield url
     finally:
         stop_processes([proc])
