@@ -74,3 +74,25 @@ def test_the_servicemonitor_sends_the_token_and_verifies_the_gateway_with_its_ca
     tls = next(e for e in default["spec"]["endpoints"] if e["port"] == "https")["tlsConfig"]
     assert tls["ca"]["secret"] == {"name": "t", "key": "ca.crt"}
     assert tls["serverName"] == f"prfaas-gateway.{NAMESPACE}.svc"
+
+
+def _secret_rules(docs: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [
+        r
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        for r in d["rules"]  # type: ignore[attr-defined]
+        if "secrets" in r["resources"]
+    ]
+
+
+def test_the_operator_reads_secrets_only_by_the_names_the_values_give(helm: str) -> None:  # noqa: F811
+    assert _secret_rules(render(helm, CHART, REPO / "examples/03-helm/region-a/values.yaml")) == []
+    assert _secret_rules(render(helm, CHART, None)) == []
+    assert _secret_rules(render(helm, CHART, None, "--set", "operator.clusterWide=true")) == []
+    (rule,) = _secret_rules(render(helm, CHART, REPO / "examples/03-helm/region-b/values.yaml"))
+    assert rule["resourceNames"] == ["region-a-gateway-ca", "region-a-gateway-token"] and rule["verbs"] == ["get"]
+    (rule,) = _secret_rules(render(helm, CHART, None, "--set", "router.secrets={tok}"))
+    assert rule["resourceNames"] == ["tok"]
+    (rule,) = _secret_rules(render(helm, CHART, None, "--set", "operator.rbac.allSecrets=true"))
+    assert "resourceNames" not in rule
