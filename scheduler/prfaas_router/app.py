@@ -19,7 +19,7 @@ from prfaas_core.api import RouterConfig
 
 from .config import ConfigWatcher, load_config
 from .gateway import Gateway
-from .http_util import json_error
+from .http_util import CLIENT_KEEPALIVE_S, json_error
 from .hygiene import Hygiene, start_listener
 from .metrics import RouterMetrics
 from .proxy import Proxy
@@ -62,7 +62,8 @@ def create_app(
     runtime = Runtime(compile_config(config), clock)
     metrics = RouterMetrics()
     http = httpx.AsyncClient(
-        limits=http_limits or httpx.Limits(max_connections=4096, max_keepalive_connections=512),
+        limits=http_limits
+        or httpx.Limits(max_connections=4096, max_keepalive_connections=512, keepalive_expiry=CLIENT_KEEPALIVE_S),
         timeout=httpx.Timeout(60.0, connect=config.timeouts.connect_seconds),
     )
     proxy = Proxy(runtime, http, metrics)
