@@ -36,6 +36,9 @@ ROLE_BOTH: Final = "both"
 # --- Annotation keys ------------------------------------------------------------------------------------
 ANNOTATION_LAST_FLIP: Final = f"{API_GROUP}/last-role-flip"
 """RFC 3339 time of the last role flip of an instance (cooldown is measured from it)."""
+ANNOTATION_SCALE_TARGETS: Final = f"{API_GROUP}/scale-targets"
+"""Scale mode: the absolute replica counts a flip writes, stamped on the retired pod with its retirement and
+removed once written, so that a flip interrupted between the two is finished by the next reconcile."""
 ANNOTATION_ROUTER_CONFIG_HASH: Final = f"{API_GROUP}/router-config-hash"
 """Hash of the router configuration an object was rendered from (pods roll when it changes)."""
 ANNOTATION_DRAIN_STARTED: Final = f"{API_GROUP}/drain-started"
