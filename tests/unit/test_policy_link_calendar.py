@@ -98,8 +98,14 @@ def test_choice_waits_only_when_it_pays() -> None:
     w = earliest_window(ledger, 0.0, gbytes(6.0), 1.0, LINK)
     assert w is not None and w.wait_s > 0
     assert choose_window(w, local_ttft_s=10.0, slo_ttft_s=5.0).action == "wait_for_link"
-    assert choose_window(w, local_ttft_s=1.5, slo_ttft_s=5.0).action == "local"
+    assert choose_window(w, local_ttft_s=1.5, slo_ttft_s=None).action == "local"
     assert "SLO 2.50 s" in choose_window(w, local_ttft_s=3.0, slo_ttft_s=2.5).reason
+    # remote fits the SLO: it waits even though local would be faster (t sent it remote)
+    assert choose_window(w, local_ttft_s=1.5, slo_ttft_s=2.5).action == "wait_for_link"
+    # remote misses the SLO, local fits it and a PD prefill instance is idle: local
+    assert choose_window(w, local_ttft_s=1.5, slo_ttft_s=1.8).action == "local"
+    # ... but not behind a local queue (a long local prefill would delay everything queued behind it)
+    assert choose_window(w, local_ttft_s=1.5, slo_ttft_s=1.8, local_wait_s=0.5).action == "wait_for_link"
     now = earliest_window(EgressLedger(lanes=1), 0.0, gbytes(6.0), 1.0, LINK)
     assert choose_window(now, 0.5, None).action == "remote"
     assert choose_window(None, 3.0, None).action == "local"
@@ -130,6 +136,6 @@ def test_bookings_never_exceed_the_cap(reqs, lanes, capacity) -> None:  # type: 
         assert w is not None and w.start_s >= now - 1e-9
         ledger.reserve(str(i), w.transfer())
     booked = ledger.transfers(now)
-    for t in booked:
-        for at in (t.stream_start_s, (t.stream_start_s + t.stream_end_s) / 2):
+    for t in booked:  # just after each start (a stream that ends as another starts may round to 1e-15 s)
+        for at in (t.stream_start_s + 1e-7, (t.stream_start_s + t.stream_end_s) / 2):
             assert booked_gbps(booked, at) <= params.cap_gbps + 1e-6
