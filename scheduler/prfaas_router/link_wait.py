@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline
-from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.link_calendar import max_wait_s, prefer_local
 
 from .legs import LegError
 
@@ -48,23 +48,18 @@ def parse_decline(status: int, body: bytes) -> AdmissionDecline | None:
         return None
 
 
+__all__ = ["LinkDeclined", "admission_headers", "local_ttft_s", "max_wait_s", "parse_decline", "resubmit_wait_s"]
+
+
 def local_ttft_s(local_wait_s: float | None, local_prefill_s: float) -> float:
     return (local_wait_s or 0.0) + local_prefill_s
 
 
-def first_max_wait_s(local_ttft: float, remote_prefill_s: float, kv_bytes: float, cap_gbps: float) -> float:
-    """The wait a first submission accepts: remote TTFT (wait + prefill, or the stream at the cap) <= local."""
-    stream = kv_bytes * 8.0 / GBPS_BITS / cap_gbps if cap_gbps > 0 else float("inf")
-    return max(0.0, local_ttft - max(remote_prefill_s, stream))
-
-
 def resubmit_wait_s(decline: AdmissionDecline, local_ttft: float, slo_ttft_s: float | None = None) -> float | None:
     """After a ``link_window`` decline: the wait to accept on re-submission, or None (go local). Waits when the
-    gateway's predicted TTFT is no worse than local's (or fits the SLO while local's does not)."""
+    gateway's predicted TTFT is no worse than local's (the core's rule, :func:`prefer_local`)."""
     if decline.reason != "link_window" or decline.earliest_start_ms is None or decline.predicted_ttft_ms is None:
         return None
-    remote = decline.predicted_ttft_ms / 1000.0
-    fits = slo_ttft_s is not None and remote <= slo_ttft_s < local_ttft
-    if remote > local_ttft and not fits:
+    if prefer_local(decline.predicted_ttft_ms / 1000.0, local_ttft, slo_ttft_s):
         return None
     return decline.earliest_start_ms / 1000.0 * WAIT_SLACK + 0.001

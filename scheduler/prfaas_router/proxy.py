@@ -203,7 +203,7 @@ class Proxy:
         nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
         local = link_wait.local_ttft_s(rt.local_wait_s(), c.pd.prefill_seconds(float(total)))
         cap = c.links[remote.link].cap_gbps
-        first = link_wait.first_max_wait_s(local, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
+        first = link_wait.max_wait_s(local, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
         try:
             return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, first), "remote"
         except link_wait.LinkDeclined as declined:

@@ -193,13 +193,18 @@ def choose_window(
         fit += f" (SLO {slo_ttft_s:.2f} s)"
     if wait <= 1e-6:
         return WaitChoice("remote", remote, local_ttft_s, 0.0, f"link window now: predicted TTFT {fit}")
-    if slo_ttft_s is None:
-        local_wins = remote > local_ttft_s
-    else:
-        local_wins = remote > slo_ttft_s >= local_ttft_s and local_wait_s <= 1e-6
-    if not local_wins:
+    if not prefer_local(remote, local_ttft_s, slo_ttft_s, local_wait_s):
         return WaitChoice("wait_for_link", remote, local_ttft_s, wait, f"wait for the link: predicted TTFT {fit}")
     return WaitChoice("local", remote, local_ttft_s, wait, f"local prefill: predicted TTFT {fit}")
+
+
+def prefer_local(
+    remote_ttft_s: float, local_ttft_s: float, slo_ttft_s: float | None = None, local_wait_s: float = 0.0
+) -> bool:
+    """The rule of :func:`choose_window` on predicted TTFTs alone (a router judging a gateway's decline)."""
+    if slo_ttft_s is None:
+        return remote_ttft_s > local_ttft_s
+    return remote_ttft_s > slo_ttft_s >= local_ttft_s and local_wait_s <= 1e-6
 
 
 def max_wait_s(local_ttft_s: float, prefill_s: float, nbytes: float, ceiling: float) -> float:
