@@ -11,6 +11,7 @@ prefill throughput over the last window), which region B's routers and operator 
 from __future__ import annotations
 
 import json
+import os
 from collections import deque
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.tokens import block_hashes
 
+from .admission import LinkAdmission, admission_for
 from .http_util import is_chat, json_error
 from .runtime import EngineLoad, Runtime
 from .security import forwarded_headers, refused_field
@@ -36,6 +38,12 @@ class Gateway:
         self.rt = runtime
         self.http = http
         self.served: deque[tuple[float, int, float]] = deque()  # (model time, tokens, kv bytes)
+        self.admission: LinkAdmission | None = None
+        self.reload_secrets()
+
+    def reload_secrets(self) -> None:
+        """After a config reload: the link admission (the token is :mod:`.security`'s, reloaded on its own)."""
+        self.admission = admission_for(self.rt.compiled.config, self.admission)
 
     async def prefill(self, request: web.Request) -> web.Response:
         raw = await request.read()
@@ -59,6 +67,31 @@ class Gateway:
             return json_error(400, str(exc))
         hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
         hits = rt.pd_index.match(hashes)
+        booking = None
+        if self.admission is not None:
+            self.admission.set_lanes(self.status_model().ready_instances)
+            uncached = len(ids) - max(hits.values(), default=0)
+            key = f"gw-{os.urandom(12).hex()}"  # the gateway's own id: callers sharing an x-request-id stay apart
+            prefill_s = c.prfaas.prefill_seconds(float(max(uncached, 1)))
+            verdict = self.admission.decide(key, request.headers, c.kv.kv_bytes(len(ids)), prefill_s, rt.model_now())
+            if isinstance(verdict, web.Response):
+                return verdict
+            booking = verdict
+            await self.admission.hold(booking, rt.model_now())
+        ok = False
+        try:
+            resp = await self._prefill_on_instance(request, body, ids, hashes, hits)
+            ok = resp.status == 200
+        finally:
+            if booking is not None and self.admission is not None:
+                self.admission.answered(booking, ok, rt.model_now())
+        return resp
+
+    async def _prefill_on_instance(
+        self, request: web.Request, body: dict[str, Any], ids: list[int], hashes: list[bytes], hits: dict[str, int]
+    ) -> web.Response:
+        rt = self.rt
+        c = rt.compiled
         tried: set[str] = set()
         last_error = "no healthy PrFaaS instance"
         for _ in range(max(1, len(c.prefill))):

@@ -66,7 +66,7 @@ KV_PARAM_FIELDS = frozenset(
     {"do_remote_decode", "do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host", "remote_port"}
 )
 """Keys of ``kv_transfer_params`` a prefill leg may carry (vLLM's NixlConnector request)."""
-PRFAAS_HEADERS = frozenset({"x-prfaas-kv-bytes", "x-prfaas-max-wait-ms", "x-prfaas-link"})
+PRFAAS_HEADERS = frozenset(names.ADMISSION_HEADERS)
 """The exchange's admission headers (INTERFACES.md): read by the gateway, never passed to an engine."""
 FORWARDED_HEADERS = ("x-request-id",)
 """Headers passed on to the engine (tracing only)."""
@@ -106,7 +106,7 @@ def refused_field(body: dict[str, Any], headers: Any) -> str | None:
         low = name.lower()
         if low.startswith("x-prfaas-") and low not in PRFAAS_HEADERS:
             return f"header {low!r} is not accepted by the gateway (allowed: {', '.join(sorted(PRFAAS_HEADERS))})"
-    for name in ("x-prfaas-kv-bytes", "x-prfaas-max-wait-ms"):
+    for name in (names.HEADER_KV_BYTES, names.HEADER_MAX_WAIT_MS):
         value = headers.get(name)
         if value is not None and not _non_negative_number(value):
             return f"header {name!r} must be a non-negative number, got {value[:40]!r}"
