@@ -35,6 +35,8 @@ class LocalCluster:
     config_path: Path
     config: RouterConfig
     gateway_status_url: str | None = None
+    gateway_headers: dict[str, str] = field(default_factory=dict)
+    """The gateway's bearer token (its /status needs it)."""
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=5.0))
     router_url: str | None = None
     time_scale: float = 1.0
@@ -74,7 +76,7 @@ class LocalCluster:
         ready: int | None = None
         if self.gateway_status_url:
             try:
-                g = self.http.get(self.gateway_status_url).json()
+                g = self.http.get(self.gateway_status_url, headers=self.gateway_headers).json()
                 prfaas, ready = StageLoad(float(g["queueDepth"])), int(g["readyInstances"])
             except (httpx.HTTPError, KeyError, ValueError):
                 ready = 0

@@ -59,6 +59,8 @@ class LocalStack:
     work_dir: Path
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     urls: dict[str, str] = field(default_factory=dict)
+    gateway_headers: dict[str, str] = field(default_factory=dict)
+    """The gateway's bearer token header (its /status needs it)."""
     router_config: RouterConfig | None = None
     link_metric_urls: list[str] = field(default_factory=list)
 
@@ -128,6 +130,7 @@ class LocalStack:
         pd_eps = [self._start_pd(i, scale) for i in range(s.n_pd)]
         token = self.work_dir / "gateway-token"
         token.write_text(os.urandom(16).hex())
+        self.gateway_headers = {"Authorization": f"Bearer {token.read_text()}"}
         gw_port, router_port = free_port(), free_port()
         gw_url = f"http://127.0.0.1:{gw_port}"
         self.urls["gateway"], self.urls["router"] = gw_url, f"http://127.0.0.1:{router_port}"
@@ -260,7 +263,7 @@ class LocalStack:
                 self.check_alive()
                 try:
                     r = client.get(self.urls["router"] + "/ready")
-                    g = client.get(self.urls["gateway"] + "/status")
+                    g = client.get(self.urls["gateway"] + "/status", headers=self.gateway_headers)
                     if (
                         r.status_code == 200
                         and r.json()["healthy_engines"] == self.spec.n_pd

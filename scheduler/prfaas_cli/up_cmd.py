@@ -140,6 +140,7 @@ async def _run(
         stack.config_path,
         stack.router_config,
         stack.urls["gateway"] + "/status",
+        gateway_headers=stack.gateway_headers,
         router_url=stack.urls["router"],
         time_scale=stack.spec.time_scale,
     )

@@ -20,7 +20,7 @@ class ConfigError(ValueError):
     """The config file is unreadable or invalid; the message names the file and the field."""
 
 
-SETTINGS_KEYS = frozenset({"routing", "timeouts", "limits", "scale"})
+SETTINGS_KEYS = frozenset({"routing", "timeouts", "limits", "scale", "security"})
 """What a static settings file (``--settings``, a chart-owned ConfigMap) may set over the published config."""
 
 

@@ -33,6 +33,7 @@ from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_sessio
 from .legs import LegError, decode_body, kv_handle, prefill_body
 from .metrics import RouterMetrics
 from .runtime import LocalPlan, Runtime
+from .security import RequestIds, gateway_body
 from .tokenizer import count_prompt
 
 log = structlog.get_logger("prfaas.router")
@@ -88,7 +89,25 @@ class Proxy:
                 verify=verify, timeout=httpx.Timeout(remote.timeout_seconds, connect=5.0)
             )
             self.remote_tls[remote.name] = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
-            self.remote_tokens[remote.name] = read_token(remote.token_file)
+            self.remote_tokens[remote.name] = None
+        self.refresh_tokens()
+
+    def refresh_tokens(self) -> None:
+        """Re-read the remotes' token files (rotated in place); an unreadable one keeps the last good token."""
+        for remote in self.rt.compiled.remotes:
+            try:
+                token = read_token(remote.token_file)
+            except OSError as exc:
+                log.error(
+                    "remote token file unreadable; keeping the last good token", remote=remote.name, error=str(exc)
+                )
+                continue
+            if token == self.remote_tokens.get(remote.name) and remote.name in self.remote_tokens:
+                continue
+            self.remote_tokens[remote.name] = token
+            client = self.remote_clients.get(remote.name)
+            if client is not None and token:
+                client.headers["Authorization"] = f"Bearer {token}"  # the status reads
 
     # --- entry point ----------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -118,7 +137,8 @@ class Proxy:
             )
         rt.in_flight += 1
         m.in_flight.set(rt.in_flight)
-        request_id = request.headers.get("x-request-id") or f"prfaas-{os.urandom(16).hex()}"
+        # the ledger keys on an id the router makes; the client's x-request-id only travels for tracing
+        request_id = RequestIds(os.urandom(12).hex(), request.headers.get("x-request-id", "")[:200])
         try:
             return await self._serve(request, body, ids, request_id, started)
         finally:
@@ -126,7 +146,7 @@ class Proxy:
             m.in_flight.set(rt.in_flight)
 
     async def _serve(
-        self, request: web.Request, body: dict[str, Any], ids: list[int], request_id: str, started: float
+        self, request: web.Request, body: dict[str, Any], ids: list[int], request_id: RequestIds, started: float
     ) -> web.StreamResponse:
         rt, m = self.rt, self.metrics
         c = rt.compiled
@@ -154,7 +174,7 @@ class Proxy:
                 m.fallbacks.labels(_failure_kind(str(exc))).inc()
                 log.warning(
                     "remote prefill failed; prefilling locally",
-                    request_id=request_id,
+                    request_id=request_id.trace,
                     remote=remote.name,
                     error=str(exc),
                 )
@@ -180,7 +200,9 @@ class Proxy:
             # the remote KV could not be used (link cut, handle expired): prefill locally, decode again
             route = "fallback"
             m.fallbacks.labels("decode-kv-pull").inc()
-            log.warning("decode could not use the remote KV; prefilling locally", request_id=request_id, error=str(exc))
+            log.warning(
+                "decode could not use the remote KV; prefilling locally", request_id=request_id.trace, error=str(exc)
+            )
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
                 prefilled = time.perf_counter() if kv is not None else None
@@ -195,7 +217,13 @@ class Proxy:
 
     # --- legs -------------------------------------------------------------------------------------------
     async def _remote_in_window(
-        self, remote: RemoteGateway, path: str, body: dict[str, Any], request_id: str, decision: Any, total: int
+        self,
+        remote: RemoteGateway,
+        path: str,
+        body: dict[str, Any],
+        request_id: RequestIds,
+        decision: Any,
+        total: int,
     ) -> tuple[dict[str, Any] | None, str]:
         """The remote prefill under the gateway's admission (:mod:`.link_wait`): accept a window up to the
         local alternative's predicted TTFT; on a decline wait (re-submit) or go local, by predicted TTFT."""
@@ -220,16 +248,16 @@ class Proxy:
         remote: RemoteGateway,
         path: str,
         body: dict[str, Any],
-        request_id: str,
+        request_id: RequestIds,
         nbytes: float,
         uncached: int,
         max_wait_s: float = float("inf"),
     ) -> dict[str, Any]:
         rt = self.rt
         duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
-        rt.start_transfer(remote.link, request_id, nbytes, duration)
+        rt.start_transfer(remote.link, request_id.key, nbytes, duration)
         self.metrics.remote_bytes.labels(remote.link).inc(nbytes)
-        headers = {"x-request-id": request_id}
+        headers = {"x-request-id": request_id.trace}
         if max_wait_s < float("inf"):
             headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s))
         token = self.remote_tokens.get(remote.name)
@@ -241,13 +269,13 @@ class Proxy:
         try:
             async with self.legs.post(
                 f"{remote.url}{path}",
-                data=json_bytes(prefill_body(body)),
+                data=json_bytes(gateway_body(prefill_body(body))),
                 headers=headers,
                 timeout=timeout,
                 ssl=self.remote_tls.get(remote.name, True),
             ) as resp:
                 if resp.status == 429 and (decline := link_wait.parse_decline(429, await resp.read())):
-                    rt.finish_transfer(request_id)
+                    rt.finish_transfer(request_id.key)
                     raise link_wait.LinkDeclined(decline)
                 if resp.status != 200:
                     raise LegError(f"remote prefill answered {resp.status}")
@@ -255,7 +283,7 @@ class Proxy:
         except link_wait.LinkDeclined:
             raise
         except (aiohttp.ClientError, TimeoutError, ValueError, LegError) as exc:
-            rt.finish_transfer(request_id)
+            rt.finish_transfer(request_id.key)
             why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
             rt.remote_failed(remote.name, str(why), now)
             raise why from None
@@ -263,7 +291,7 @@ class Proxy:
         return handle
 
     async def _local_prefill(
-        self, plan: LocalPlan, path: str, body: dict[str, Any], request_id: str, uncached: int
+        self, plan: LocalPlan, path: str, body: dict[str, Any], request_id: RequestIds, uncached: int
     ) -> dict[str, Any]:
         rt = self.rt
         assert plan.prefill is not None
@@ -275,7 +303,7 @@ class Proxy:
                 async with self.legs.post(
                     f"{endpoint.url}{path}",
                     data=json_bytes(prefill_body(body)),
-                    headers={"x-request-id": request_id, "Content-Type": JSON_CONTENT},
+                    headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
                     timeout=aiohttp.ClientTimeout(
                         total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds
                     ),
@@ -299,7 +327,7 @@ class Proxy:
         plan: LocalPlan,
         body: dict[str, Any],
         kv: dict[str, Any] | None,
-        request_id: str,
+        request_id: RequestIds,
         route: str,
         started: float,
         kv_crosses_link: bool = False,
@@ -315,7 +343,7 @@ class Proxy:
                 # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
                 limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
                 chunks, first = await self._open_decode(leg, kv, request_id, limit)
-                rt.finish_transfer(request_id)
+                rt.finish_transfer(request_id.key)
                 if not body.get("stream"):
                     return await self._answer_whole(leg, chunks, first, prefilled)
                 return await self._answer_stream(leg, chunks, first)
@@ -323,11 +351,11 @@ class Proxy:
             self.metrics.requests.labels(route, "cancelled").inc()
             raise
         finally:
-            rt.finish_transfer(request_id)
+            rt.finish_transfer(request_id.key)
             leg.close()
 
     async def _open_decode(
-        self, leg: DecodeLeg, kv: dict[str, Any] | None, request_id: str, limit: float | None
+        self, leg: DecodeLeg, kv: dict[str, Any] | None, request_id: RequestIds, limit: float | None
     ) -> tuple[AsyncIterator[bytes], bytes]:
         """Post the decode leg and wait for its first bytes (a failure before them may be retried)."""
         timeouts = self.rt.compiled.config.timeouts
@@ -340,7 +368,7 @@ class Proxy:
             return await self.legs.post(
                 f"{endpoint.url}{leg.request.path}",
                 data=json_bytes(decode_body(leg.body, kv)),
-                headers={"x-request-id": request_id, "Content-Type": JSON_CONTENT},
+                headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
                 timeout=timeout,
             )
 

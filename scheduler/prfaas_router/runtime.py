@@ -183,6 +183,10 @@ class Runtime:
         for ledger in self._ledgers.values():
             ledger.finish(key)
 
+    def ledger(self, link: str) -> EgressLedger:
+        """The link's egress ledger (read-only use: status, tests)."""
+        return self._ledgers[link]
+
     def remote_succeeded(self, remote: str) -> None:
         self._breakers.succeeded(remote)
 

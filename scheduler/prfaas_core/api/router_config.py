@@ -111,6 +111,39 @@ class ScaleConfig(ApiModel):
     byte_scale: float = Field(default=1.0, gt=0, description="Real bytes sent per model byte of KV.")
 
 
+class RouterSecurity(ApiModel):
+    """The listener's connection hygiene and credential reloading (router and gateway): bounds no client can
+    stretch (slow or silent connections, oversized headers, connection floods) and live rotation of the token and
+    TLS files kubelet updates in place."""
+
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="A new connection's TLS handshake and first request headers."
+    )
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="Reading a request body.")
+    keepalive_idle_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        le=3600,
+        description="An idle keep-alive connection (or the next request's headers on it) is closed after this.",
+    )
+    max_connections: int = Field(
+        default=4096, ge=1, le=1_000_000, description="Open connections per listener; beyond it new ones are closed."
+    )
+    max_header_bytes: int = Field(
+        default=16384, ge=1024, le=1 << 20, description="Longest request line or header field, bytes."
+    )
+    max_headers: int = Field(default=100, ge=8, le=10_000, description="Header fields per request at most.")
+    credential_poll_seconds: float = Field(
+        default=1.0, gt=0, le=300, description="How often token, certificate and key files are checked for changes."
+    )
+    token_overlap_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=86_400,
+        description="After a token file changes, the previous token is still accepted this long (callers switch).",
+    )
+
+
 class GatewayServing(ApiModel):
     """Gateway mode: how the region-A endpoint authenticates callers and serves TLS."""
 
@@ -188,4 +221,9 @@ class RouterConfig(ApiModel):
     limits: RouterLimits = Field(default_factory=RouterLimits, description="Limits.", json_schema_extra=obj_default())
     scale: ScaleConfig = Field(
         default_factory=ScaleConfig, description="Emulation scale.", json_schema_extra=obj_default()
+    )
+    security: RouterSecurity = Field(
+        default_factory=RouterSecurity,
+        description="Connection hygiene and credential reloading.",
+        json_schema_extra=obj_default(),
     )

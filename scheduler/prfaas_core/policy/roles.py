@@ -56,6 +56,9 @@ class RolePolicyParams:
     """Pinned prefill count: the loop drains and flips toward it, step by step, and decides nothing else."""
     override_threshold: int | None = None
     """Pinned ``t``: published as both bounds, so routers stop adapting it."""
+    ordinal_roles: frozenset[str] = frozenset()
+    """Roles whose workload removes its highest ordinal on a scale-down (a StatefulSet, a LeaderWorkerSet, in
+    Scale mode): the drain picks that instance, since it is the one the scale-down will remove."""
 
     @classmethod
     def from_policy(cls, p: LongTermPolicySpec, **rest: Any) -> RolePolicyParams:
@@ -86,6 +89,11 @@ class RolePolicyParams:
             dry_run=p.dry_run,
             override_prefill=spec.overrides.prefill_instances,
             override_threshold=spec.overrides.threshold_tokens,
+            ordinal_roles=frozenset(
+                role
+                for role, ref in (("prefill", spec.workloads.prefill), ("decode", spec.workloads.decode))
+                if spec.role_assignment.mode == "Scale" and ref is not None and ref.kind in ORDINAL_KINDS
+            ),
         )
 
 
@@ -235,10 +243,23 @@ def classify(
     return None, f"balanced: {model}, no standing queue", ratio
 
 
-def _pick(obs: RoleObservation, role: Role, k: int) -> tuple[str, ...]:
-    candidates = sorted(
-        (i for i in obs.instances if i.role == role and not i.draining), key=lambda i: (i.in_flight, i.name)
-    )
+ORDINAL_KINDS = frozenset({"StatefulSet", "LeaderWorkerSet"})
+
+
+def _ordinal(name: str) -> int:
+    """A StatefulSet (or LeaderWorkerSet leader) pod's ordinal: its name's trailing ``-N`` (-1 if none)."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _pick(obs: RoleObservation, role: Role, k: int, params: RolePolicyParams | None = None) -> tuple[str, ...]:
+    """The ``k`` instances of ``role`` to drain: the least busy, or, where the workload scales down by ordinal,
+    the highest ordinals (the pods the scale-down will remove)."""
+    free = [i for i in obs.instances if i.role == role and not i.draining]
+    if params is not None and role in params.ordinal_roles:
+        candidates = sorted(free, key=lambda i: (-_ordinal(i.name), i.name))
+    else:
+        candidates = sorted(free, key=lambda i: (i.in_flight, i.name))
     return tuple(i.name for i in candidates[:k])
 
 
@@ -364,7 +385,7 @@ def _from_verdict(
         source, direction, bound = "decode", "FlipToPrefill", "decode at its minimum or prefill at its maximum"
     if k <= 0:
         return decision("Hold", f"{why}; {bound}", held, ratio=ratio)
-    names = _pick(obs, source, k)
+    names = _pick(obs, source, k, params)
     if not names:
         return decision("Hold", f"{why}; no {source} instance free to drain", held, ratio=ratio)
     reason = f"{why} for {streak} cycles"
@@ -392,7 +413,7 @@ def _toward_override(
         return decision("Hold", f"{pinned}; in place", RoleState())
     source: Role = "prefill" if n_p > target_p else "decode"
     k = min(params.step_size, abs(n_p - target_p))
-    names = _pick(obs, source, k)
+    names = _pick(obs, source, k, params)
     if not names:
         return decision("Hold", f"{pinned}; no {source} instance free to drain", RoleState())
     direction: Literal["FlipToDecode", "FlipToPrefill"] = "FlipToDecode" if source == "prefill" else "FlipToPrefill"
