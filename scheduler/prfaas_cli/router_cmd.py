@@ -43,6 +43,13 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME",
+        help="accept only requests naming this model (repeatable; others get OpenAI's 404 model_not_found); "
+        "default: any name",
+    )
     p.set_defaults(handler=run)
 
 
@@ -58,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         settings = Path(args.settings) if args.settings else None
-        run_router(Path(args.config), args.host, args.port, settings)
+        models = frozenset(args.model) if args.model else None
+        run_router(Path(args.config), args.host, args.port, settings, models)
     except KeyboardInterrupt:
         return 0
     return 0

@@ -64,6 +64,12 @@ METRIC_ROUTER_LINK_EGRESS_GBPS: Final = "prfaas_router_link_egress_estimate_gbps
 METRIC_ROUTER_LINK_CAP_GBPS: Final = "prfaas_router_link_cap_gbps"
 METRIC_ROUTER_LINK_SCARCE: Final = "prfaas_router_link_scarce"
 METRIC_ROUTER_REMOTE_BYTES: Final = "prfaas_router_remote_kv_bytes_total"
+METRIC_ROUTER_UNCACHED_TOKENS: Final = "prfaas_router_uncached_prompt_tokens"
+"""Router: histogram of routed requests' uncached prompt tokens (the observed length mix the long-term loop may
+judge the split by, ``prfaas up``'s local loop does)."""
+UNCACHED_TOKEN_BUCKETS: Final = (
+    512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304, 131072,
+)  # fmt: skip
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
 METRIC_LINK_UTILIZATION: Final = "prfaas_link_utilization_ratio"
 METRIC_LINK_SCARCE: Final = "prfaas_link_scarce"

@@ -39,8 +39,10 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     settings_path: Path | None = None,
     http_limits: httpx.Limits | None = None,
+    models: frozenset[str] | None = None,
 ) -> web.Application:
-    """A router (or gateway) app over ``config``; with ``config_path`` the file is watched and reloaded."""
+    """A router (or gateway) app over ``config``; with ``config_path`` the file is watched and reloaded.
+    ``models``: the model names requests may name (others get OpenAI's 404); None accepts any."""
     runtime = Runtime(compile_config(config), clock)
     metrics = RouterMetrics()
     http = httpx.AsyncClient(
@@ -48,6 +50,7 @@ def create_app(
         timeout=httpx.Timeout(60.0, connect=config.timeouts.connect_seconds),
     )
     proxy = Proxy(runtime, http, metrics)
+    proxy.models = models
     gateway = Gateway(runtime, http)
     app = web.Application(client_max_size=config.limits.max_body_bytes)
     app[RUNTIME], app[PROXY], app[GATEWAY], app[METRICS] = runtime, proxy, gateway, metrics
@@ -134,21 +137,25 @@ def server_ssl_context(config: RouterConfig) -> ssl.SSLContext | None:
     return ctx
 
 
-def run(config_path: Path, host: str, port: int, settings_path: Path | None = None) -> None:
+def run(
+    config_path: Path, host: str, port: int, settings_path: Path | None = None, models: frozenset[str] | None = None
+) -> None:
     """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies)."""
     try:
         import uvloop
     except ImportError:  # optional speedup
-        asyncio.run(serve(config_path, host, port, settings_path))
+        asyncio.run(serve(config_path, host, port, settings_path, models))
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(config_path, host, port, settings_path))
+        runner.run(serve(config_path, host, port, settings_path, models))
 
 
-async def serve(config_path: Path, host: str, port: int, settings_path: Path | None = None) -> None:
+async def serve(
+    config_path: Path, host: str, port: int, settings_path: Path | None = None, models: frozenset[str] | None = None
+) -> None:
     """Run until cancelled (the CLI's ``prfaas router``)."""
     config, _ = load_config(config_path, settings_path)
-    app = create_app(config, config_path, settings_path=settings_path)
+    app = create_app(config, config_path, settings_path=settings_path, models=models)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=server_ssl_context(config), backlog=4096)

@@ -27,7 +27,7 @@ from aiohttp import web
 from prfaas_core.api import RemoteGateway
 from prfaas_core.tokens import block_hashes
 
-from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
+from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, model_not_found, new_session, read_token
 from .legs import LegError, decode_body, kv_handle, prefill_body
 from .metrics import RouterMetrics
 from .runtime import LocalPlan, Runtime
@@ -54,6 +54,8 @@ class Proxy:
         self.remote_clients: dict[str, httpx.AsyncClient] = {}
         self.remote_tls: dict[str, ssl.SSLContext | bool] = {}
         self.remote_tokens: dict[str, str | None] = {}
+        self.models: frozenset[str] | None = None
+        """The model names requests may name (None: any)."""
 
     def open(self) -> None:
         if self.session is None:
@@ -106,6 +108,8 @@ class Proxy:
             return json_error(400, str(exc))
         if "stream" in body and not isinstance(body["stream"], bool):
             return json_error(400, "'stream' must be a boolean")
+        if self.models is not None and body.get("model") not in self.models:
+            return model_not_found(body.get("model"))
         if rt.in_flight >= limits.max_in_flight:
             m.requests.labels("none", "rejected").inc()
             return json_error(
@@ -135,6 +139,7 @@ class Proxy:
         m.decision_seconds.observe(time.perf_counter() - t0)
         decision, remote = routed.decision, rt.remote_gateway(routed)
         rt.remember_length(decision.uncached_tokens, rt.model_now())
+        m.uncached_tokens.observe(decision.uncached_tokens)
         route: str = decision.target
         m.decisions.labels(route, decision.kind).inc()
         kv: dict[str, Any] | None = None
