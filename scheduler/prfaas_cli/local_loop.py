@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,9 @@ class LocalCluster:
     decisions: list[RoleDecision] = field(default_factory=list)
     last_observation: RoleObservation | None = None
     _requests: tuple[float, float] | None = None
+    publish_grace_s: float = 2.0
+    """Wall seconds a published drain is given to reach the routers (they reload the file every
+    ``routing.refreshIntervalSeconds``, 0.5 s here, when their refresh is not slowed by a busy machine)."""
     declared_lengths: LengthDistribution | None = None
     """The declared length mix; with it, the split is judged by the mix the router observed over the last
     ``MIX_WINDOW_S`` (fitted, its bounds the declared mix's) once enough requests arrived."""
@@ -168,9 +172,15 @@ class LocalCluster:
         self.decisions.append(decision)
         by_name = {e.name: e for e in self.config.endpoints}
         draining = set(self.config.draining)
+        if decision.drain:
+            # the routers first (they stop sending new work), the engines once the routers have reloaded: an
+            # engine drained before its router knows answers the router's new requests with 503
+            draining |= set(decision.drain)
+            self.config = self.config.model_copy(update={"draining": sorted(draining)})
+            write_router_config(self.config_path, self.config)
+            time.sleep(self.publish_grace_s)
         for name in decision.drain:
             self.http.post(f"{by_name[name].url}/admin/drain", json={"drain": True}).raise_for_status()
-            draining.add(name)
         endpoints = list(self.config.endpoints)
         for name, role in decision.flip:
             url = by_name[name].url

@@ -41,7 +41,7 @@ from .scenario import (
 from .scenario import generate_trace as scenario_trace
 from .stack import LocalStack, StackSpec
 from .up_prom import LocalPrometheus, start_prometheus
-from .up_report import print_summary, render_plot, summary
+from .up_report import loop_summary, print_summary, render_plot, summary
 from .up_session import run_session
 from .up_view import LiveView
 
@@ -250,12 +250,14 @@ def replay_run(args: argparse.Namespace, up: UpPlan, stack: LocalStack, records:
     started_unix = time.time()
     view = LiveView(slo, len(records))
     try:
-        st, _ = asyncio.run(
+        st, cluster = asyncio.run(
             run_session(stack, records, up.phases, up.params, up.inputs, args.seed, on_tick=view.update)
         )
     finally:
         view.close()
     out = summary(st, slo, time.perf_counter() - st.started)
+    published = json.loads(stack.config_path.read_text())
+    out.update(loop_summary(st, cluster.counts(), cluster.config.threshold_min_tokens, published))
     out["plan"] = up.plan_json()
     out["_png"] = render_plot(st, slo)
     out["_started_unix"] = started_unix

@@ -116,6 +116,22 @@ def summary(st: SessionState, slo: Slo, wall_s: float) -> dict[str, Any]:
     }
 
 
+def loop_summary(st: SessionState, counts: tuple[int, int], t_min: int, published: dict[str, Any]) -> dict[str, Any]:
+    """Where the long-term loop left things: the roles, ``t_min``, its cycles, what the routers were told
+    (``published``: the router config file) and the ``t`` in force at the router at the end."""
+    last_t = next((s.threshold_tokens for s in reversed(st.router) if s.threshold_tokens is not None), None)
+    return {
+        "final_roles": {"prefill": counts[0], "decode": counts[1]},
+        "threshold_tokens": t_min,
+        "loop": {
+            "cycles": len(st.cycles),
+            "actions": _count(c.action for c in st.cycles),
+            "published_threshold_min_tokens": published["thresholdMinTokens"],
+            "router_threshold_tokens": last_t,
+        },
+    }
+
+
 def print_summary(out: dict[str, Any]) -> None:
     """The summary as text: the whole run, then one block per phase."""
     r = out["requests"]
@@ -143,7 +159,12 @@ def print_summary(out: dict[str, Any]) -> None:
         )
         for f in p["flips"]:
             print(f"  {f['action']} at {f['model_s']:g} s: {f['reason']}")
-    print(f"\nflips {len(out['role_flips'])}; t changes {len(out['threshold_changes'])}")
+    lp = out["loop"]
+    print(
+        f"\nflips {len(out['role_flips'])}, t changes {len(out['threshold_changes'])}; roles now "
+        f"{out['final_roles']}, t_min {out['threshold_tokens']}; long-term loop {lp['cycles']} cycles "
+        f"{lp['actions']}; t in force at the router {lp['router_threshold_tokens']}"
+    )
 
 
 # --- up.png -------------------------------------------------------------------------------------------------
@@ -161,10 +182,17 @@ def _bands(ax: Any, phases: list[Phase], label: bool) -> None:
             )  # fmt: skip
 
 
+def _legend(ax: Any) -> None:
+    """Every line named, beside the panel (never over the data)."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def render_plot(st: SessionState, slo: Slo) -> bytes:
     """Four panels over model time, the phases shaded: TTFT / SLO limit per request by route; egress against
     the cap; the router's ``t`` with its floor ``t_min``; the PD roles."""
-    fig = figure(10, 12)
+    from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
+
+    fig = figure(12, 12)
     ax_ttft, ax_egress, ax_t, ax_roles = fig.subplots(4, 1, sharex=True)
     seen = max([float(len(st.egress))] + [r[0] for r in st.timeline[-1:]])
     end = max([p.end_s for p in st.phases if p.end_s != float("inf")] + [seen])
@@ -181,9 +209,11 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
             ax_ttft.scatter([x for x, _ in pts], [y for _, y in pts], s=9, marker=marker, alpha=0.7, label=route)
     ax_ttft.axhline(1.0, color="k", ls="--", lw=1, label="SLO (TTFT = its limit)")
     ax_ttft.set_yscale("log")
+    ax_ttft.yaxis.set_major_formatter(ScalarFormatter())
+    ax_ttft.yaxis.set_minor_formatter(NullFormatter())
     ax_ttft.set_ylabel("TTFT / SLO limit")
     ax_ttft.set_title("TTFT by route against the SLO (by arrival time)", pad=16)
-    ax_ttft.legend(fontsize=7, loc="upper left")
+    _legend(ax_ttft)
 
     ax_egress.plot(range(len(st.egress)), st.egress, lw=0.8, label="egress (1-s model windows)")
     caps = [(s.model_s, s.cap_gbps) for s in st.router if s.cap_gbps]
@@ -196,10 +226,16 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
             ax_egress.axvspan(x0, x1, ymin=0.95, ymax=1.0, color="tab:red", lw=0)
     if any(on for _, on in scarce):
         ax_egress.plot([], [], color="tab:red", lw=4, label="link scarce (router)")
-    ax_egress.set_ylabel("Gbps")
-    ax_egress.set_ylim(bottom=0)
+    ax_egress.set_ylabel("Gbps (model)")
+    # the scale of the traffic, not of an abundant cap far above it (that cap is named at the top edge)
+    top = max(max(st.egress, default=1.0), min((c for _, c in caps), default=1.0)) * 1.25
+    ax_egress.set_ylim(0, top)
+    for x, cap in caps:
+        if cap > top:
+            ax_egress.annotate(f"cap {cap:g} above", (x, top), xytext=(2, -10), textcoords="offset points", fontsize=7)
+            break
     ax_egress.set_title("PrFaaS -> PD egress against the cap")
-    ax_egress.legend(fontsize=7, loc="upper left")
+    _legend(ax_egress)
 
     ts = [(s.model_s, s.threshold_tokens / 1000) for s in st.router if s.threshold_tokens is not None]
     if ts:
@@ -210,24 +246,25 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
     ax_t.set_ylabel("t (K tokens)")
     ax_t.set_ylim(bottom=0)
     ax_t.set_title("Routing threshold t (short-term) and its floor t_min (long-term)")
-    ax_t.legend(fontsize=7, loc="upper left")
+    _legend(ax_t)
 
     if st.timeline:
         xs = [r[0] for r in st.timeline]
         ax_roles.step(xs, [r[1] for r in st.timeline], where="post", label="PD prefill instances")
         ax_roles.step(xs, [r[2] for r in st.timeline], where="post", ls="--", label="PD decode instances")
-    for c in st.cycles:
-        if c.action in FLIPS:
-            ax_roles.axvline(c.model_s, color="tab:purple", lw=0.8, ls=":")
+    for cyc in st.cycles:
+        if cyc.action in FLIPS:
+            ax_roles.axvline(cyc.model_s, color="tab:purple", lw=0.8, ls=":")
     if any(c.action in FLIPS for c in st.cycles):
         ax_roles.plot([], [], color="tab:purple", lw=0.8, ls=":", label="role flip")
     ax_roles.set_ylabel("instances")
     ax_roles.set_ylim(0, max((max(r[1], r[2]) for r in st.timeline), default=1) + 1)
+    ax_roles.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax_roles.set_xlabel(f"model seconds (wall seconds x {st.time_scale:g})")
     ax_roles.set_title("PD roles from the long-term loop")
-    ax_roles.legend(fontsize=7, loc="upper left")
+    _legend(ax_roles)
     fig.tight_layout()
     return png(fig)
 
 
-__all__ = ["phase_summary", "print_summary", "render_plot", "summary", "t_changes"]
+__all__ = ["loop_summary", "phase_summary", "print_summary", "render_plot", "summary", "t_changes"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from .stack import LocalStack
 from .up_prom import LocalPrometheus, start_prometheus
-from .up_report import render_plot, summary
+from .up_report import loop_summary, render_plot, summary
 from .up_session import run_session
 from .up_view import LiveView
 
@@ -97,7 +97,7 @@ async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[s
     phases = [replace(up.phases[0], name="serve", end_s=float("inf"), expect="your own traffic")]
     view = LiveView(Slo(), 0, serve=True)
     try:
-        st, _ = await run_session(
+        st, cluster = await run_session(
             stack, [], phases, up.params, up.inputs, args.seed, on_tick=view.update, serve_until=stop
         )
     finally:
@@ -107,6 +107,8 @@ async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[s
     import time
 
     out = summary(st, Slo(), time.perf_counter() - st.started)
+    published = json.loads(stack.config_path.read_text())
+    out.update(loop_summary(st, cluster.counts(), cluster.config.threshold_min_tokens, published))
     out["_png"] = render_plot(st, Slo())
     return out
 

@@ -163,6 +163,7 @@ class Proxy:
                     error=str(exc),
                 )
         remote_kv = kv is not None
+        plan = self._replan(plan, len(ids), hashes)
         if kv is None and plan.prefill is not None:
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, decision.uncached_tokens)
@@ -185,6 +186,7 @@ class Proxy:
             route = "fallback"
             m.fallbacks.labels("decode-kv-pull").inc()
             log.warning("decode could not use the remote KV; prefilling locally", request_id=request_id, error=str(exc))
+            plan = self._replan(plan, len(ids), hashes)
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
                 prefilled = time.perf_counter() if kv is not None else None
@@ -196,6 +198,24 @@ class Proxy:
                 return json_error(again.status, str(again), "upstream_error")
         rt.pd_index.insert(hashes, plan.decode)
         return response
+
+    def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes]) -> LocalPlan:
+        """A plan made before a long leg (a remote prefill) may name an instance that has since started
+        draining or changed role (a flip in progress, or one the routers learnt of meanwhile): re-pick those
+        from the configuration in force now, keep the others."""
+        c = self.rt.compiled
+
+        def stale(name: str | None, role: str) -> bool:
+            ep = c.by_name.get(name) if name is not None else None
+            return name is not None and (ep is None or name in c.draining or ep.role not in (role, "both"))
+
+        bad_prefill, bad_decode = stale(plan.prefill, "prefill"), stale(plan.decode, "decode")
+        if not (bad_prefill or bad_decode):
+            return plan
+        fresh = self.rt.plan_local(tokens, hashes)
+        if fresh is None:
+            return plan
+        return LocalPlan(fresh.prefill if bad_prefill else plan.prefill, fresh.decode if bad_decode else plan.decode)
 
     # --- legs -------------------------------------------------------------------------------------------
     async def _remote_prefill(

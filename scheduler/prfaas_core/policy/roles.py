@@ -240,7 +240,8 @@ def classify(
         if after > point.throughput_rps and after >= lam:
             return "prefill-bound", f"prefill-bound by the model: {model} < {params.flip_to_prefill_ratio:g}", ratio
         return None, _not_worth(lean, "decode", "prefill", point.throughput_rps, after, lam), ratio
-    return None, f"balanced: {model} within [{params.flip_to_prefill_ratio:g}, {params.flip_to_decode_ratio:g}], no standing queue", ratio
+    band = f"[{params.flip_to_prefill_ratio:g}, {params.flip_to_decode_ratio:g}]"
+    return None, f"balanced: {model} within {band}, no standing queue", ratio
 
 
 def _not_worth(lean: str, source: str, target: str, now_rps: float, after_rps: float, lam: float) -> str:
