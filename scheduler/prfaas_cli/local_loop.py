@@ -6,6 +6,7 @@ differ from the operator's."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -93,9 +94,9 @@ class LocalCluster:
     decisions: list[RoleDecision] = field(default_factory=list)
     last_observation: RoleObservation | None = None
     _requests: tuple[float, float] | None = None
-    publish_grace_s: float = 2.0
-    """Wall seconds a published drain is given to reach the routers (they reload the file every
-    ``routing.refreshIntervalSeconds``, 0.5 s here, when their refresh is not slowed by a busy machine)."""
+    publish_timeout_s: float = 60.0
+    """Wall seconds a published drain may take to reach the router (it reloads the file every
+    ``routing.refreshIntervalSeconds``; a busy machine slows that down) before the engines drain anyway."""
     declared_lengths: LengthDistribution | None = None
     """The declared length mix; with it, the split is judged by the mix the router observed over the last
     ``MIX_WINDOW_S`` (fitted, its bounds the declared mix's) once enough requests arrived."""
@@ -178,7 +179,7 @@ class LocalCluster:
             draining |= set(decision.drain)
             self.config = self.config.model_copy(update={"draining": sorted(draining)})
             write_router_config(self.config_path, self.config)
-            time.sleep(self.publish_grace_s)
+            self.wait_applied()
         for name in decision.drain:
             self.http.post(f"{by_name[name].url}/admin/drain", json={"drain": True}).raise_for_status()
         endpoints = list(self.config.endpoints)
@@ -199,6 +200,21 @@ class LocalCluster:
         if new != self.config:
             self.config = new
             write_router_config(self.config_path, new)
+
+    def wait_applied(self) -> bool:
+        """Until the router reports the digest of the file as written (its /ready), or the timeout."""
+        if self.router_url is None:
+            return False
+        want = hashlib.sha256(self.config_path.read_bytes() + b"\0").hexdigest()
+        deadline = time.monotonic() + self.publish_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.http.get(f"{self.router_url}/ready").json().get("config_digest") == want:
+                    return True
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            time.sleep(0.1)
+        return False
 
     def set_link_capacity(self, gbps: float) -> None:
         """Publish a new capacity for every link of the config (the operator does so from an InterDCLink's

@@ -70,6 +70,7 @@ def start_prometheus(stack: LocalStack, work: Path, timeout_s: float = 60.0) -> 
     if binary is None:
         return None
     port = free_port()
+    shutil.rmtree(work / "prometheus-data", ignore_errors=True)  # a fresh TSDB: this run's series only
     config = work / "prometheus.yml"
     rules = RULES if RULES.is_file() else None
     config.write_text(yaml.safe_dump(scrape_config(stack, rules)))

@@ -53,9 +53,10 @@ def phase_summary(st: SessionState, phase: Phase, slo: Slo) -> dict[str, Any]:
     """One phase: the requests that arrived in it, the egress and router samples inside its span."""
     scale = st.time_scale
     results = [r for r in st.results if r.sent_at is not None and phase.contains((r.sent_at - st.started) * scale)]
-    egress = [g for i, g in enumerate(st.egress) if phase.contains(float(i))]
+    series = st.egress_series()
+    egress = [g for t, g in series if phase.contains(t)]
     # after the first SETTLE_S of the phase: a reshaped link's cap binds once the KV already in flight landed
-    settled = [g for i, g in enumerate(st.egress) if phase.contains(float(i)) and i >= phase.start_s + SETTLE_S]
+    settled = [g for t, g in series if phase.contains(t) and t >= phase.start_s + SETTLE_S]
     router = [s for s in st.router if phase.contains(s.model_s)]
     ts = [s.threshold_tokens for s in router if s.threshold_tokens is not None]
     cycles = [c for c in st.cycles if c.phase == phase.name]
@@ -194,7 +195,8 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
 
     fig = figure(12, 12)
     ax_ttft, ax_egress, ax_t, ax_roles = fig.subplots(4, 1, sharex=True)
-    seen = max([float(len(st.egress))] + [r[0] for r in st.timeline[-1:]])
+    series = st.egress_series()
+    seen = max([t for t, _ in series[-1:]] + [r[0] for r in st.timeline[-1:]] + [1.0])
     end = max([p.end_s for p in st.phases if p.end_s != float("inf")] + [seen])
     for ax in (ax_ttft, ax_egress, ax_t, ax_roles):
         _bands(ax, st.phases, label=ax is ax_ttft)
@@ -215,7 +217,7 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
     ax_ttft.set_title("TTFT by route against the SLO (by arrival time)", pad=16)
     _legend(ax_ttft)
 
-    ax_egress.plot(range(len(st.egress)), st.egress, lw=0.8, label="egress (1-s model windows)")
+    ax_egress.plot([t for t, _ in series], [g for _, g in series], lw=0.8, label="egress (1-s model windows)")
     caps = [(s.model_s, s.cap_gbps) for s in st.router if s.cap_gbps]
     if caps:
         ax_egress.step([x for x, _ in caps], [c for _, c in caps], where="post", color="k", ls="--", lw=1,

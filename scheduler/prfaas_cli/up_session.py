@@ -72,6 +72,8 @@ class SessionState:
     results: list[Result] = field(default_factory=list)
     egress: list[float] = field(default_factory=list)
     """Model Gbps per 1-s model window, summed over the relays."""
+    egress_stamps: list[float] = field(default_factory=list)
+    """Wall clock (perf_counter) at the end of each egress window."""
     router: list[RouterSample] = field(default_factory=list)
     cycles: list[Cycle] = field(default_factory=list)
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
@@ -81,6 +83,11 @@ class SessionState:
     current_phase: str = ""
     link_gbps: float = 0.0
     link_max_utilization: float = 0.8
+
+    def egress_series(self) -> list[tuple[float, float]]:
+        """(model s at the window's end, model Gbps) per egress window."""
+        pairs = zip(self.egress_stamps, self.egress, strict=False)
+        return [((t - self.started) * self.time_scale, g) for t, g in pairs]
 
     def model_now(self) -> float:
         return (time.perf_counter() - self.started) * self.time_scale
@@ -195,7 +202,7 @@ async def run_session(
         asyncio.create_task(driver()),
         asyncio.create_task(router_sampler()),
         asyncio.create_task(ticker()),
-        asyncio.create_task(sample_egress(stack.link_metric_urls, scale, stop, st.egress)),
+        asyncio.create_task(sample_egress(stack.link_metric_urls, scale, stop, st.egress, stamps=st.egress_stamps)),
     ]
     try:
         if serve_until is not None:

@@ -31,6 +31,7 @@ RUNTIME = web.AppKey("runtime", Runtime)
 PROXY = web.AppKey("proxy", Proxy)
 GATEWAY = web.AppKey("gateway", Gateway)
 METRICS = web.AppKey("metrics", RouterMetrics)
+WATCHER = web.AppKey("watcher", ConfigWatcher)
 
 
 def create_app(
@@ -58,6 +59,7 @@ def create_app(
     watcher = ConfigWatcher(config_path, settings_path) if config_path else None
     if watcher is not None:
         watcher.poll()  # record the current digest
+        app[WATCHER] = watcher
 
     async def background(app: web.Application) -> AsyncIterator[None]:
         proxy.open()
@@ -120,7 +122,11 @@ async def _ready(request: web.Request) -> web.Response:
     healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
     if not healthy:
         return json_error(503, "no healthy engine behind the router yet", "service_unavailable")
-    return web.json_response({"status": "ready", "healthy_engines": len(healthy)})
+    watcher = request.app.get(WATCHER)
+    # the digest of the configuration file in force (sha256 of its bytes, NUL, the settings file's bytes):
+    # a writer of the file can wait until the router has applied what it wrote
+    digest = watcher.digest if watcher is not None else None
+    return web.json_response({"status": "ready", "healthy_engines": len(healthy), "config_digest": digest})
 
 
 async def _metrics(request: web.Request) -> web.Response:

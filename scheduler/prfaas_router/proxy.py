@@ -172,6 +172,7 @@ class Proxy:
                 return json_error(exc.status, f"prefill failed: {exc}", "upstream_error")
             rt.pd_index.insert(hashes, plan.prefill)
         prefilled = time.perf_counter() if kv is not None else None
+        plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
         try:
             response = await self._decode(
                 request, plan, body, kv, request_id, route, started, remote_kv, prefilled, prompt_tokens=len(ids)
@@ -190,6 +191,7 @@ class Proxy:
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
                 prefilled = time.perf_counter() if kv is not None else None
+                plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
                 response = await self._decode(
                     request, plan, body, kv, request_id, route, started, False, prefilled, prompt_tokens=len(ids)
                 )
@@ -199,7 +201,7 @@ class Proxy:
         rt.pd_index.insert(hashes, plan.decode)
         return response
 
-    def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes]) -> LocalPlan:
+    def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes], keep_prefill: bool = False) -> LocalPlan:
         """A plan made before a long leg (a remote prefill) may name an instance that has since started
         draining or changed role (a flip in progress, or one the routers learnt of meanwhile): re-pick those
         from the configuration in force now, keep the others."""
@@ -209,7 +211,9 @@ class Proxy:
             ep = c.by_name.get(name) if name is not None else None
             return name is not None and (ep is None or name in c.draining or ep.role not in (role, "both"))
 
-        bad_prefill, bad_decode = stale(plan.prefill, "prefill"), stale(plan.decode, "decode")
+        # keep_prefill: the prefill leg has run (its KV is there), only the decode may move
+        bad_prefill = not keep_prefill and stale(plan.prefill, "prefill")
+        bad_decode = stale(plan.decode, "decode")
         if not (bad_prefill or bad_decode):
             return plan
         fresh = self.rt.plan_local(tokens, hashes)

@@ -3,6 +3,7 @@ observed length mix read from the router's histogram."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def test_the_default_scenario_is_the_example_and_has_the_four_phases() -> None:
     spec = load_scenario(DEFAULT_SCENARIO)
     phases = resolve(spec, case_study_inputs().lengths)
     assert [p.name for p in phases] == ["steady", "long-prompts", "squeeze", "recovery"]
-    assert phases[0].start_s == 0 and all(a.end_s == b.start_s for a, b in zip(phases, phases[1:], strict=False))
+    assert phases[0].start_s == 0 and all(a.end_s == b.start_s for a, b in itertools.pairwise(phases))
     # fields a phase leaves out are inherited: the recovery keeps the squeeze's mix and load, not its link
     squeeze, recovery = phases[2], phases[3]
     assert recovery.load == squeeze.load and recovery.lengths == squeeze.lengths
