@@ -191,7 +191,7 @@ def _legend(ax: Any) -> None:
 def render_plot(st: SessionState, slo: Slo) -> bytes:
     """Four panels over model time, the phases shaded: TTFT / SLO limit per request by route; egress against
     the cap; the router's ``t`` with its floor ``t_min``; the PD roles."""
-    from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, NullFormatter
 
     fig = figure(12, 12)
     ax_ttft, ax_egress, ax_t, ax_roles = fig.subplots(4, 1, sharex=True)
@@ -211,7 +211,8 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
             ax_ttft.scatter([x for x, _ in pts], [y for _, y in pts], s=9, marker=marker, alpha=0.7, label=route)
     ax_ttft.axhline(1.0, color="k", ls="--", lw=1, label="SLO (TTFT = its limit)")
     ax_ttft.set_yscale("log")
-    ax_ttft.yaxis.set_major_formatter(ScalarFormatter())
+    ax_ttft.yaxis.set_major_locator(FixedLocator([0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]))
+    ax_ttft.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax_ttft.yaxis.set_minor_formatter(NullFormatter())
     ax_ttft.set_ylabel("TTFT / SLO limit")
     ax_ttft.set_title("TTFT by route against the SLO (by arrival time)", pad=16)

@@ -21,15 +21,20 @@ from .up_report import loop_summary, render_plot, summary
 from .up_session import run_session
 from .up_view import LiveView
 
-SERVED_MODEL = "prfaas"
-"""The model name ``prfaas up`` serves (what /v1/models lists; the only one the router accepts)."""
+
+def served_model(stack: LocalStack) -> str:
+    """The model name ``prfaas up --serve`` serves: the model profile's served name, what /v1/models lists
+    (the only one the router accepts)."""
+    from prfaas_core.profiles import builtin_model_profiles
+
+    return builtin_model_profiles()[stack.spec.model_profile].served_model_name or "prfaas"
 
 
 def endpoints(stack: LocalStack, prom: LocalPrometheus | None) -> dict[str, Any]:
     """What a user points a client, a scraper or a browser at."""
     router, gateway = stack.urls["router"], stack.urls["gateway"]
     return {
-        "model": SERVED_MODEL,
+        "model": served_model(stack),
         "openai_base_url": f"{router}/v1",
         "router_url": router,
         "router_metrics": f"{router}/metrics",
@@ -58,7 +63,7 @@ def _print_endpoints(info: dict[str, Any], work: Path) -> None:
 
 
 def serve(args: argparse.Namespace, up: Any, stack: LocalStack, work: Path) -> int:
-    stack = LocalStack(replace(stack.spec, served_models=(SERVED_MODEL,)), stack.work_dir)
+    stack = LocalStack(replace(stack.spec, served_models=(served_model(stack),)), stack.work_dir)
     prom: LocalPrometheus | None = None
     try:
         stack.start()
@@ -113,4 +118,4 @@ async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[s
     return out
 
 
-__all__ = ["SERVED_MODEL", "endpoints", "serve"]
+__all__ = ["endpoints", "serve", "served_model"]

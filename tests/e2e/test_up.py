@@ -132,7 +132,10 @@ def test_the_phases_show_both_timescales(tmp_path: Path) -> None:
     raised = [c for c in s["threshold_changes"] if c["link_scarce"] and squeeze["start_model_s"] <= c["model_s"]]
     assert raised, s["threshold_changes"]
     assert squeeze["router_threshold_tokens"]["max"] > squeeze["router_threshold_tokens"]["min"]
-    assert 0 < squeeze["egress_peak_settled_gbps"] <= squeeze["link_cap_gbps"] * 1.05
+    # the router's admission keeps the mean under the cap (80 % of capacity); a 1-s window may go above the
+    # cap, never above what the reshaped link carries
+    assert 0 < squeeze["egress_mean_gbps"] <= squeeze["link_cap_gbps"]
+    assert squeeze["egress_peak_settled_gbps"] <= squeeze["link_gbps"] * 1.05
 
     # recovery: abundant again, t back down to t_min, and the instance flips back toward decode
     rec = phases["recovery"]

@@ -47,11 +47,12 @@ def test_serve_answers_the_openai_sdk_until_sigterm(tmp_path: Path) -> None:
         assert "model seconds" in str(info["time_note"])
 
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
-        assert [m.id for m in client.models.list().data] == ["prfaas"]
-        done = client.completions.create(model="prfaas", prompt="x " * 3000, max_tokens=8)
+        model = str(info["model"])
+        assert [m.id for m in client.models.list().data] == [model] == ["internal-1t"]
+        done = client.completions.create(model=model, prompt="x " * 3000, max_tokens=8)
         assert done.choices[0].text and done.usage is not None and done.usage.completion_tokens == 8
         stream = client.chat.completions.create(
-            model="prfaas", messages=[{"role": "user", "content": "hello " * 50}], max_tokens=8, stream=True
+            model=model, messages=[{"role": "user", "content": "hello " * 50}], max_tokens=8, stream=True
         )
         pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
         assert len(pieces) >= 1
