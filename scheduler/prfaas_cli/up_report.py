@@ -79,6 +79,10 @@ def phase_summary(st: SessionState, phase: Phase, slo: Slo) -> dict[str, Any]:
             "max": int(max(ts)) if ts else None,
             "last": int(ts[-1]) if ts else None,
         },
+        "threshold_min_tokens": {
+            "min": min((c.t_min for c in cycles if c.t_min is not None), default=None),
+            "max": max((c.t_min for c in cycles if c.t_min is not None), default=None),
+        },
         "roles_end": {"prefill": roles[-1][0], "decode": roles[-1][1]} if roles else None,
         "flips": [_cycle_json(c) for c in cycles if c.action in FLIPS],
         "cycles": len(cycles),

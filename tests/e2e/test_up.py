@@ -125,13 +125,11 @@ def test_the_phases_show_both_timescales(tmp_path: Path) -> None:
     assert first["phase"] == "long-prompts" and "prefill-bound" in first["reason"], first
     assert first["roles"]["prefill"] == 3 and first["threshold_min_tokens"] > s["plan"]["threshold_tokens"]
 
-    # squeeze: the link turns scarce, t at the router rises above its floor, settled egress under the new cap
+    # squeeze: the router raises t above the loop's floor t_min (before the link turns scarce, or because it
+    # did), and egress settles under the new cap
     squeeze = phases["squeeze"]
     assert squeeze["link_gbps"] == 3 and squeeze["link_cap_gbps"] == pytest.approx(2.4)
-    assert squeeze["link_scarce_share"] > 0
-    raised = [c for c in s["threshold_changes"] if c["link_scarce"] and squeeze["start_model_s"] <= c["model_s"]]
-    assert raised, s["threshold_changes"]
-    assert squeeze["router_threshold_tokens"]["max"] > squeeze["router_threshold_tokens"]["min"]
+    assert squeeze["router_threshold_tokens"]["max"] > squeeze["threshold_min_tokens"]["max"], squeeze
     # the router's admission keeps the mean under the cap (80 % of capacity); a 1-s window may go above the
     # cap, never above what the reshaped link carries
     assert 0 < squeeze["egress_mean_gbps"] <= squeeze["link_cap_gbps"]
@@ -151,7 +149,7 @@ def test_the_phases_show_both_timescales(tmp_path: Path) -> None:
 def test_prfaas_up_stops_its_processes_when_terminated(tmp_path: Path) -> None:
     """SIGTERM in the middle of the replay: exit non-zero, every process of the stack stopped."""
     work = tmp_path / "up"
-    argv = [*PRFAAS, "up", "--work-dir", str(work), "--duration", "600", "--time-scale", "4"]
+    argv = [*PRFAAS, "up", "--work-dir", str(work), "--duration", "600", "--time-scale", "4", "--prometheus", "off"]
     err = tmp_path / "stderr.txt"
     with open(err, "wb") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL)
