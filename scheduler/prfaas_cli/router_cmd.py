@@ -49,6 +49,13 @@ def register(sub: Any) -> None:
         help="let a gateway (mode: gateway) serve without gateway.tokenFile: anyone who reaches it may prefill. "
         "It warns at start and exports prfaas_gateway_insecure 1. Without it such a gateway refuses to start",
     )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME",
+        help="accept only requests naming this model (repeatable; others get OpenAI's 404 model_not_found); "
+        "default: any name",
+    )
     p.set_defaults(handler=run)
 
 
@@ -66,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         settings = Path(args.settings) if args.settings else None
-        run_router(Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway)
+        models = frozenset(args.model) if args.model else None
+        run_router(Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway, models)
     except KeyboardInterrupt:
         return 0
     return 0

@@ -49,6 +49,8 @@ class StackSpec:
     threshold_min_tokens: int = 19_634
     model_profile: str = "internal-1t"
     with_gateway_token: bool = True
+    served_models: tuple[str, ...] = ()
+    """The model names the router accepts (others get OpenAI's 404); empty: any."""
     gateway_admission: bool = False
     """The gateway schedules the link (``gateway.admission``; pull-after-prefill, one pull at a relay's rate)."""
 
@@ -139,7 +141,8 @@ class LocalStack:
         self.router_config = self._router_config(model_json, pd_eps, gw_url, token)
         write_router_config(self.config_path, self.router_config)
         self._start("gateway", ["router", "--config", str(self.work_dir / "gateway.json"), "--port", str(gw_port)])
-        self._start("router", ["router", "--config", str(self.config_path), "--port", str(router_port)])
+        models = [arg for name in s.served_models for arg in ("--model", name)]
+        self._start("router", ["router", "--config", str(self.config_path), "--port", str(router_port), *models])
         self.wait_ready()
 
     def _start_prfaas(self, i: int, scale: list[str]) -> dict[str, str]:

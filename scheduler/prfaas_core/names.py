@@ -89,6 +89,12 @@ METRIC_GATEWAY_AUTH_FAILURES: Final = "prfaas_gateway_auth_failures_total"
 """Requests the gateway refused for their credentials, by ``reason`` (missing, malformed, wrong, expired)."""
 METRIC_GATEWAY_INSECURE: Final = "prfaas_gateway_insecure"
 """1 while a gateway serves without a token (started with --allow-insecure-gateway)."""
+METRIC_ROUTER_UNCACHED_TOKENS: Final = "prfaas_router_uncached_prompt_tokens"
+"""(router) Histogram of routed requests' uncached prompt tokens (the observed length mix the long-term loop may
+judge the split by, ``prfaas up``'s local loop does)."""
+UNCACHED_TOKEN_BUCKETS: Final = (
+    512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304, 131072,
+)  # fmt: skip
 METRIC_ROUTER_LINK_WAITS: Final = "prfaas_router_link_waits_total"
 """(router) Gateway declines by ``link`` and what the router did: ``result`` = waited or local."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"

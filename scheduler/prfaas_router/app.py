@@ -48,6 +48,9 @@ def check_secure(config: RouterConfig, allow_insecure_gateway: bool) -> None:
         )
 
 
+WATCHER = web.AppKey("watcher", ConfigWatcher)
+
+
 def create_app(
     config: RouterConfig,
     config_path: Path | None = None,
@@ -55,9 +58,11 @@ def create_app(
     settings_path: Path | None = None,
     http_limits: httpx.Limits | None = None,
     allow_insecure_gateway: bool = False,
+    models: frozenset[str] | None = None,
 ) -> web.Application:
     """A router (or gateway) app over ``config``; with ``config_path`` the file is watched and reloaded.
-    Gateway mode without a token raises :class:`InsecureGatewayError` unless ``allow_insecure_gateway``."""
+    Gateway mode without a token raises :class:`InsecureGatewayError` unless ``allow_insecure_gateway``.
+    ``models``: the model names requests may name (others get OpenAI's 404); None accepts any."""
     check_secure(config, allow_insecure_gateway)
     runtime = Runtime(compile_config(config), clock)
     metrics = RouterMetrics()
@@ -67,6 +72,7 @@ def create_app(
         timeout=httpx.Timeout(60.0, connect=config.timeouts.connect_seconds),
     )
     proxy = Proxy(runtime, http, metrics)
+    proxy.models = models
     gateway = Gateway(runtime, http)
     gateway_mode = config.mode == "gateway"
     security = SecurityMetrics(metrics.registry)
@@ -89,6 +95,7 @@ def create_app(
     watcher = ConfigWatcher(config_path, settings_path) if config_path else None
     if watcher is not None:
         watcher.poll()  # record the current digest
+        app[WATCHER] = watcher
 
     async def background(app: web.Application) -> AsyncIterator[None]:
         proxy.open()
@@ -172,7 +179,11 @@ async def _ready(request: web.Request) -> web.Response:
     healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
     if not healthy:
         return json_error(503, "no healthy engine behind the router yet", "service_unavailable")
-    return web.json_response({"status": "ready", "healthy_engines": len(healthy)})
+    watcher = request.app.get(WATCHER)
+    # the digest of the configuration file in force (sha256 of its bytes, NUL, the settings file's bytes):
+    # a writer of the file can wait until the router has applied what it wrote
+    digest = watcher.digest if watcher is not None else None
+    return web.json_response({"status": "ready", "healthy_engines": len(healthy), "config_digest": digest})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -194,10 +205,15 @@ def server_ssl_context(app: web.Application) -> ssl.SSLContext | None:
 
 
 def run(
-    config_path: Path, host: str, port: int, settings_path: Path | None = None, allow_insecure_gateway: bool = False
+    config_path: Path,
+    host: str,
+    port: int,
+    settings_path: Path | None = None,
+    allow_insecure_gateway: bool = False,
+    models: frozenset[str] | None = None,
 ) -> None:
     """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies)."""
-    main = serve(config_path, host, port, settings_path, allow_insecure_gateway)
+    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models)
     try:
         import uvloop
     except ImportError:  # optional speedup
@@ -208,11 +224,18 @@ def run(
 
 
 async def serve(
-    config_path: Path, host: str, port: int, settings_path: Path | None = None, allow_insecure_gateway: bool = False
+    config_path: Path,
+    host: str,
+    port: int,
+    settings_path: Path | None = None,
+    allow_insecure_gateway: bool = False,
+    models: frozenset[str] | None = None,
 ) -> None:
     """Run until cancelled (the CLI's ``prfaas router``)."""
     config, _ = load_config(config_path, settings_path)
-    app = create_app(config, config_path, settings_path=settings_path, allow_insecure_gateway=allow_insecure_gateway)
+    app = create_app(
+        config, config_path, settings_path=settings_path, allow_insecure_gateway=allow_insecure_gateway, models=models
+    )
     runner, _ = await start_listener(app, app[HYGIENE], host, port, server_ssl_context(app))
     gc.freeze()  # what startup allocated (config, profiles, modules) stays out of every later collection
     log.info("router listening", host=host, port=port, mode=config.mode, config=str(config_path))

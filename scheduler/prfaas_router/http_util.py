@@ -26,6 +26,19 @@ def json_error(status: int, message: str, kind: str = "invalid_request_error", *
     return web.json_response(body, status=status, headers=headers or None)
 
 
+def model_not_found(model: object) -> web.Response:
+    """OpenAI's answer to a model it does not serve (404, ``model_not_found``)."""
+    body = {
+        "error": {
+            "message": f"The model `{model}` does not exist or you do not have access to it.",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
+    return web.json_response(body, status=404)
+
+
 def is_chat(path: str) -> bool:
     return path.endswith("/chat/completions")
 

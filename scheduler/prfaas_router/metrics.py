@@ -32,6 +32,12 @@ class RouterMetrics:
             registry=r,
         )
         self.threshold = Gauge(names.METRIC_ROUTER_THRESHOLD_TOKENS, "Routing threshold t in force.", registry=r)
+        self.uncached_tokens = Histogram(
+            names.METRIC_ROUTER_UNCACHED_TOKENS,
+            "Uncached prompt tokens of routed requests (the observed length mix).",
+            buckets=[float(b) for b in names.UNCACHED_TOKEN_BUCKETS],
+            registry=r,
+        )
         self.ttft = Histogram(
             names.METRIC_ROUTER_TTFT_SECONDS,
             "Time to first token, by route: the first streamed chunk, or for a non-streamed answer the end of its "

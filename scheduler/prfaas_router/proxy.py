@@ -29,7 +29,7 @@ from prfaas_core.names import REASON_WAIT_FOR_LINK
 from prfaas_core.tokens import block_hashes
 
 from . import link_wait
-from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
+from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, model_not_found, new_session, read_token
 from .legs import LegError, decode_body, kv_handle, prefill_body
 from .metrics import RouterMetrics
 from .runtime import LocalPlan, Runtime
@@ -57,6 +57,8 @@ class Proxy:
         self.remote_clients: dict[str, httpx.AsyncClient] = {}
         self.remote_tls: dict[str, ssl.SSLContext | bool] = {}
         self.remote_tokens: dict[str, str | None] = {}
+        self.models: frozenset[str] | None = None
+        """The model names requests may name (None: any)."""
 
     def open(self) -> None:
         if self.session is None:
@@ -127,6 +129,8 @@ class Proxy:
             return json_error(400, str(exc))
         if "stream" in body and not isinstance(body["stream"], bool):
             return json_error(400, "'stream' must be a boolean")
+        if self.models is not None and body.get("model") not in self.models:
+            return model_not_found(body.get("model"))
         if rt.in_flight >= limits.max_in_flight:
             m.requests.labels("none", "rejected").inc()
             return json_error(
@@ -157,6 +161,7 @@ class Proxy:
         m.decision_seconds.observe(time.perf_counter() - t0)
         decision, remote = routed.decision, rt.remote_gateway(routed)
         rt.remember_length(decision.uncached_tokens, rt.model_now())
+        m.uncached_tokens.observe(decision.uncached_tokens)
         route: str = decision.target
         m.decisions.labels(route, decision.kind).inc()
         kv: dict[str, Any] | None = None
@@ -179,6 +184,7 @@ class Proxy:
                     error=str(exc),
                 )
         remote_kv = kv is not None
+        plan = self._replan(plan, len(ids), hashes)
         if kv is None and plan.prefill is not None:
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, decision.uncached_tokens)
@@ -187,6 +193,7 @@ class Proxy:
                 return json_error(exc.status, f"prefill failed: {exc}", "upstream_error")
             rt.pd_index.insert(hashes, plan.prefill)
         prefilled = time.perf_counter() if kv is not None else None
+        plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
         try:
             response = await self._decode(
                 request, plan, body, kv, request_id, route, started, remote_kv, prefilled, prompt_tokens=len(ids)
@@ -203,9 +210,11 @@ class Proxy:
             log.warning(
                 "decode could not use the remote KV; prefilling locally", request_id=request_id.trace, error=str(exc)
             )
+            plan = self._replan(plan, len(ids), hashes)
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
                 prefilled = time.perf_counter() if kv is not None else None
+                plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
                 response = await self._decode(
                     request, plan, body, kv, request_id, route, started, False, prefilled, prompt_tokens=len(ids)
                 )
@@ -214,6 +223,26 @@ class Proxy:
                 return json_error(again.status, str(again), "upstream_error")
         rt.pd_index.insert(hashes, plan.decode)
         return response
+
+    def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes], keep_prefill: bool = False) -> LocalPlan:
+        """A plan made before a long leg (a remote prefill) may name an instance that has since started
+        draining or changed role (a flip in progress, or one the routers learnt of meanwhile): re-pick those
+        from the configuration in force now, keep the others."""
+        c = self.rt.compiled
+
+        def stale(name: str | None, role: str) -> bool:
+            ep = c.by_name.get(name) if name is not None else None
+            return name is not None and (ep is None or name in c.draining or ep.role not in (role, "both"))
+
+        # keep_prefill: the prefill leg has run (its KV is there), only the decode may move
+        bad_prefill = not keep_prefill and stale(plan.prefill, "prefill")
+        bad_decode = stale(plan.decode, "decode")
+        if not (bad_prefill or bad_decode):
+            return plan
+        fresh = self.rt.plan_local(tokens, hashes)
+        if fresh is None:
+            return plan
+        return LocalPlan(fresh.prefill if bad_prefill else plan.prefill, fresh.decode if bad_decode else plan.decode)
 
     # --- legs -------------------------------------------------------------------------------------------
     async def _remote_in_window(

@@ -44,6 +44,24 @@ def test_paper_split_with_no_queues_holds_as_balanced() -> None:
     assert d.threshold_min_tokens is not None and 18_000 < d.threshold_min_tokens < 21_000
 
 
+def test_a_model_lean_that_flips_nothing_says_why_in_words_that_match_the_ratio() -> None:
+    """32 output tokens: decode is far from its limit, the ratio is tiny (prefill-bound by the model), but
+    with decode at its one instance there is nothing to flip — the reason says so instead of 'balanced'."""
+    from dataclasses import replace
+
+    short = replace(INPUTS, n_prfaas=2, n_pd=4, output_tokens=32.0)
+    o = RoleObservation(instances(3, 1), arrival_rate_rps=0.9)
+    d = decide_roles(RoleState(), o, PARAMS, short, 29_439, 0.0)
+    assert d.action == "Hold"
+    assert d.ratio is not None and d.ratio < PARAMS.flip_to_prefill_ratio
+    assert "balanced" not in d.reason
+    assert f"= {d.ratio:.2f} < 0.8 leans prefill-bound, but decode is at one instance" in d.reason
+    # with room to flip but no gain, the reason names Λ_max before and after
+    o2 = RoleObservation(instances(2, 2), arrival_rate_rps=0.9)
+    d2 = decide_roles(RoleState(), o2, PARAMS, replace(short, output_tokens=512.0), 23_220, 0.0)
+    assert d2.action == "Hold" and "would lower Λ_max (1.71 -> 1.56 req/s)" in d2.reason, d2.reason
+
+
 def test_decode_queue_drains_then_flips_a_prefill_instance() -> None:
     s = RoleState()
     d1 = decide_roles(s, obs(dq=40), PARAMS, INPUTS, T, 0.0)

@@ -232,15 +232,34 @@ def classify(
     if lam is None:
         return None, f"no standing queue; {model} (arrival rate unknown: the model alone flips nothing)", ratio
     t_now = threshold_tokens
-    if ratio > params.flip_to_decode_ratio and n_p > 1:
+    if ratio > params.flip_to_decode_ratio:
+        lean = f"{model} > {params.flip_to_decode_ratio:g} leans decode-bound"
+        if n_p <= 1:
+            return None, f"no standing queue; {lean}, but prefill is at one instance", ratio
         after = _lambda(inputs, n_p - 1, n_d + 1, _t_min(inputs, n_p - 1, None) or t_now)
         if after > point.throughput_rps and after >= lam:
             return "decode-bound", f"decode-bound by the model: {model} > {params.flip_to_decode_ratio:g}", ratio
-    if ratio < params.flip_to_prefill_ratio and n_d > 1:
+        return None, _not_worth(lean, "prefill", "decode", point.throughput_rps, after, lam), ratio
+    if ratio < params.flip_to_prefill_ratio:
+        lean = f"{model} < {params.flip_to_prefill_ratio:g} leans prefill-bound"
+        if n_d <= 1:
+            return None, f"no standing queue; {lean}, but decode is at one instance", ratio
         after = _lambda(inputs, n_p + 1, n_d - 1, _t_min(inputs, n_p + 1, None) or t_now)
         if after > point.throughput_rps and after >= lam:
             return "prefill-bound", f"prefill-bound by the model: {model} < {params.flip_to_prefill_ratio:g}", ratio
-    return None, f"balanced: {model}, no standing queue", ratio
+        return None, _not_worth(lean, "decode", "prefill", point.throughput_rps, after, lam), ratio
+    band = f"[{params.flip_to_prefill_ratio:g}, {params.flip_to_decode_ratio:g}]"
+    return None, f"balanced: {model} within {band}, no standing queue", ratio
+
+
+def _not_worth(lean: str, source: str, target: str, now_rps: float, after_rps: float, lam: float) -> str:
+    """Why the model's lean flips nothing: the flip would not raise Λ_max, or would not carry the load."""
+    why = (
+        f"flipping a {source} instance to {target} would lower Λ_max ({now_rps:.2f} -> {after_rps:.2f} req/s)"
+        if after_rps <= now_rps
+        else f"Λ_max after a flip ({after_rps:.2f} req/s) would not carry the {lam:.2f} req/s arriving"
+    )
+    return f"no standing queue; {lean}, but {why}: holding"
 
 
 ORDINAL_KINDS = frozenset({"StatefulSet", "LeaderWorkerSet"})
