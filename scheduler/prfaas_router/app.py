@@ -22,6 +22,7 @@ from .gateway import Gateway
 from .http_util import json_error
 from .metrics import RouterMetrics
 from .proxy import Proxy
+from .readiness import not_ready_reason
 from .runtime import Runtime, compile_config
 from .signals import Signals
 
@@ -114,9 +115,10 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _ready(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
+    why = not_ready_reason(rt)
+    if why is not None:
+        return json_error(503, f"not ready: {why}", "service_unavailable")
     healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
-    if not healthy:
-        return json_error(503, "no healthy engine behind the router yet", "service_unavailable")
     return web.json_response({"status": "ready", "healthy_engines": len(healthy)})
 
 

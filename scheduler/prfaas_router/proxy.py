@@ -25,11 +25,13 @@ import structlog
 from aiohttp import web
 
 from prfaas_core.api import RemoteGateway
+from prfaas_core.openai_params import check_request
 from prfaas_core.tokens import block_hashes
 
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
 from .legs import LegError, decode_body, kv_handle, prefill_body
 from .metrics import RouterMetrics
+from .retry import prefill_with_retry
 from .runtime import LocalPlan, Runtime
 from .tokenizer import count_prompt
 
@@ -101,11 +103,11 @@ class Proxy:
         if not isinstance(body, dict):
             return json_error(400, "request body must be a JSON object")
         try:
+            # the whole request, the decode leg's parameters too, before any leg costs engine work
+            check_request(body, is_chat(request.path))
             ids = await count_prompt(body, is_chat(request.path), rt.compiled.tokenizer, len(raw))
         except ValueError as exc:
             return json_error(400, str(exc))
-        if "stream" in body and not isinstance(body["stream"], bool):
-            return json_error(400, "'stream' must be a boolean")
         if rt.in_flight >= limits.max_in_flight:
             m.requests.labels("none", "rejected").inc()
             return json_error(
@@ -141,11 +143,21 @@ class Proxy:
         plan = rt.local_plan(routed)
         if plan is None:
             m.requests.labels(route, "unavailable").inc()
-            return json_error(503, "no healthy decode instance", "service_unavailable")
+            why = routed.decode.reason if routed.decode is not None else "no decode instance"
+            return json_error(503, f"cannot serve: {why}", "service_unavailable")
+        if remote is None and plan.no_prefill is not None:
+            m.requests.labels(route, "unavailable").inc()
+            return json_error(503, f"cannot serve: {plan.no_prefill}; {decision.reason}", "service_unavailable")
         if remote is not None:
             try:
                 kv = await self._remote_prefill(
-                    remote, request.path, body, request_id, decision.transfer_bytes, decision.uncached_tokens
+                    remote,
+                    request.path,
+                    body,
+                    request_id,
+                    decision.transfer_bytes,
+                    decision.uncached_tokens,
+                    routed.probe,
                 )
                 rt.remote_index.insert(hashes, remote.name)
             except LegError as exc:
@@ -157,14 +169,33 @@ class Proxy:
                     remote=remote.name,
                     error=str(exc),
                 )
+                if plan.no_prefill is not None:
+                    m.requests.labels(route, "unavailable").inc()
+                    return json_error(503, f"cannot serve: {plan.no_prefill}; {exc}", "service_unavailable")
         remote_kv = kv is not None
         if kv is None and plan.prefill is not None:
             try:
-                kv = await self._local_prefill(plan, request.path, body, request_id, decision.uncached_tokens)
+                done = await prefill_with_retry(
+                    self,
+                    plan,
+                    route,
+                    request.path,
+                    body,
+                    request_id,
+                    decision.uncached_tokens,
+                    len(ids),
+                    hashes,
+                    pd_hits,
+                )
             except LegError as exc:
                 m.requests.labels(route, "error").inc()
                 return json_error(exc.status, f"prefill failed: {exc}", "upstream_error")
-            rt.pd_index.insert(hashes, plan.prefill)
+            kv, plan, route, remote_kv = done.kv, done.plan, done.route, done.remote is not None
+            remote = done.remote or remote
+            if done.remote is not None:
+                rt.remote_index.insert(hashes, done.remote.name)
+            elif plan.prefill is not None:
+                rt.pd_index.insert(hashes, plan.prefill)
         prefilled = time.perf_counter() if kv is not None else None
         try:
             response = await self._decode(
@@ -194,8 +225,16 @@ class Proxy:
 
     # --- legs -------------------------------------------------------------------------------------------
     async def _remote_prefill(
-        self, remote: RemoteGateway, path: str, body: dict[str, Any], request_id: str, nbytes: float, uncached: int
+        self,
+        remote: RemoteGateway,
+        path: str,
+        body: dict[str, Any],
+        request_id: str,
+        nbytes: float,
+        uncached: int,
+        probe: float | None = None,
     ) -> dict[str, Any]:
+        """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation)."""
         rt = self.rt
         duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
         rt.start_transfer(remote.link, request_id, nbytes, duration)
@@ -223,6 +262,10 @@ class Proxy:
             why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
             rt.remote_failed(remote.name, str(why), now)
             raise why from None
+        except BaseException:  # cancelled (the client went away): no verdict, but a probe's slot is freed
+            rt.finish_transfer(request_id)
+            rt.remote_cancelled(remote.name, probe)
+            raise
         rt.remote_succeeded(remote.name)
         return handle
 

@@ -97,6 +97,8 @@ class InstanceState:
     role: Role
     in_flight: int = 0
     draining: bool = False
+    healthy: bool = True
+    """Answering (its pod Ready, its engine reachable); see :mod:`.emergency`."""
 
 
 @dataclass(frozen=True)
@@ -285,6 +287,12 @@ def decide_roles(
         return _finish_drain(state, state.pending, obs, params, now_s, decision)
     if params.override_prefill is not None:
         return _toward_override(params.override_prefill, obs, params, now_s, n_p, decision)
+    from .emergency import emergency  # the emergency verdict builds on this module's types
+
+    remote_ok = obs.n_prfaas_ready is not None and obs.n_prfaas_ready > 0
+    urgent = emergency(state, obs, params, now_s, decision, remote_ok)
+    if urgent is not None:
+        return urgent
     return _from_verdict(state, obs, params, inputs, threshold_tokens, now_s, decision)
 
 
