@@ -74,6 +74,12 @@ class RouterMetrics:
         self.engine_healthy = Gauge(
             names.METRIC_ROUTER_ENGINE_HEALTHY, "1 while an engine counts as healthy.", ["engine"], registry=r
         )
+        self.probe_failures = Counter(
+            names.METRIC_ROUTER_HEALTH_PROBE_FAILURES.removesuffix("_total"),
+            "Failed health probes (an engine's /metrics read), by engine.",
+            ["engine"],
+            registry=r,
+        )
         self.ready = Gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=r)
         self.decision_seconds = Histogram(
             names.METRIC_ROUTER_DECISION_SECONDS,

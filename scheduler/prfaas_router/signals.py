@@ -72,6 +72,7 @@ class Signals:
             why = f"/metrics answered {resp.status_code}"
         except httpx.HTTPError as exc:
             why = f"/metrics {exc.__class__.__name__}"
+        self.metrics.probe_failures.labels(name).inc()
         return name, self.health.failed(name, why, routing.unhealthy_after_failures)
 
     async def _link(self, name: str, url: str) -> tuple[str, float | None]:

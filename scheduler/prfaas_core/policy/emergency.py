@@ -52,6 +52,4 @@ def emergency(
     pick = min(givers, key=lambda i: (i.in_flight, i.name))
     pending = PendingFlip(direction, (pick.name,), now_s, why)
     held = RoleState(None, 0, state.last_flip_s, pending, state.threshold_min_tokens)
-    return decision(
-        "Drain", f"{why}: draining {pick.name} ({source}) for an immediate flip", held, drain=(pick.name,)
-    )
+    return decision("Drain", f"{why}: draining {pick.name} ({source}) for an immediate flip", held, drain=(pick.name,))
