@@ -130,6 +130,9 @@ class Signals:
             rt.set_lanes(link_name, count)
         done = rt.refresh({name: gbps for name, gbps in measured if gbps is not None})
         self._report(done)
+        for name, why in remotes.items():
+            if why != rt.snapshot.remote_ready.get(name):
+                log.warning("remote status changed", remote=name, ready=why is None, reason=why or "ready")
         snap = Snapshot(done.threshold, done.links, engines, remotes)
         rt.snapshot = snap
         self._readiness()
