@@ -28,6 +28,7 @@ from prfaas_core.api import RemoteGateway
 from prfaas_core.openai_params import check_request
 from prfaas_core.tokens import block_hashes
 
+from .admission import over_limit, retry_after_s
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
 from .legs import LegError, decode_body, kv_handle, prefill_body
 from .metrics import RouterMetrics
@@ -148,6 +149,18 @@ class Proxy:
         if remote is None and plan.no_prefill is not None:
             m.requests.labels(route, "unavailable").inc()
             return json_error(503, f"cannot serve: {plan.no_prefill}; {decision.reason}", "service_unavailable")
+        overloaded = over_limit(rt, routed, remote)
+        if overloaded is not None:
+            if remote is not None:
+                rt.remote_cancelled(remote.name, routed.probe)
+            m.requests.labels(route, "rejected").inc()
+            predicted, limit = overloaded
+            return json_error(
+                429,
+                f"predicted time to first token {predicted:.1f} s on the {route} side exceeds {limit:g} s; retry later",
+                "rate_limit_error",
+                **{"Retry-After": str(retry_after_s(predicted, limit))},
+            )
         if remote is not None:
             try:
                 kv = await self._remote_prefill(

@@ -213,6 +213,11 @@ class Runtime:
     def remote_failed(self, remote: str, why: str, now: float | None = None) -> None:
         self._breakers.failed(remote, self.clock() if now is None else now, self.compiled.breaker, why)
 
+    def remote_queue_wait_s(self, link: str) -> float | None:
+        """The ledger's predicted wait (model seconds) for a PrFaaS lane behind ``link``."""
+        ledger = self._ledgers.get(link)
+        return ledger.queue_wait_s(self.model_now()) if ledger is not None else None
+
     def breaker(self, remote: str) -> Breaker:
         return self._breakers.get(remote)
 

@@ -4,6 +4,7 @@ instance draining still serves through the remote, a short engine freeze takes n
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import os
 import signal
@@ -132,3 +133,35 @@ def test_a_short_engine_freeze_marks_nothing_unhealthy(stack: Stack) -> None:
     finally:
         os.kill(pdd.pid, signal.SIGCONT)
     assert counter(stack.router, "prfaas_router_engine_healthy", engine="pd-1") == 1
+
+
+def test_a_burst_of_long_requests_gets_429_with_retry_after_instead_of_timing_out(stack: Stack) -> None:
+    """The finding: 100 concurrent 32K-token requests all waited, 7 past the 30 s remote timeout, no
+    backpressure. Now a request predicted to wait past the limit is turned away at once with Retry-After."""
+    stack.write_router_config(limits={"maxPredictedTtftSeconds": 0.05})
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return list(
+                await asyncio.gather(
+                    *(
+                        client.post(stack.router + "/v1/completions", json={"prompt": prompt(40_000), "max_tokens": 2})
+                        for _ in range(30)
+                    )
+                )
+            )
+
+    try:
+
+        def rejected() -> list[httpx.Response] | None:
+            answers = asyncio.run(burst())
+            assert {r.status_code for r in answers} <= {200, 429}
+            return answers if any(r.status_code == 429 for r in answers) else None
+
+        answers = wait_for(rejected, 30, "the reloaded limit to turn part of a burst away")
+    finally:
+        stack.write_router_config(limits={})
+    turned = [r for r in answers if r.status_code == 429]
+    assert any(r.status_code == 200 for r in answers)
+    assert all(int(r.headers["Retry-After"]) >= 1 for r in turned)
+    assert "predicted time to first token" in turned[0].json()["error"]["message"]

@@ -79,6 +79,14 @@ class RouterLimits(ApiModel):
     max_body_bytes: int = Field(default=8 << 20, ge=1024, le=1 << 30, description="Largest request body.")
     max_in_flight: int = Field(default=2048, ge=1, le=1_000_000, description="Requests in flight at most.")
     retry_after_seconds: int = Field(default=1, ge=1, le=3600, description="Retry-After on a 429.")
+    max_predicted_ttft_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="A request whose predicted time to first token (queued prefill work ahead plus its own "
+        "prefill, on the side it is routed to) exceeds this is answered 429 with Retry-After before any leg. "
+        "Default: the leg's timeout (a request predicted to outlast it would fail anyway).",
+    )
 
 
 class RoutingParams(ApiModel):

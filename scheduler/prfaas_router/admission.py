@@ -1,0 +1,40 @@
+"""Per-request admission: a request whose predicted time to first token on the side it was routed to exceeds
+the limit is answered 429 with ``Retry-After`` at once, before any leg, instead of waiting into its leg's timeout
+(a burst of long requests then backs off instead of timing out).
+
+The prediction is the router's own: for a local prefill, the picked instance's queued prefill work plus this
+request's prefill (``InstancePick.predicted_s``); for a remote one, the link ledger's queue wait for a PrFaaS
+lane plus the remote prefill. The limit is ``limits.maxPredictedTtftSeconds`` when set, else the leg's timeout
+(``remotes[].timeoutSeconds``, ``timeouts.prefillSeconds``): a request predicted to outlast it would fail anyway.
+"""
+
+from __future__ import annotations
+
+import math
+
+from prfaas_core.api import RemoteGateway
+from prfaas_core.policy.short_term import RoutePlan
+
+from .runtime import Runtime
+
+
+def over_limit(rt: Runtime, plan: RoutePlan, remote: RemoteGateway | None) -> tuple[float, float] | None:
+    """(predicted TTFT, limit) in wall seconds when the request should be turned away, else None."""
+    c = rt.compiled
+    scale = c.scale.time_scale
+    configured = c.config.limits.max_predicted_ttft_seconds
+    if remote is not None:
+        wait = rt.remote_queue_wait_s(remote.link) or 0.0
+        predicted = (wait + c.prfaas.prefill_seconds(float(plan.decision.uncached_tokens))) / scale
+        limit = configured if configured is not None else remote.timeout_seconds
+    elif plan.prefill is not None and plan.prefill.name is not None:
+        predicted = plan.prefill.predicted_s / scale
+        limit = configured if configured is not None else c.config.timeouts.prefill_seconds
+    else:
+        return None
+    return (predicted, limit) if predicted > limit else None
+
+
+def retry_after_s(predicted: float, limit: float) -> int:
+    """When the queue ahead should have drained enough (at least a second)."""
+    return max(1, math.ceil(predicted - limit))
