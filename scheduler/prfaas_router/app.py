@@ -52,7 +52,7 @@ def create_app(
     gateway = Gateway(runtime, http)
     app = web.Application(client_max_size=config.limits.max_body_bytes)
     app[RUNTIME], app[PROXY], app[GATEWAY], app[METRICS] = runtime, proxy, gateway, metrics
-    signals = Signals(runtime, http, metrics)
+    signals = Signals(runtime, http, metrics, aborts=(proxy.aborts, gateway.aborts))
     watcher = ConfigWatcher(config_path, settings_path) if config_path else None
     if watcher is not None:
         watcher.poll()  # record the current digest

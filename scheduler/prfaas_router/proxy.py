@@ -28,6 +28,7 @@ from prfaas_core.api import RemoteGateway
 from prfaas_core.openai_params import check_request
 from prfaas_core.tokens import block_hashes
 
+from .aborts import Aborts, SideLost, remote_side
 from .admission import over_limit, retry_after_s
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
 from .legs import LegError, decode_body, kv_handle, prefill_body
@@ -57,6 +58,8 @@ class Proxy:
         self.remote_clients: dict[str, httpx.AsyncClient] = {}
         self.remote_tls: dict[str, ssl.SSLContext | bool] = {}
         self.remote_tokens: dict[str, str | None] = {}
+        self.aborts = Aborts()
+        """Remote legs in flight, cut short when their remote turns unready (the refresher calls abort)."""
 
     def open(self) -> None:
         if self.session is None:
@@ -149,7 +152,8 @@ class Proxy:
         if remote is None and plan.no_prefill is not None:
             m.requests.labels(route, "unavailable").inc()
             return json_error(503, f"cannot serve: {plan.no_prefill}; {decision.reason}", "service_unavailable")
-        overloaded = over_limit(rt, routed, remote)
+        legs = self.aborts.in_flight(remote_side(remote.name)) if remote is not None else 0
+        overloaded = over_limit(rt, routed, remote, legs)
         if overloaded is not None:
             if remote is not None:
                 rt.remote_cancelled(remote.name, routed.probe)
@@ -259,7 +263,8 @@ class Proxy:
         headers["Content-Type"] = JSON_CONTENT
         timeout = aiohttp.ClientTimeout(total=remote.timeout_seconds, sock_connect=5.0)
         now = rt.clock()
-        try:
+
+        async def leg() -> dict[str, Any]:
             async with self.legs.post(
                 f"{remote.url}{path}",
                 data=json_bytes(prefill_body(body)),
@@ -269,10 +274,16 @@ class Proxy:
             ) as resp:
                 if resp.status != 200:
                     raise LegError(f"remote prefill answered {resp.status}")
-                handle = kv_handle(orjson.loads(await resp.read()))
-        except (aiohttp.ClientError, TimeoutError, ValueError, LegError) as exc:
+                return kv_handle(orjson.loads(await resp.read()))
+
+        try:
+            handle = await self.aborts.run(remote_side(remote.name), leg())
+        except (aiohttp.ClientError, TimeoutError, ValueError, LegError, SideLost) as exc:
             rt.finish_transfer(request_id)
-            why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
+            if isinstance(exc, SideLost):
+                why = LegError(f"remote prefill cut short: {remote.name} turned unready ({exc})")
+            else:
+                why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
             rt.remote_failed(remote.name, str(why), now)
             raise why from None
         except BaseException:  # cancelled (the client went away): no verdict, but a probe's slot is freed

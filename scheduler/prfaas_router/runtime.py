@@ -218,6 +218,11 @@ class Runtime:
         ledger = self._ledgers.get(link)
         return ledger.queue_wait_s(self.model_now()) if ledger is not None else None
 
+    def remote_lanes(self, link: str) -> int:
+        """The PrFaaS instances prefilling in parallel behind ``link`` (0 until a status said so)."""
+        ledger = self._ledgers.get(link)
+        return ledger.lanes if ledger is not None else 0
+
     def breaker(self, remote: str) -> Breaker:
         return self._breakers.get(remote)
 

@@ -15,6 +15,7 @@ from prfaas_core.api import GatewayStatus
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.short_term import Refreshed
 
+from .aborts import Aborts, engine_side, remote_side
 from .health import HealthBook
 from .metrics import RouterMetrics
 from .prom_text import sample_sum, sample_sums
@@ -58,6 +59,13 @@ class Signals:
     remote_failures: dict[str, int] = field(default_factory=dict)
     health: HealthBook = field(default_factory=HealthBook)
     not_ready: str | None = "starting"
+    aborts: tuple[Aborts, ...] = ()
+    """Whose legs in flight to cut short when their side turns unready (the proxy's, the gateway's)."""
+
+    def _abort(self, side: str, why: str) -> None:
+        cut = sum(a.abort(side, why) for a in self.aborts)
+        if cut:
+            log.warning("legs in flight cut short", side=side, legs=cut, reason=why)
 
     async def _engine(self, name: str, url: str) -> tuple[str, EngineLoad]:
         """One health probe (its /metrics read), judged by :class:`HealthBook` over consecutive probes."""
@@ -133,6 +141,8 @@ class Signals:
         for name, why in remotes.items():
             if why != rt.snapshot.remote_ready.get(name):
                 log.warning("remote status changed", remote=name, ready=why is None, reason=why or "ready")
+                if why is not None:
+                    self._abort(remote_side(name), why)
         snap = Snapshot(done.threshold, done.links, engines, remotes)
         rt.snapshot = snap
         self._readiness()
@@ -160,6 +170,8 @@ class Signals:
             log.warning("breaker transition", remote=t.remote, before=t.before, after=t.after, reason=t.reason)
         for name, healthy, why in self.health.take_transitions():
             log.warning("engine health changed", engine=name, healthy=healthy, reason=why)
+            if not healthy:
+                self._abort(engine_side(name), why)
         for e in c.config.endpoints:
             m.engine_healthy.labels(e.name).set(1 if self.health.healthy(e.name) else 0)
 

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from router_stack import Stack, start_stack
+from router_stack import TIME_SCALE, Stack, start_stack
 from testbed_support import http, metric_value, processes, wait_for
+
+from prfaas_core.hardware import builtin_hardware
 
 
 def prompt(tokens: int) -> str:
@@ -137,18 +139,18 @@ def test_a_short_engine_freeze_marks_nothing_unhealthy(stack: Stack) -> None:
 
 def test_a_burst_of_long_requests_gets_429_with_retry_after_instead_of_timing_out(stack: Stack) -> None:
     """The finding: 100 concurrent 32K-token requests all waited, 7 past the 30 s remote timeout, no
-    backpressure. Now a request predicted to wait past the limit is turned away at once with Retry-After."""
-    stack.write_router_config(limits={"maxPredictedTtftSeconds": 0.05})
+    backpressure. Now a request predicted to wait past the limit is turned away at once with Retry-After. Here
+    the PrFaaS engine is slowed down so that a burst of remote prefills stays in flight; the limit lets about
+    two of them wait."""
+    one = builtin_hardware("H200").prefill_seconds(40_000.0) / TIME_SCALE  # type: ignore[union-attr]
+    stack.write_router_config(limits={"maxPredictedTtftSeconds": 2.5 * one})
+    assert http("POST", stack.url("prf") + "/admin/faults", {"slow_factor": 20.0})[0] == 200
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
+            body = {"prompt": prompt(40_000), "max_tokens": 2}
             return list(
-                await asyncio.gather(
-                    *(
-                        client.post(stack.router + "/v1/completions", json={"prompt": prompt(40_000), "max_tokens": 2})
-                        for _ in range(30)
-                    )
-                )
+                await asyncio.gather(*(client.post(stack.router + "/v1/completions", json=body) for _ in range(12)))
             )
 
     try:
@@ -160,8 +162,31 @@ def test_a_burst_of_long_requests_gets_429_with_retry_after_instead_of_timing_ou
 
         answers = wait_for(rejected, 30, "the reloaded limit to turn part of a burst away")
     finally:
+        http("POST", stack.url("prf") + "/admin/faults", {"slow_factor": 1.0})
         stack.write_router_config(limits={})
     turned = [r for r in answers if r.status_code == 429]
     assert any(r.status_code == 200 for r in answers)
     assert all(int(r.headers["Retry-After"]) >= 1 for r in turned)
     assert "predicted time to first token" in turned[0].json()["error"]["message"]
+
+
+def test_a_remote_prefill_to_an_engine_that_freezes_is_cut_short_and_falls_back(stack: Stack) -> None:
+    """The finding: a request already dispatched to a PrFaaS engine that froze (SIGSTOP) hung the full remote
+    timeout before falling back. Now the leg is cut when the engine turns unhealthy (consecutive failed
+    probes) and the request is prefilled locally: answered long before the 120 s remote timeout set here."""
+    remotes = [{**stack.router_config["remotes"][0], "timeoutSeconds": 120}]
+    reloads = (stack.dir / "router.log").read_text().count("configuration reloaded")
+    stack.write_router_config(remotes=remotes)
+    prf = next(p for name, p in stack.procs.procs if name == "prf")
+    try:
+        wait_for(
+            lambda: (stack.dir / "router.log").read_text().count("configuration reloaded") > reloads, 15, "the reload"
+        )
+        os.kill(prf.pid, signal.SIGSTOP)
+        r = httpx.post(stack.router + "/v1/completions", json={"prompt": prompt(40_000), "max_tokens": 2}, timeout=60)
+    finally:
+        os.kill(prf.pid, signal.SIGCONT)
+        stack.write_router_config(remotes=[{**remotes[0], "timeoutSeconds": 10}])
+    assert r.status_code == 200 and r.headers["x-prfaas-route"] == "fallback"
+    logs = (stack.dir / "router.log").read_text() + (stack.dir / "gateway.log").read_text()
+    assert "legs in flight cut short" in logs
