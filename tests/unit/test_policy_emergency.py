@@ -60,3 +60,22 @@ def test_no_prefill_is_an_emergency_only_when_the_remote_cannot_prefill() -> Non
 def test_a_healthy_cluster_has_no_emergency() -> None:
     d = decide_roles(RoleState(), cluster(set()), PARAMS, INPUTS, T, 0.0)
     assert not d.reason.startswith("emergency")
+
+
+def test_the_gateway_lost_shifts_the_split_toward_local_prefill() -> None:
+    """The finding: with the gateway killed the loop kept Hold (the remote's capacity still counted). With no
+    ready PrFaaS instance every request prefills locally: the model sees PD prefill as the bottleneck."""
+    inst = tuple(
+        [InstanceState(f"p{i}", "prefill") for i in range(3)] + [InstanceState(f"d{i}", "decode") for i in range(5)]
+    )
+    params = replace(PARAMS, hysteresis_cycles=1)
+    for rate in (0.5, 2.0):
+        with_remote = decide_roles(
+            RoleState(), RoleObservation(inst, n_prfaas_ready=4, arrival_rate_rps=rate), params, INPUTS, T, 0.0
+        )
+        assert with_remote.action == "Hold"
+        lost = decide_roles(
+            RoleState(), RoleObservation(inst, n_prfaas_ready=0, arrival_rate_rps=rate), params, INPUTS, T, 0.0
+        )
+        assert lost.action == "Drain" and lost.drain and lost.drain[0].startswith("d"), lost.reason
+        assert "prefill-bound" in lost.reason

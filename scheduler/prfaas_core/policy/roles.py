@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from ..api.common import DecisionAction
 from ..api.pd_cluster import LongTermPolicySpec, PDClusterSpec
+from ..names import NO_THRESHOLD_TOKENS
 from ..plan_inputs import PlanInputs
 from ..planner import compute_balanced_threshold, evaluate, split_lengths
 from ..workload import LengthDistribution
@@ -189,6 +190,8 @@ def classify(
     """The cycle's verdict, its reason, and the model ratio ``r``."""
     n_p, n_d = obs.count("prefill"), obs.count("decode")
     n_prfaas = inputs.n_prfaas
+    if n_prfaas == 0:  # no PrFaaS instance ready (the gateway lost): every request prefills locally
+        threshold_tokens = float(NO_THRESHOLD_TOKENS)
     point = evaluate(inputs, split_lengths(inputs, threshold_tokens), n_prfaas, n_p, n_d)
     producers = point.theta_prfaas + point.theta_pd_p
     ratio = producers / point.theta_pd_d if point.theta_pd_d > 0 else math.inf
@@ -231,8 +234,10 @@ def classify(
         if after > point.throughput_rps and after >= lam:
             return "decode-bound", f"decode-bound by the model: {model} > {params.flip_to_decode_ratio:g}", ratio
     if ratio < params.flip_to_prefill_ratio and n_d > 1:
-        after = _lambda(inputs, n_p + 1, n_d - 1, _t_min(inputs, n_p + 1, None) or t_now)
-        if after > point.throughput_rps and after >= lam:
+        t_after = t_now if n_prfaas == 0 else (_t_min(inputs, n_p + 1, None) or t_now)
+        after = _lambda(inputs, n_p + 1, n_d - 1, t_after)
+        # with the remote lost, a flip that raises what the cluster carries helps even if it cannot carry it all
+        if after > point.throughput_rps and (after >= lam or n_prfaas == 0):
             return "prefill-bound", f"prefill-bound by the model: {model} < {params.flip_to_prefill_ratio:g}", ratio
     return None, f"balanced: {model}, no standing queue", ratio
 
