@@ -80,6 +80,18 @@ class RouterMetrics:
             ["engine"],
             registry=r,
         )
+        self.prefix_queries = Counter(
+            names.METRIC_ROUTER_PREFIX_QUERY_TOKENS.removesuffix("_total"),
+            "Prompt tokens looked up in the prefix indexes, by cluster.",
+            ["cluster"],
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            names.METRIC_ROUTER_PREFIX_HIT_TOKENS.removesuffix("_total"),
+            "Prompt tokens found cached, by cluster (PD: on an instance that can prefill).",
+            ["cluster"],
+            registry=r,
+        )
         self.ready = Gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=r)
         self.decision_seconds = Histogram(
             names.METRIC_ROUTER_DECISION_SECONDS,

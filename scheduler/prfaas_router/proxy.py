@@ -139,6 +139,12 @@ class Proxy:
         t0 = time.perf_counter()
         routed = rt.route(len(ids), hashes, pd_hits)
         m.decision_seconds.observe(time.perf_counter() - t0)
+        l_pd, l_prfaas = rt.last_prefix
+        m.prefix_queries.labels("pd").inc(len(ids))
+        m.prefix_hits.labels("pd").inc(l_pd)
+        if c.remotes:
+            m.prefix_queries.labels("prfaas").inc(len(ids))
+            m.prefix_hits.labels("prfaas").inc(l_prfaas)
         decision, remote = routed.decision, rt.remote_gateway(routed)
         rt.remember_length(decision.uncached_tokens, rt.model_now())
         route: str = decision.target

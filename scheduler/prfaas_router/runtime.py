@@ -67,6 +67,11 @@ class Compiled:
     breaker: BreakerParams
 
     @cached_property
+    def prefill_capable(self) -> frozenset[str]:
+        """The instances that prefill (role prefill, or both when there is no prefill tier)."""
+        return frozenset(e.name for e in (self.prefill or self.both))
+
+    @cached_property
     def by_name(self) -> dict[str, RouterEndpoint]:
         """Built once per configuration (the hot path looks endpoints up on every leg)."""
         return {e.name: e for e in self.config.endpoints}
@@ -159,6 +164,8 @@ class Runtime:
     _recent: RecentLengths = field(default_factory=RecentLengths)
     _queued_prefill_s: dict[str, float] = field(default_factory=dict)
     _active_decodes: dict[str, int] = field(default_factory=dict)
+    last_prefix: tuple[int, int] = (0, 0)
+    """The last routed request's prefix hits (tokens): (PD prefill instances, PrFaaS)."""
 
     def __post_init__(self) -> None:
         r = self.compiled.config.routing
@@ -289,8 +296,11 @@ class Runtime:
         (``exclude``: instances left out, e.g. one whose leg just failed)."""
         c, snap = self.compiled, self.snapshot
         hits = self.pd_index.match(hashes) if pd_hits is None else pd_hits
-        l_pd = max((v for k, v in hits.items() if k not in c.draining), default=0)
+        # the PD prefix that counts is one an instance that can prefill the next turn holds: the decode
+        # instance's copy (it decoded the last turn) saves a prefill instance nothing
+        l_pd = max((v for k, v in hits.items() if k in c.prefill_capable and k not in c.draining), default=0)
         remote_hits = self.remote_index.match(hashes) if c.remotes else {}
+        self.last_prefix = (l_pd, max(remote_hits.values(), default=0))
         remotes = [
             RemoteSide(r.name, r.link, snap.remote_ready.get(r.name), remote_hits.get(r.name, 0)) for r in c.remotes
         ]
@@ -313,6 +323,7 @@ class Runtime:
                 breaker_params=c.breaker,
                 prefill=[views(e) for e in c.prefill] if c.prefill else None,
                 decode=[views(e) for e in (c.decode or c.both)],
+                cache_moves=False,  # the engines' connectors move KV only from a request's prefill to its decode
             ),
             self.policy,
         )

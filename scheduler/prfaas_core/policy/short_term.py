@@ -189,6 +189,8 @@ class RouteTick:
     """The local prefill instances to pick from now (None: the shell picks later)."""
     decode: Sequence[InstanceView] | None = None
     unavailable_reason: str = "remote unavailable"
+    cache_moves: bool = True
+    """Whether prefixes can move between clusters (:attr:`~.routing.RoutingView.cache_moves`)."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,7 @@ def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) 
             "",
             tick.local_wait_s,
             wait,
+            tick.cache_moves,
         )
         req = RouteRequest(req.total_tokens, req.pd_cached_tokens, remote.cached_tokens)
     decision = policy.route(req, view, tick.kv, tick.prfaas_seconds, tick.pd_seconds)
