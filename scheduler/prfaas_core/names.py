@@ -76,6 +76,9 @@ METRIC_ROUTER_PREFIX_QUERY_TOKENS: Final = "prfaas_router_prefix_query_tokens_to
 """Prompt tokens the router looked up in its prefix indexes, by ``cluster`` (pd, prfaas)."""
 METRIC_ROUTER_PREFIX_HIT_TOKENS: Final = "prfaas_router_prefix_hit_tokens_total"
 """Of those, the tokens a cluster's instances hold (PD: only instances that can prefill), by ``cluster``."""
+METRIC_ROUTER_ABANDONED_KV: Final = "prfaas_router_abandoned_kv_handles_total"
+"""KV handles a prefill produced that no decode pulled (the decode leg failed), by ``cluster``: the producer
+frees them at its KV timeout (vLLM's NIXL abort timeout; the emulator's ``--kv-timeout``)."""
 METRIC_ROUTER_READY: Final = "prfaas_router_ready"
 """1 while the router can serve (a decode instance and a prefill path), 0 while its /ready says why not."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"

@@ -92,6 +92,12 @@ class RouterMetrics:
             ["cluster"],
             registry=r,
         )
+        self.abandoned_kv = Counter(
+            names.METRIC_ROUTER_ABANDONED_KV.removesuffix("_total"),
+            "KV handles no decode pulled (the decode leg failed after the prefill), by cluster.",
+            ["cluster"],
+            registry=r,
+        )
         self.ready = Gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=r)
         self.decision_seconds = Histogram(
             names.METRIC_ROUTER_DECISION_SECONDS,

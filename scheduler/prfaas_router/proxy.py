@@ -227,6 +227,14 @@ class Proxy:
         except LegError as exc:
             if remote is not None and remote_kv:
                 rt.remote_failed(remote.name, str(exc))
+            if kv is not None:  # the producer holds this KV until its engine's timeout frees it
+                m.abandoned_kv.labels("prfaas" if remote_kv else "pd").inc()
+                log.warning(
+                    "decode failed after prefill; its KV is left to expire",
+                    request_id=request_id,
+                    remote=remote_kv,
+                    error=str(exc),
+                )
             if not (remote_kv and exc.retriable):
                 m.requests.labels(route, "error").inc()
                 return json_error(exc.status, str(exc), "upstream_error")

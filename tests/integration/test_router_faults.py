@@ -190,3 +190,20 @@ def test_a_remote_prefill_to_an_engine_that_freezes_is_cut_short_and_falls_back(
     assert r.status_code == 200 and r.headers["x-prfaas-route"] == "fallback"
     logs = (stack.dir / "router.log").read_text() + (stack.dir / "gateway.log").read_text()
     assert "legs in flight cut short" in logs
+
+
+def test_a_decode_failing_after_the_prefill_accounts_the_abandoned_kv(stack: Stack) -> None:
+    """The decode leg fails after a prefill produced a KV handle: the client gets a clean 502, and the held KV
+    is counted (the producer frees it at its KV timeout; vLLM's NIXL producer does the same)."""
+    pdd = stack.url("pdd")
+    before = counter(stack.router, "prfaas_router_abandoned_kv_handles_total", cluster="pd")
+    assert http("POST", pdd + "/admin/faults", {"error_rate": 1.0})[0] == 200
+    try:
+        status, answer = http(
+            "POST", stack.router + "/v1/completions", {"prompt": prompt(500), "max_tokens": 2}, timeout_s=30
+        )
+    finally:
+        http("POST", pdd + "/admin/faults", {"error_rate": 0.0})
+    assert status == 502 and "decode on pd-1 answered 500" in answer["error"]["message"]
+    assert counter(stack.router, "prfaas_router_abandoned_kv_handles_total", cluster="pd") == before + 1
+    assert "its KV is left to expire" in (stack.dir / "router.log").read_text()
