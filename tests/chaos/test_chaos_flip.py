@@ -27,6 +27,7 @@ pytestmark = pytest.mark.chaos
 def test_decode_killed_the_loop_flips_a_prefill_instance_and_service_returns(tmp_path: Path) -> None:
     previous = signal.getsignal(signal.SIGTERM)
     stack = LocalStack(StackSpec(n_prfaas=1, n_pd=3, initial_prefill=2, time_scale=8.0), tmp_path)
+    cluster: LocalCluster | None = None
     try:
         stack.start()
         assert stack.router_config is not None
@@ -62,6 +63,8 @@ def test_decode_killed_the_loop_flips_a_prefill_instance_and_service_returns(tmp
         served = [e for e in ledger.of("decode killed (prfaas up)") if e.status == 200 and e.sent_s > killed]
         recovered = min(e.sent_s + e.seconds for e in served) - killed
     finally:
+        if cluster is not None:
+            cluster.close()
         stack.stop()
         signal.signal(signal.SIGTERM, previous)
     assert "no healthy, non-draining decode instance" in why
