@@ -25,17 +25,19 @@ import structlog
 from aiohttp import web
 
 from prfaas_core.api import RemoteGateway
+from prfaas_core.names import REASON_WAIT_FOR_LINK
 from prfaas_core.openai_params import check_request
 from prfaas_core.tokens import block_hashes
 
+from . import link_wait
 from .aborts import Aborts, SideLost, remote_side
-from .admission import over_limit, retry_after_s
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
 from .legs import LegError, decode_body, kv_handle, prefill_body
 from .metrics import RouterMetrics
 from .retry import prefill_with_retry
 from .runtime import LocalPlan, Runtime
 from .tokenizer import count_prompt
+from .ttft_limit import over_limit, retry_after_s
 
 log = structlog.get_logger("prfaas.router")
 
@@ -173,16 +175,11 @@ class Proxy:
             )
         if remote is not None:
             try:
-                kv = await self._remote_prefill(
-                    remote,
-                    request.path,
-                    body,
-                    request_id,
-                    decision.transfer_bytes,
-                    decision.uncached_tokens,
-                    routed.probe,
+                kv, route = await self._remote_in_window(
+                    remote, request.path, body, request_id, decision, len(ids), routed.probe
                 )
-                rt.remote_index.insert(hashes, remote.name)
+                if kv is not None:
+                    rt.remote_index.insert(hashes, remote.name)
             except LegError as exc:
                 route = "fallback"
                 m.fallbacks.labels(_failure_kind(str(exc))).inc()
@@ -195,6 +192,9 @@ class Proxy:
                 if plan.no_prefill is not None:
                     m.requests.labels(route, "unavailable").inc()
                     return json_error(503, f"cannot serve: {plan.no_prefill}; {exc}", "service_unavailable")
+        if kv is None and plan.no_prefill is not None:  # the remote declined it and nothing local can prefill
+            m.requests.labels(route, "unavailable").inc()
+            return json_error(503, f"cannot serve: {plan.no_prefill}; the remote declined it", "service_unavailable")
         remote_kv = kv is not None
         if kv is None and plan.prefill is not None:
             try:
@@ -255,6 +255,34 @@ class Proxy:
         return response
 
     # --- legs -------------------------------------------------------------------------------------------
+    async def _remote_in_window(
+        self,
+        remote: RemoteGateway,
+        path: str,
+        body: dict[str, Any],
+        request_id: str,
+        decision: Any,
+        total: int,
+        probe: float | None = None,
+    ) -> tuple[dict[str, Any] | None, str]:
+        """The remote prefill under the gateway's admission (:mod:`.link_wait`): accept a window up to the
+        local alternative's predicted TTFT; on a decline wait (re-submit) or go local, by predicted TTFT."""
+        rt, m, c = self.rt, self.metrics, self.rt.compiled
+        nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
+        local = link_wait.local_ttft_s(rt.local_wait_s(), c.pd.prefill_seconds(float(total)))
+        cap = c.links[remote.link].cap_gbps
+        first = link_wait.max_wait_s(local, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
+        try:
+            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, first, probe), "remote"
+        except link_wait.LinkDeclined as declined:
+            wait = link_wait.resubmit_wait_s(declined.decline, local)
+            m.link_waits.labels(remote.link, "local" if wait is None else "waited").inc()
+            if wait is None:
+                m.decisions.labels("local", REASON_WAIT_FOR_LINK).inc()
+                return None, "local"
+            m.decisions.labels("remote", REASON_WAIT_FOR_LINK).inc()
+            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, wait, probe), "remote"
+
     async def _remote_prefill(
         self,
         remote: RemoteGateway,
@@ -263,6 +291,7 @@ class Proxy:
         request_id: str,
         nbytes: float,
         uncached: int,
+        max_wait_s: float = float("inf"),
         probe: float | None = None,
     ) -> dict[str, Any]:
         """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation)."""
@@ -271,6 +300,8 @@ class Proxy:
         rt.start_transfer(remote.link, request_id, nbytes, duration)
         self.metrics.remote_bytes.labels(remote.link).inc(nbytes)
         headers = {"x-request-id": request_id}
+        if max_wait_s < float("inf"):
+            headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s))
         token = self.remote_tokens.get(remote.name)
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -286,12 +317,18 @@ class Proxy:
                 timeout=timeout,
                 ssl=self.remote_tls.get(remote.name, True),
             ) as resp:
+                if resp.status == 429 and (decline := link_wait.parse_decline(429, await resp.read())):
+                    rt.finish_transfer(request_id)
+                    raise link_wait.LinkDeclined(decline)
                 if resp.status != 200:
                     raise LegError(f"remote prefill answered {resp.status}")
                 return kv_handle(orjson.loads(await resp.read()))
 
         try:
             handle = await self.aborts.run(remote_side(remote.name), leg())
+        except link_wait.LinkDeclined:  # no verdict on the remote: a probe's slot is freed
+            rt.remote_cancelled(remote.name, probe)
+            raise
         except (aiohttp.ClientError, TimeoutError, ValueError, LegError, SideLost) as exc:
             rt.finish_transfer(request_id)
             if isinstance(exc, SideLost):

@@ -17,6 +17,7 @@ import structlog
 from prfaas_core.api import RemoteGateway
 
 from .legs import LegError
+from .link_wait import LinkDeclined
 from .runtime import LocalPlan
 
 if TYPE_CHECKING:
@@ -79,12 +80,13 @@ async def prefill_with_retry(
         if remote is not None:
             d = routed.decision
             kv = await proxy._remote_prefill(
-                remote, path, body, request_id, d.transfer_bytes, d.uncached_tokens, routed.probe
+                remote, path, body, request_id, d.transfer_bytes, d.uncached_tokens, probe=routed.probe
             )
         else:
             kv = await proxy._local_prefill(again, path, body, request_id, routed.decision.uncached_tokens)
-    except LegError as exc:
+    except (LegError, LinkDeclined) as exc:
         m.prefill_retries.labels(target, "error").inc()
-        raise LegError(f"{first}; retry on {target} failed too: {exc}", status=exc.status) from None
+        status = exc.status if isinstance(exc, LegError) else 503
+        raise LegError(f"{first}; retry on {target} failed too: {exc}", status=status) from None
     m.prefill_retries.labels(target, "ok").inc()
     return Prefilled(kv, again, RETRY_ROUTE, remote)

@@ -381,6 +381,10 @@ class Runtime:
         """A slow engine's penalty (model seconds): how much its last probe exceeded ``SLOW_PROBE_S``."""
         return max(0.0, load.probe_s - SLOW_PROBE_S) * self.compiled.scale.time_scale
 
+    def local_wait_s(self) -> float | None:
+        """The predicted wait on the least-loaded PD prefill instance (the local alternative's queue)."""
+        return self._local_wait_s()
+
     def _local_wait_s(self) -> float | None:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance."""
         c, engines = self.compiled, self.snapshot.engines

@@ -29,9 +29,10 @@ from ..names import GBPS_BITS
 from .link import LinkMode, LinkParams, admit
 
 Target = Literal["local", "remote"]
-DecisionKind = Literal["threshold", "unavailable", "admission", "spill", "no-local-prefill"]
+DecisionKind = Literal["threshold", "unavailable", "admission", "spill", "wait_for_link", "no-local-prefill"]
 """Why, in one word (a metric label): the length vs ``t``; the remote side unavailable; the cap's admission; a
-queue surge on the side ``t`` chose; no local prefill instance could take it (the remote prefills it)."""
+queue surge on the side ``t`` chose; a wait for a later link window (:mod:`.link_calendar`) that beats local; no
+local prefill instance could take it (the remote prefills it)."""
 
 
 @dataclass(frozen=True)
