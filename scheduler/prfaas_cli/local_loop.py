@@ -142,8 +142,12 @@ class LocalCluster:
         instances: list[InstanceState] = []
         queue = {"prefill": 0.0, "decode": 0.0}
         for ep in self.config.endpoints:
-            st = self._state(ep.url)
             role: Role = "prefill" if ep.role == "prefill" else "decode"
+            try:
+                st = self._state(ep.url)
+            except (httpx.HTTPError, ValueError):  # a dead engine is observed as such, not a failed cycle
+                instances.append(InstanceState(ep.name, role, 0, ep.name in self.config.draining, healthy=False))
+                continue
             in_flight = int(st["running"]) + int(st["waiting"]) + int(st.get("loading_kv", 0))
             instances.append(InstanceState(ep.name, role, in_flight, ep.name in self.config.draining))
             queue[role] += float(st["waiting"])

@@ -95,6 +95,23 @@ judge the split by, ``prfaas up``'s local loop does)."""
 UNCACHED_TOKEN_BUCKETS: Final = (
     512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304, 131072,
 )  # fmt: skip
+METRIC_ROUTER_BREAKER_TRANSITIONS: Final = "prfaas_router_breaker_transitions_total"
+"""A remote's breaker changing mode, by ``remote`` and ``to`` (closed, open, half-open)."""
+METRIC_ROUTER_PREFILL_RETRIES: Final = "prfaas_router_prefill_retries_total"
+"""Failed local prefill legs tried once more, by ``to`` (local, remote, none) and ``outcome``."""
+METRIC_ROUTER_ENGINE_HEALTHY: Final = "prfaas_router_engine_healthy"
+"""1 while the router counts an engine healthy (after consecutive failed probes it is 0), by ``engine``."""
+METRIC_ROUTER_HEALTH_PROBE_FAILURES: Final = "prfaas_router_health_probe_failures_total"
+"""Failed health probes (an engine's /metrics read: an error or a timeout), by ``engine``."""
+METRIC_ROUTER_PREFIX_QUERY_TOKENS: Final = "prfaas_router_prefix_query_tokens_total"
+"""Prompt tokens the router looked up in its prefix indexes, by ``cluster`` (pd, prfaas)."""
+METRIC_ROUTER_PREFIX_HIT_TOKENS: Final = "prfaas_router_prefix_hit_tokens_total"
+"""Of those, the tokens a cluster's instances hold (PD: only instances that can prefill), by ``cluster``."""
+METRIC_ROUTER_ABANDONED_KV: Final = "prfaas_router_abandoned_kv_handles_total"
+"""KV handles a prefill produced that no decode pulled (the decode leg failed), by ``cluster``: the producer
+frees them at its KV timeout (vLLM's NIXL abort timeout; the emulator's ``--kv-timeout``)."""
+METRIC_ROUTER_READY: Final = "prfaas_router_ready"
+"""1 while the router can serve (a decode instance and a prefill path), 0 while its /ready says why not."""
 METRIC_ROUTER_LINK_WAITS: Final = "prfaas_router_link_waits_total"
 """(router) Gateway declines by ``link`` and what the router did: ``result`` = waited or local."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"

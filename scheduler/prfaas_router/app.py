@@ -23,6 +23,7 @@ from .http_util import CLIENT_KEEPALIVE_S, json_error
 from .hygiene import Hygiene, start_listener
 from .metrics import RouterMetrics
 from .proxy import Proxy
+from .readiness import not_ready_reason
 from .runtime import Runtime, compile_config
 from .security import InsecureGatewayError, SecurityMetrics, TlsReloader, TokenAuth, auth_middleware
 from .signals import Signals
@@ -91,7 +92,7 @@ def create_app(
     tls = _tls_reloader(config, security)
     if tls is not None:
         app[TLS] = tls
-    signals = Signals(runtime, http, metrics)
+    signals = Signals(runtime, http, metrics, aborts=(proxy.aborts, gateway.aborts))
     watcher = ConfigWatcher(config_path, settings_path) if config_path else None
     if watcher is not None:
         watcher.poll()  # record the current digest
@@ -176,6 +177,9 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _ready(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
+    why = not_ready_reason(rt)
+    if why is not None:
+        return json_error(503, f"not ready: {why}", "service_unavailable")
     healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
     if not healthy:
         return json_error(503, "no healthy engine behind the router yet", "service_unavailable")

@@ -24,6 +24,7 @@ from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.tokens import block_hashes
 
+from .aborts import Aborts, SideLost, engine_side
 from .admission import LinkAdmission, admission_for
 from .http_util import is_chat, json_error
 from .runtime import EngineLoad, Runtime
@@ -38,6 +39,8 @@ class Gateway:
         self.rt = runtime
         self.http = http
         self.served: deque[tuple[float, int, float]] = deque()  # (model time, tokens, kv bytes)
+        self.aborts = Aborts()
+        """Engine legs in flight, cut short when their engine turns unhealthy (then the next one is tried)."""
         self.admission: LinkAdmission | None = None
         self.reload_secrets()
 
@@ -112,16 +115,22 @@ class Gateway:
             uncached = max(0, len(ids) - hits.get(pick.name, 0))
             with rt.prefill_queued(pick.name, c.prfaas.prefill_seconds(float(uncached))):
                 try:
-                    resp = await self.http.post(
-                        f"{c.by_name[pick.name].url}{request.path}",
-                        json=body,
-                        headers=forwarded_headers(request.headers),
-                        timeout=httpx.Timeout(
-                            c.config.timeouts.prefill_seconds, connect=c.config.timeouts.connect_seconds
+                    resp = await self.aborts.run(
+                        engine_side(pick.name),
+                        self.http.post(
+                            f"{c.by_name[pick.name].url}{request.path}",
+                            json=body,
+                            headers=forwarded_headers(request.headers),
+                            timeout=httpx.Timeout(
+                                c.config.timeouts.prefill_seconds, connect=c.config.timeouts.connect_seconds
+                            ),
                         ),
                     )
                 except httpx.HTTPError as exc:
                     last_error = f"{pick.name}: {exc.__class__.__name__}"
+                    continue
+                except SideLost as exc:
+                    last_error = f"{pick.name} turned unhealthy mid-prefill ({exc})"
                     continue
             if resp.status_code >= 500:
                 last_error = f"{pick.name} answered {resp.status_code}"

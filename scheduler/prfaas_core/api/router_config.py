@@ -80,6 +80,14 @@ class RouterLimits(ApiModel):
     max_body_bytes: int = Field(default=8 << 20, ge=1024, le=1 << 30, description="Largest request body.")
     max_in_flight: int = Field(default=2048, ge=1, le=1_000_000, description="Requests in flight at most.")
     retry_after_seconds: int = Field(default=1, ge=1, le=3600, description="Retry-After on a 429.")
+    max_predicted_ttft_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="A request whose predicted time to first token (queued prefill work ahead plus its own "
+        "prefill, on the side it is routed to) exceeds this is answered 429 with Retry-After before any leg. "
+        "Default: the leg's timeout (a request predicted to outlast it would fail anyway).",
+    )
 
 
 class RoutingParams(ApiModel):
@@ -93,6 +101,19 @@ class RoutingParams(ApiModel):
     )
     breaker_failure_threshold: int = Field(default=5, ge=1, le=1000, description="Failures that open a breaker.")
     breaker_open_seconds: float = Field(default=10.0, gt=0, le=3600, description="How long a breaker stays open.")
+    breaker_probes: int = Field(
+        default=1, ge=1, le=64, description="Requests that may probe a half-open breaker at once."
+    )
+    unhealthy_after_failures: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Consecutive failed health probes (an engine's /metrics read) before it counts as unhealthy "
+        "(one slow read does not); one good probe makes it healthy again.",
+    )
+    health_probe_seconds: float = Field(
+        default=2.0, gt=0, le=60, description="Timeout of one health probe (an engine's /metrics read)."
+    )
     prefix_block_tokens: int = Field(default=16, ge=1, le=4096, description="Prefix-index block size, tokens.")
     prefix_index_blocks: int = Field(
         default=262_144, ge=1, le=1 << 26, description="Blocks the prefix index remembers per cluster (LRU)."

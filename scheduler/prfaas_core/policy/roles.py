@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from ..api.common import DecisionAction
 from ..api.pd_cluster import LongTermPolicySpec, PDClusterSpec
+from ..names import NO_THRESHOLD_TOKENS
 from ..plan_inputs import PlanInputs
 from ..planner import compute_balanced_threshold, evaluate, split_lengths
 from ..workload import LengthDistribution
@@ -105,6 +106,8 @@ class InstanceState:
     role: Role
     in_flight: int = 0
     draining: bool = False
+    healthy: bool = True
+    """Answering (its pod Ready, its engine reachable); see :mod:`.emergency`."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ def classify(
     """The cycle's verdict, its reason, and the model ratio ``r``."""
     n_p, n_d = obs.count("prefill"), obs.count("decode")
     n_prfaas = inputs.n_prfaas
+    if n_prfaas == 0:  # no PrFaaS instance ready (the gateway lost): every request prefills locally
+        threshold_tokens = float(NO_THRESHOLD_TOKENS)
     point = evaluate(inputs, split_lengths(inputs, threshold_tokens), n_prfaas, n_p, n_d)
     producers = point.theta_prfaas + point.theta_pd_p
     ratio = producers / point.theta_pd_d if point.theta_pd_d > 0 else math.inf
@@ -244,8 +249,10 @@ def classify(
         lean = f"{model} < {params.flip_to_prefill_ratio:g} leans prefill-bound"
         if n_d <= 1:
             return None, f"no standing queue; {lean}, but decode is at one instance", ratio
-        after = _lambda(inputs, n_p + 1, n_d - 1, _t_min(inputs, n_p + 1, None) or t_now)
-        if after > point.throughput_rps and after >= lam:
+        t_after = t_now if n_prfaas == 0 else (_t_min(inputs, n_p + 1, None) or t_now)
+        after = _lambda(inputs, n_p + 1, n_d - 1, t_after)
+        # with the remote lost, a flip that raises what the cluster carries helps even if it cannot carry it all
+        if after > point.throughput_rps and (after >= lam or n_prfaas == 0):
             return "prefill-bound", f"prefill-bound by the model: {model} < {params.flip_to_prefill_ratio:g}", ratio
         return None, _not_worth(lean, "decode", "prefill", point.throughput_rps, after, lam), ratio
     band = f"[{params.flip_to_prefill_ratio:g}, {params.flip_to_decode_ratio:g}]"
@@ -325,6 +332,12 @@ def decide_roles(
         return _finish_drain(state, state.pending, obs, params, now_s, decision)
     if params.override_prefill is not None:
         return _toward_override(params.override_prefill, obs, params, now_s, n_p, decision)
+    from .emergency import emergency  # the emergency verdict builds on this module's types
+
+    remote_ok = obs.n_prfaas_ready is not None and obs.n_prfaas_ready > 0
+    urgent = emergency(state, obs, params, now_s, decision, remote_ok)
+    if urgent is not None:
+        return urgent
     return _from_verdict(state, obs, params, inputs, threshold_tokens, now_s, decision)
 
 
