@@ -47,6 +47,7 @@ SUBNET = "10.213"
 """Private range of the pairs' /30s (10.213.<n>.0/30); only ever assigned inside our own namespaces."""
 CLONE_NEWNET = 0x40000000
 Side = Literal["a", "b"]
+SIDES: tuple[Side, ...] = ("a", "b")
 _NAME = re.compile(r"^prfaas-(\d+)-(\d+)-[ab]$")
 _seq = count()
 
@@ -266,12 +267,12 @@ class NetnsPair:
         _open.add(self)
         self.created = True
         try:
-            for side in ("a", "b"):
+            for side in SIDES:
                 _run(["ip", "netns", "add", self.ns(side)])
                 _run(["ip", "-n", self.ns(side), "link", "set", "lo", "up"])
             _run(["ip", "-n", self.ns_a, "link", "add", self.dev_a, "type", "veth", "peer", "name", self.dev_b])
             _run(["ip", "-n", self.ns_a, "link", "set", self.dev_b, "netns", self.ns_b])
-            for side in ("a", "b"):
+            for side in SIDES:
                 ns, dev = self.ns(side), self.dev(side)
                 _run(["ip", "-n", ns, "addr", "add", f"{self.addr(side)}/30", "dev", dev])
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", *self.shape.tbf_args()])
@@ -299,7 +300,7 @@ class NetnsPair:
             dialer.shutdown(wait=False, cancel_futures=True)
         self._dialers.clear()
         if self.created:
-            for side in ("a", "b"):
+            for side in SIDES:
                 _delete(self.ns(side))
             self.created = False
         _open.discard(self)
@@ -320,12 +321,12 @@ class NetnsPair:
 
     def cut(self) -> None:
         """Take both ends down (the link is cut: connects fail, packets in flight are lost)."""
-        for side in ("a", "b"):
+        for side in SIDES:
             _run(["ip", "-n", self.ns(side), "link", "set", self.dev(side), "down"])
 
     def restore(self) -> None:
         """Bring both ends up again (addresses, routes and qdiscs are as before)."""
-        for side in ("a", "b"):
+        for side in SIDES:
             _run(["ip", "-n", self.ns(side), "link", "set", self.dev(side), "up"])
 
     def is_up(self) -> bool:

@@ -25,8 +25,19 @@ THRESHOLD_TOKENS = 768
 """t_min of the tier's router: prompts above it (uncached) go to the PrFaaS engine."""
 
 
+FIRST = "test_real_netns.py"
+"""Runs before every other module of the tier: its two engines in namespaces end before the loopback set starts
+(the machine holds one set, not both)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
+    ours = [i for i, item in enumerate(items) if here in Path(str(item.fspath)).parents]
+    if ours:
+        tier = [items[i] for i in ours]
+        tier.sort(key=lambda item: Path(str(item.fspath)).name != FIRST)  # stable: the rest keep their order
+        for i, item in zip(ours, tier, strict=True):
+            items[i] = item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.real_engine)
