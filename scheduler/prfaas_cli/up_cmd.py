@@ -26,6 +26,7 @@ from prfaas_core.planner import plan
 from prfaas_core.policy.roles import RolePolicyParams
 from prfaas_core.trace import TraceRecord, parse_trace
 
+from . import real_up
 from .load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
 from .local_loop import LocalCluster, LocalLoop, decision_json
 from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
@@ -36,8 +37,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "up", help="run the whole system locally (emulated engines, link, router, loop)", description=__doc__
     )
-    p.add_argument("--prfaas", type=int, default=2, help="PrFaaS (H200) engines (default 2)")
-    p.add_argument("--pd", type=int, default=4, help="PD (H20) engines (default 4)")
+    p.add_argument("--prfaas", type=int, help="PrFaaS (H200) engines (default 2; 1 with --engines vllm)")
+    p.add_argument("--pd", type=int, help="PD (H20) engines (default 4; 2 with --engines vllm)")
     p.add_argument("--link-gbps", type=float, default=100.0, help="link capacity, model Gbps (default 100)")
     p.add_argument(
         "--load",
@@ -47,7 +48,9 @@ def register(sub: Any) -> None:
         "make TTFT miss its SLO well below it; the simulator puts this stack's goodput near 0.65 of it, "
         "benchmarks/goodput_vs_peers.py measures 0.5-0.57)",
     )
-    p.add_argument("--duration", type=float, default=240.0, help="model seconds of traffic (default 240)")
+    p.add_argument(
+        "--duration", type=float, help="model seconds of traffic (default 240; with --engines vllm: 60 wall s)"
+    )
     p.add_argument(
         "--time-scale",
         type=float,
@@ -69,6 +72,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--plot-dir", metavar="DIR", help="write up.png here: TTFT by route vs the SLO, egress vs the cap, roles and t"
     )
+    real_up.register_options(p)
     p.set_defaults(handler=run)
 
 
@@ -280,6 +284,11 @@ def _print_summary(out: dict[str, Any], work: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engines == "vllm":
+        return real_up.run(args)
+    args.prfaas = 2 if args.prfaas is None else args.prfaas
+    args.pd = 4 if args.pd is None else args.pd
+    args.duration = 240.0 if args.duration is None else args.duration
     if args.prfaas < 1 or args.pd < 2 or args.load <= 0 or args.duration <= 0 or args.time_scale <= 0:
         print("error: need --prfaas >= 1, --pd >= 2 and positive --load, --duration, --time-scale", file=sys.stderr)
         return 2
