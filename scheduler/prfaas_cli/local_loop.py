@@ -106,7 +106,8 @@ class LocalCluster:
             self.set_role(url, role)
             self.set_drain(url, False)
             draining.discard(name)
-            endpoints = [RouterEndpoint(name=e.name, url=e.url, role=role) if e.name == name else e for e in endpoints]
+            label = self.label(role)
+            endpoints = [RouterEndpoint(name=e.name, url=e.url, role=label) if e.name == name else e for e in endpoints]
         t_min = effects.threshold_min_tokens
         new = self.config.model_copy(
             update={
@@ -118,6 +119,10 @@ class LocalCluster:
         if new != self.config:
             self.config = new
             write_router_config(self.config_path, new)
+
+    def label(self, role: str) -> Any:
+        """The router endpoint role that serves as ``role`` (the emulated stack: the same name)."""
+        return role
 
     def set_drain(self, url: str, drain: bool) -> None:
         """Tell the engine at ``url`` to drain (or to stop draining): the emulator's admin API."""

@@ -80,6 +80,11 @@ class RealCluster(LocalCluster):
             raise httpx.HTTPError(f"{url}/metrics has no {names.VLLM_REQUESTS_RUNNING}/{names.VLLM_REQUESTS_WAITING}")
         return {"running": running, "waiting": waiting}
 
+    def label(self, role: str) -> Any:
+        """A decode instance is labelled ``both`` for the router: a kv_both engine decodes remote or local KV and,
+        while no PD prefill instance is available (the last one draining), prefills in place."""
+        return "both" if role == "decode" else role
+
     def set_drain(self, url: str, drain: bool) -> None:
         """Nothing to tell the engine: the router's ``draining`` list (written by :meth:`apply`) is the drain."""
 
@@ -144,6 +149,8 @@ class RealUp:
         )
         st.wait_ready("gateway")
         config = st.router_config(self.pd[:1], self.pd[1:], "gateway", threshold_tokens)
+        for endpoint in config["endpoints"]:  # decode instances prefill in place when no prefill one can
+            endpoint["role"] = "both" if endpoint["role"] == "decode" else endpoint["role"]
         if self.netns is not None:
             config["links"] = [{"name": LINK, "capacityGbps": self.netns.rate_mbit / 1000}]
         router = RouterConfig.model_validate(config)

@@ -208,3 +208,34 @@ def test_a_cut_link_falls_back_locally_then_the_breaker_closes_again(
         assert alone.status_code == 200, alone.text
         assert text == alone.json()["choices"][0]["text"], route
     print("\nroutes:", [route for route, _, _ in served])
+
+
+HEADER_BYTES = 66
+"""Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12: one set per packet the veth counts (GSO packets included)."""
+
+
+def test_kv_bytes_per_request_on_the_wire(regions: Regions, real_env: RealEnv) -> None:
+    """What vLLM really moves for one request, against what the emulator moves for the same prompt."""
+    pair = regions.pair
+    for n in (129, 300):
+        ids = [10 + (i * 7919) % 2000 for i in range(n)]
+        body = {"model": real_env.served_model_name, "prompt": ids, "max_tokens": 1, "temperature": 0}
+        leg = {**body, "kv_transfer_params": dict(PREFILL_KV_PARAMS), "stream": False}
+        r = httpx.post(regions.prfaas.reach_url + "/v1/completions", json=leg, timeout=120)
+        assert r.status_code == 200, r.text
+        before, pulled = pair.counters("a"), pulled_tokens(regions.pd)
+        r = httpx.post(
+            regions.pd.reach_url + "/v1/completions",
+            json={**body, "kv_transfer_params": r.json()["kv_transfer_params"]},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        moved = pair.counters("a") - before
+        payload = moved.tx_bytes - HEADER_BYTES * moved.tx_packets
+        blocks = -(-n // 128)
+        print(
+            f"\n{n} tokens: pulled {pulled_tokens(regions.pd) - pulled:.0f} tokens; veth {moved.tx_bytes} B in "
+            f"{moved.tx_packets} packets, payload ~{payload} B; tokens x 512 = {n * 512}; whole blocks = "
+            f"{blocks * KV_BLOCK_BYTES}"
+        )
+        assert payload >= n * 512 * 0.9

@@ -25,10 +25,11 @@ def test_up_on_real_engines_serves_every_request_and_flips_by_relabel(vllm_pool:
     assert out["requests"]["requests"] > 0 and out["requests"]["ok"] == out["requests"]["requests"]
     assert "remote" in out["by_route"], out["by_route"]
     assert out["link"]["router_remote_kv_bytes"] > 0
-    # the pinned split reached by a drain and a relabel: pd-0 is a decode instance in the router's own config
+    # the pinned split reached by a drain and a relabel: pd-0 decodes, by the router's own config
     assert [f["action"] for f in out["role_flips"]] == ["FlipToDecode"], out["role_flips"]
     assert out["final_roles"] == {"prefill": 0, "decode": 2}
     published = json.loads((tmp_path / "router.json").read_text())
-    assert {e["name"]: e["role"] for e in published["endpoints"]} == {"pd-0": "decode", "pd-1": "decode"}
+    # decode instances are labelled "both" (kv_both: they prefill in place while no PD prefill instance can)
+    assert {e["name"]: e["role"] for e in published["endpoints"]} == {"pd-0": "both", "pd-1": "both"}
     assert published.get("draining", []) == []
     assert not vllm_pool.engines, "the run left engines behind"
