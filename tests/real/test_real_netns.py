@@ -34,6 +34,7 @@ from prfaas_cli.netns import LinkShape, NetnsPair, NetnsUnavailable, Side
 from prfaas_cli.real_stack import RealStack
 from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 from prfaas_core import names
+from prfaas_engine.batching import kv_pull_tokens
 from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from support.real_engines import skip_or_fail
@@ -210,15 +211,18 @@ def test_a_cut_link_falls_back_locally_then_the_breaker_closes_again(
     print("\nroutes:", [route for route, _, _ in served])
 
 
+WIRE_CONTROL_BYTES = 8_192
+"""UCX's and NIXL's own messages per pull, beyond the KV blocks (measured ~1-2 KiB)."""
 HEADER_BYTES = 66
 """Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12: one set per packet the veth counts (GSO packets included)."""
 
 
-def test_kv_bytes_per_request_on_the_wire(regions: Regions, real_env: RealEnv) -> None:
-    """What vLLM really moves for one request, against what the emulator moves for the same prompt."""
+def test_kv_bytes_per_request_on_the_wire_match_the_emulator(regions: Regions, real_env: RealEnv) -> None:
+    """vLLM moves whole 128-token blocks (a 129-token prompt: two blocks, 128 KiB); the emulator moves the same
+    (``prfaas_engine.batching.kv_pull_tokens``) — before this check it moved tokens × bytes per token."""
     pair = regions.pair
     for n in (129, 300):
-        ids = [10 + (i * 7919) % 2000 for i in range(n)]
+        ids = [10 + (i * 7919 + n * 104_729) % 2000 for i in range(n)]  # fresh per length: nothing cached
         body = {"model": real_env.served_model_name, "prompt": ids, "max_tokens": 1, "temperature": 0}
         leg = {**body, "kv_transfer_params": dict(PREFILL_KV_PARAMS), "stream": False}
         r = httpx.post(regions.prfaas.reach_url + "/v1/completions", json=leg, timeout=120)
@@ -232,10 +236,10 @@ def test_kv_bytes_per_request_on_the_wire(regions: Regions, real_env: RealEnv) -
         assert r.status_code == 200, r.text
         moved = pair.counters("a") - before
         payload = moved.tx_bytes - HEADER_BYTES * moved.tx_packets
-        blocks = -(-n // 128)
+        assert pulled_tokens(regions.pd) - pulled == n
+        emulator = kv_pull_tokens(n, 128) * 512
         print(
-            f"\n{n} tokens: pulled {pulled_tokens(regions.pd) - pulled:.0f} tokens; veth {moved.tx_bytes} B in "
-            f"{moved.tx_packets} packets, payload ~{payload} B; tokens x 512 = {n * 512}; whole blocks = "
-            f"{blocks * KV_BLOCK_BYTES}"
+            f"\n{n} tokens: veth {moved.tx_bytes} B in {moved.tx_packets} packets, payload ~{payload} B; "
+            f"emulator {emulator} B"
         )
-        assert payload >= n * 512 * 0.9
+        assert emulator <= payload <= emulator + WIRE_CONTROL_BYTES, (payload, emulator)
