@@ -3,16 +3,22 @@ gateway and the long-term loop live; the PD prefill count pinned to 0, so the lo
 sending it work, the loop waits for vLLM's own in-flight gauges to reach 0) and flips it to decode by relabelling.
 
 Runs right after the namespace module and before the tier's loopback set (conftest orders it), with its three
-engines (~7.8 GiB) ended when it returns."""
+engines (~7.8 GiB) ended when it returns. Marked ``slow`` (``scripts/test.sh --full``): three more engines and
+half a minute of traffic (~2.5 min on 2 busy cores) do not fit the default tier's budget."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from prfaas_cli import real_up
 from prfaas_cli.main import build_parser
 from prfaas_cli.vllm_engines import EnginePool
+
+
+pytestmark = pytest.mark.slow
 
 
 def test_up_on_real_engines_serves_every_request_and_flips_by_relabel(vllm_pool: EnginePool, tmp_path: Path) -> None:
