@@ -17,7 +17,6 @@ from prfaas_cli import real_up
 from prfaas_cli.main import build_parser
 from prfaas_cli.vllm_engines import EnginePool
 
-
 pytestmark = pytest.mark.slow
 
 
