@@ -187,14 +187,15 @@ class LocalCluster:
             write_router_config(self.config_path, self.config)
             self.wait_applied()
         for name in decision.drain:
-            self.http.post(f"{by_name[name].url}/admin/drain", json={"drain": True}).raise_for_status()
+            self.set_drain(by_name[name].url, True)
         endpoints = list(self.config.endpoints)
         for name, role in decision.flip:
             url = by_name[name].url
-            self.http.post(f"{url}/admin/role", json={"role": role}).raise_for_status()
-            self.http.post(f"{url}/admin/drain", json={"drain": False}).raise_for_status()
+            self.set_role(url, role)
+            self.set_drain(url, False)
             draining.discard(name)
-            endpoints = [RouterEndpoint(name=e.name, url=e.url, role=role) if e.name == name else e for e in endpoints]
+            label = self.label(role)
+            endpoints = [RouterEndpoint(name=e.name, url=e.url, role=label) if e.name == name else e for e in endpoints]
         t_min = effects.threshold_min_tokens
         new = self.config.model_copy(
             update={
@@ -246,6 +247,18 @@ class LocalCluster:
             link.name, link.capacity_gbps, link.max_utilization, link.scarce_watermark, link.abundant_watermark
         )
         return (ScarceLink(params, egress),)
+
+    def label(self, role: str) -> Any:
+        """The router endpoint role that serves as ``role`` (the emulated stack: the same name)."""
+        return role
+
+    def set_drain(self, url: str, drain: bool) -> None:
+        """Tell the engine at ``url`` to drain (or to stop draining): the emulator's admin API."""
+        self.http.post(f"{url}/admin/drain", json={"drain": drain}).raise_for_status()
+
+    def set_role(self, url: str, role: str) -> None:
+        """Give the engine at ``url`` its new role: the emulator's admin API."""
+        self.http.post(f"{url}/admin/role", json={"role": role}).raise_for_status()
 
     def counts(self) -> tuple[int, int]:
         p = sum(1 for e in self.config.endpoints if e.role == "prefill")

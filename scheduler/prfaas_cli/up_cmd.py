@@ -25,6 +25,7 @@ from prfaas_core.planner import plan
 from prfaas_core.policy.roles import RolePolicyParams
 from prfaas_core.trace import TraceRecord, parse_trace
 
+from . import real_up
 from .dashboard_png import DASHBOARD
 from .dashboard_png import render as render_dashboard
 from .load import Slo
@@ -50,8 +51,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "up", help="run the whole system locally (emulated engines, link, router, loop)", description=__doc__
     )
-    p.add_argument("--prfaas", type=int, default=2, help="PrFaaS (H200) engines (default 2)")
-    p.add_argument("--pd", type=int, default=4, help="PD (H20) engines (default 4)")
+    p.add_argument("--prfaas", type=int, help="PrFaaS (H200) engines (default 2; 1 with --engines vllm)")
+    p.add_argument("--pd", type=int, help="PD (H20) engines (default 4; 2 with --engines vllm)")
     p.add_argument(
         "--scenario",
         metavar="FILE",
@@ -64,7 +65,11 @@ def register(sub: Any) -> None:
         help="instead of a scenario: one steady phase at this fraction of the planner's Λ_max (0.5 when only "
         "--duration is given)",
     )
-    p.add_argument("--duration", type=float, help="instead of a scenario: model seconds of steady traffic (240)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        help="instead of a scenario: model seconds of steady traffic (240); with --engines vllm: wall seconds (60)",
+    )
     p.add_argument("--link-gbps", type=float, help="link capacity at the start, model Gbps (scenario's; 100)")
     p.add_argument(
         "--time-scale",
@@ -95,6 +100,7 @@ def register(sub: Any) -> None:
         help="auto: start a local Prometheus scraping the stack (with the project's recording rules) when "
         "the prometheus binary is installed",
     )
+    real_up.register_options(p)
     p.set_defaults(handler=run)
 
 
@@ -265,6 +271,12 @@ def replay_run(args: argparse.Namespace, up: UpPlan, stack: LocalStack, records:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engines == "vllm":
+        if args.load is None:
+            args.load = 0.5
+        return real_up.run(args)
+    args.prfaas = 2 if args.prfaas is None else args.prfaas
+    args.pd = 4 if args.pd is None else args.pd
     problem = check_args(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
