@@ -343,6 +343,7 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
             work / "router.json",
             router_config,
             up.stack.url("gateway") + "/status",
+            gateway_headers={"Authorization": f"Bearer {up.stack.token_file.read_text().strip()}"},
             router_url=up.stack.url("router"),
             reach=up.reach,
         )

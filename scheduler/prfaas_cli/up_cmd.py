@@ -183,17 +183,10 @@ def scenario_of(args: argparse.Namespace) -> ScenarioSpec:
     return spec.model_copy(update=changes) if changes else spec
 
 
-def make_plan(args: argparse.Namespace, spec: ScenarioSpec) -> UpPlan:
-    base = replace(
-        case_study_inputs(),
-        n_prfaas=args.prfaas,
-        n_pd=args.pd,
-        output_tokens=float(spec.output_tokens),
-        link_capacity_gbps=spec.link_gbps,
-    )
-    best = plan(base).prfaas_pd.point
-    lp = spec.loop
-    params = RolePolicyParams(
+def role_params(lp: Any) -> RolePolicyParams:
+    """The long-term loop's policy in ``prfaas up`` from a scenario's ``loop`` block (short periods: a local run
+    lasts minutes)."""
+    return RolePolicyParams(
         period_s=lp.period_seconds,
         hysteresis_cycles=lp.hysteresis_cycles,
         cooldown_s=lp.cooldown_seconds,
@@ -204,6 +197,19 @@ def make_plan(args: argparse.Namespace, spec: ScenarioSpec) -> UpPlan:
         prefill_min=1,
         decode_min=1,
     )
+
+
+def make_plan(args: argparse.Namespace, spec: ScenarioSpec) -> UpPlan:
+    base = replace(
+        case_study_inputs(),
+        n_prfaas=args.prfaas,
+        n_pd=args.pd,
+        output_tokens=float(spec.output_tokens),
+        link_capacity_gbps=spec.link_gbps,
+    )
+    best = plan(base).prfaas_pd.point
+    lp = spec.loop
+    params = role_params(lp)
     return UpPlan(
         spec,
         resolve(spec, base.lengths),

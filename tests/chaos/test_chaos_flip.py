@@ -17,8 +17,9 @@ from ledger import Ledger
 from testbed_support import wait_for
 
 from prfaas_cli.local_loop import LocalCluster, LocalLoop
+from prfaas_cli.scenario import DEFAULT_SCENARIO, load_scenario
 from prfaas_cli.stack import LocalStack, StackSpec
-from prfaas_cli.up_cmd import UP_ROLE_PARAMS
+from prfaas_cli.up_cmd import role_params
 from prfaas_core.plan_inputs import case_study_inputs
 
 pytestmark = pytest.mark.chaos
@@ -33,9 +34,14 @@ def test_decode_killed_the_loop_flips_a_prefill_instance_and_service_returns(tmp
         assert stack.router_config is not None
         router = stack.urls["router"]
         cluster = LocalCluster(
-            stack.config_path, stack.router_config, stack.urls["gateway"] + "/status", router_url=router, time_scale=8.0
+            stack.config_path,
+            stack.router_config,
+            stack.urls["gateway"] + "/status",
+            gateway_headers=stack.gateway_headers,
+            router_url=router,
+            time_scale=8.0,
         )
-        loop = LocalLoop(cluster, UP_ROLE_PARAMS, case_study_inputs())
+        loop = LocalLoop(cluster, role_params(load_scenario(DEFAULT_SCENARIO).loop), case_study_inputs())
         decode = next(e for e in cluster.config.endpoints if e.role == "decode")
         ledger = Ledger(router)
         httpx.post(decode.url + "/admin/faults", json={"die": True}, timeout=5)

@@ -105,7 +105,7 @@ class ObservedStack:
                 self.prom.wait(5)
 
 
-def _prometheus_config(targets: dict[str, str]) -> dict[str, Any]:
+def _prometheus_config(targets: dict[str, str], token_file: Path) -> dict[str, Any]:
     engine_labels = {
         "prf": {"prefill_cluster": "prfaas-h200", "role": "prefill"},
         "pdp": {"pd_cluster": "pd-h20", "role": "prefill"},
@@ -114,6 +114,8 @@ def _prometheus_config(targets: dict[str, str]) -> dict[str, Any]:
     scrape = []
     for job in ("router", "gateway", "link", "operator"):
         scrape.append({"job_name": job, "static_configs": [{"targets": [targets[job]]}]})
+    # the gateway's /metrics needs its bearer token, as the chart's ServiceMonitor sends it
+    scrape[1]["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
     scrape.append(
         {
             "job_name": "engines",
@@ -147,7 +149,7 @@ def start(procs: Processes, harness: Harness, tmp: Path) -> ObservedStack:
     if binary is None:
         raise RuntimeError("prometheus is not installed (scripts/system-deps.sh installs it)")
     config = tmp / "observe-prometheus.yml"
-    config.write_text(yaml.safe_dump(_prometheus_config(targets)))
+    config.write_text(yaml.safe_dump(_prometheus_config(targets, tmp / "token")))
     obs.prom = subprocess.Popen(
         [
             binary,
