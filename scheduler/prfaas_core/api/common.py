@@ -53,6 +53,22 @@ class KvTransportSpec(ApiModel):
     side_channel_port: int | None = Field(
         default=None, ge=1, le=65_535, description="Connector side-channel/bootstrap port on the engines."
     )
+    kv_role: Literal["kv_producer", "kv_consumer", "kv_both"] | None = Field(
+        default=None,
+        description="vLLM kv_role; default from the role: kv_producer for PrFaaS and Scale-mode prefill, "
+        "kv_consumer for Scale-mode decode, kv_both for Relabel-mode instances (which flip role).",
+    )
+    buffer_device: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="Where the connector stages KV (kv_buffer_device): cpu (host buffers, what UCX's TCP "
+        "transport moves) or cuda.",
+    )
+    net_device: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="The network interface the KV transport binds (UCX_NET_DEVICES, e.g. eth0); default: UCX's choice.",
+    )
 
 
 class RoleRange(ApiModel):
