@@ -71,7 +71,8 @@ def cluster_engine_issues(cluster: Cluster, profile: ModelProfile | None) -> tup
         warnings.append(
             Issue(
                 "spec.kvTransport.connector",
-                f"ModelProfile {profile.metadata.name} is a hybrid (linear-attention) model: {HYBRID_LIMITS[connector]}",
+                f"ModelProfile {profile.metadata.name} is a hybrid (linear-attention) model: "
+                f"{HYBRID_LIMITS[connector]}",
                 "engine",
             )
         )
