@@ -26,6 +26,7 @@ from typing import ClassVar
 import httpx
 
 from prfaas_core import names
+from prfaas_core.api import PDCluster
 from prfaas_core.engine_render import engine_specs, runs_engines_here
 from prfaas_core.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
 from prfaas_router.legs import PREFILL_KV_PARAMS
@@ -61,6 +62,13 @@ def example_specs(path: Path = EXAMPLE) -> dict[str, dict[str, EngineSpec]]:
         for c in clusters
         if runs_engines_here(c)
     }
+
+
+def example_slo(path: Path = EXAMPLE) -> dict[str, object]:
+    """The example PDCluster's ``slo`` as the operator copies it into RouterConfig."""
+    clusters, _ = load_clusters([str(path)])
+    pd = next(c for c in clusters if isinstance(c, PDCluster))
+    return pd.spec.slo.model_dump(mode="json", by_alias=True)
 
 
 class Prompts:

@@ -48,7 +48,7 @@ def create_app(
         timeout=httpx.Timeout(60.0, connect=config.timeouts.connect_seconds),
     )
     proxy = Proxy(runtime, http, metrics)
-    gateway = Gateway(runtime, http)
+    gateway = Gateway(runtime, http, metrics)
     app = web.Application(client_max_size=config.limits.max_body_bytes)
     app[RUNTIME], app[PROXY], app[GATEWAY], app[METRICS] = runtime, proxy, gateway, metrics
     signals = Signals(runtime, http, metrics)

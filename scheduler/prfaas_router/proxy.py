@@ -28,8 +28,8 @@ from prfaas_core.api import RemoteGateway
 from prfaas_core.tokens import block_hashes
 
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
-from .legs import LegError, decode_body, kv_handle, prefill_body
-from .metrics import RouterMetrics
+from .legs import LINK_HEADER, LegError, decode_body, kv_handle, prefill_body, reported_prompt_tokens
+from .metrics import RouterMetrics, judge_ttft
 from .runtime import LocalPlan, Runtime
 from .tokenizer import count_prompt
 
@@ -199,8 +199,7 @@ class Proxy:
         rt = self.rt
         duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
         rt.start_transfer(remote.link, request_id, nbytes, duration)
-        self.metrics.remote_bytes.labels(remote.link).inc(nbytes)
-        headers = {"x-request-id": request_id}
+        headers = {"x-request-id": request_id, LINK_HEADER: remote.link}
         token = self.remote_tokens.get(remote.name)
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -217,13 +216,17 @@ class Proxy:
             ) as resp:
                 if resp.status != 200:
                     raise LegError(f"remote prefill answered {resp.status}")
-                handle = kv_handle(orjson.loads(await resp.read()))
+                answer = orjson.loads(await resp.read())
+                handle = kv_handle(answer)
         except (aiohttp.ClientError, TimeoutError, ValueError, LegError) as exc:
             rt.finish_transfer(request_id)
             why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
             rt.remote_failed(remote.name, str(why), now)
             raise why from None
         rt.remote_succeeded(remote.name)
+        # the KV now waits in region A for this region's decode to pull it: S_kv of what the engine prefilled
+        tokens = reported_prompt_tokens(answer, uncached)
+        self.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.kv_bytes(tokens))
         return handle
 
     async def _local_prefill(
@@ -343,7 +346,7 @@ class Proxy:
             ) from None
         leg.drained = True
         if prefilled is not None:
-            m.ttft.labels(route).observe(prefilled - leg.started)
+            judge_ttft(m, self.rt.compiled.config.slo, route, prefilled - leg.started, leg.prompt_tokens)
         m.e2e.labels(route).observe(time.perf_counter() - leg.started)
         m.requests.labels(route, "ok").inc()
         return web.Response(body=data, status=200, content_type="application/json", headers=leg.headers())
@@ -356,7 +359,7 @@ class Proxy:
         )
         await out.prepare(request)
         first_at = last_at = time.perf_counter()
-        m.ttft.labels(route).observe(first_at - leg.started)
+        judge_ttft(m, self.rt.compiled.config.slo, route, first_at - leg.started, leg.prompt_tokens)
         events = first.count(b"data: ")
         try:
             await out.write(first)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas_cli.engines_cmd import render_files
+from prfaas_operator.router_config import configmap_name
 from prfaas_testbed.operator_harness import Harness
 from prfaas_testbed.prom import wait_until
 
@@ -48,4 +49,9 @@ def test_engine_config_condition_names_the_pod_and_the_flag(h: Harness) -> None:
     assert "pod pd-engines-1 (pd-both): --kv-transfer-config" in cond["message"]
     assert "kv_producer" in cond["message"]
     assert "pd-engines-0" not in cond["message"]
+    # the operator copies the PDCluster's SLO into the routers' configuration (RouterConfig.slo)
+    cm = h.get("ConfigMap", ns, configmap_name("pd-h20"))
+    assert cm is not None
+    config = json.loads(next(iter(cm["data"].values())))
+    assert config["slo"]["ttft"] == {"baseSeconds": 2.0, "secondsPerKTokens": 0.2}
     op.stop()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_specs
+from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_slo, example_specs
 from prfaas_core.engines import EngineSpec
 from support.real_engines import prepare_or_skip
 
@@ -107,7 +107,8 @@ def stack(engines: Engines, real_env: RealEnv, tmp_path_factory: pytest.TempPath
     try:
         st.start_router("gateway", st.gateway_config(engines.prfaas))
         st.wait_ready("gateway")
-        st.start_router("router", st.router_config(engines.pd_prefill, [engines.pdd], "gateway", THRESHOLD_TOKENS))
+        config = st.router_config(engines.pd_prefill, [engines.pdd], "gateway", THRESHOLD_TOKENS, slo=example_slo())
+        st.start_router("router", config)
         st.wait_ready("router")
         yield st
     finally:

@@ -107,6 +107,10 @@ class SloSpec(ApiModel):
         default=0.95, gt=0, le=1, description="Fraction of requests that must meet the SLO (for burn alerts)."
     )
 
+    def ttft_seconds(self, tokens: float) -> float:
+        """A request's own TTFT objective: ``base + per_1K x tokens / 1024`` seconds."""
+        return self.ttft.base_seconds + self.ttft.seconds_per_k_tokens * tokens / 1024
+
 
 def rfc3339(time_s: float) -> str:
     """A Unix time as Kubernetes writes times (RFC 3339, UTC, whole seconds, ``Z``)."""
