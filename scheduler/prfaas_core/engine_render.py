@@ -137,6 +137,7 @@ def engine_specs(cluster: Cluster, profile: ModelProfile | None) -> dict[EngineR
             net_device=transport.net_device,
             kv_buffer_device=transport.buffer_device,
             transport=transport.protocol,
+            ucx_tcp_port_range=(transport.data_ports.start, transport.data_ports.end) if transport.data_ports else None,
             max_model_len=engine.max_model_len,
             enforce_eager=engine.enforce_eager,
             extra_args=tuple(engine.extra_args),

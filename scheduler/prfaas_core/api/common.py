@@ -40,6 +40,22 @@ class GatewayEndpointSpec(ApiModel):
     )
 
 
+class PortRange(ApiModel):
+    """An inclusive TCP port range."""
+
+    __cel_rules__ = (
+        CelRule(
+            rule="self.start <= self.end",
+            message="start must not exceed end",
+            check=lambda r: r.start <= r.end,
+            field_path=".start",
+        ),
+    )
+
+    start: int = Field(ge=1, le=65_535, description="First port.")
+    end: int = Field(ge=1, le=65_535, description="Last port.")
+
+
 class KvTransportSpec(ApiModel):
     """How KV crosses from prefill to decode instances (vLLM/SGLang connector settings)."""
 
@@ -62,6 +78,12 @@ class KvTransportSpec(ApiModel):
         default="cpu",
         description="Where the connector stages KV (kv_buffer_device): cpu (host buffers, what UCX's TCP "
         "transport moves) or cuda.",
+    )
+    data_ports: PortRange | None = Field(
+        default=None,
+        description="NixlConnector over TCP: the ports UCX listens on for KV data (UCX_TCP_PORT_RANGE), so that "
+        "the chart's NetworkPolicy admits only them (and the side channel) from the peer region; default: "
+        "ephemeral ports (the policy then admits every TCP port from the peer CIDRs).",
     )
     net_device: str | None = Field(
         default=None,
