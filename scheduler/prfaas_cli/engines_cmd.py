@@ -4,7 +4,8 @@ PrefillClusters, PDClusters and ModelProfiles in FILES through the one engine-fl
 ``-o json`` prints ``{cluster: {role: {command, args, env, kvTransferConfig}}}``; ``-o helm-values`` prints
 the chart's engine-args file (``{clusters: {cluster: {kind, roles: {role: {launch, ports}}}}}``; the chart ships
 ``helm/prfaas/files/engines.json``, the examples' rendering, kept current by ``scripts/sync_chart_files.py
---check``; pass your own with ``--set-file engines.launchesJson=FILE``). Remote PrefillClusters run in the other region and are skipped.
+--check``; pass your own with ``--set-file engines.launchesJson=FILE``). Remote PrefillClusters run in the
+other region and are skipped.
 Exit 2 when a manifest is invalid or a cluster cannot render (the message names the field and why).
 """
 
