@@ -135,7 +135,7 @@ blocks, so a prompt of ``l`` tokens moves ``ceil(l / block) * block`` tokens' KV
 
 # --- Which component exports each metric (a default query, panel or alert must never need the emulators) ---
 Exporter = str
-METRIC_EXPORTERS: Final[dict[str, Exporter]] = {
+EXPORTERS: Final[dict[str, Exporter]] = {
     **{
         name: "router"
         for name in (

@@ -1,5 +1,5 @@
 """No default query, dashboard panel or alert reads a series only the emulators export: every metric name they
-select is tagged in prfaas_core/names.py (METRIC_EXPORTERS) with a component a real deployment runs (router,
+select is tagged in prfaas_core/names.py (EXPORTERS) with a component a real deployment runs (router,
 gateway, operator, vllm), never ``emulator``."""
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ def selected(expr: str) -> set[str]:
 
 
 def exporter(name: str) -> str | None:
-    if name in names.METRIC_EXPORTERS:
-        return names.METRIC_EXPORTERS[name]
+    if name in names.EXPORTERS:
+        return names.EXPORTERS[name]
     for suffix in SUFFIXES:
-        if name.endswith(suffix) and name.removesuffix(suffix) in names.METRIC_EXPORTERS:
-            return names.METRIC_EXPORTERS[name.removesuffix(suffix)]
+        if name.endswith(suffix) and name.removesuffix(suffix) in names.EXPORTERS:
+            return names.EXPORTERS[name.removesuffix(suffix)]
     return None
 
 
@@ -100,10 +100,10 @@ def test_every_metric_constant_is_tagged_with_its_exporter() -> None:
     constants = {
         v
         for k, v in vars(names).items()
-        if k.startswith(("METRIC_", "VLLM_")) and isinstance(v, str) and k != "METRIC_EXPORTERS"
+        if k.startswith(("METRIC_", "VLLM_")) and isinstance(v, str)
     }
-    assert constants - set(names.METRIC_EXPORTERS) == set()
-    assert set(names.METRIC_EXPORTERS.values()) <= {"router", "gateway", "operator", "vllm", "emulator"}
+    assert constants - set(names.EXPORTERS) == set()
+    assert set(names.EXPORTERS.values()) <= {"router", "gateway", "operator", "vllm", "emulator"}
 
 
 def test_the_crd_defaults_are_found() -> None:
