@@ -97,11 +97,7 @@ ALL = {**default_queries(), **panel_queries(), **alert_queries()}
 
 
 def test_every_metric_constant_is_tagged_with_its_exporter() -> None:
-    constants = {
-        v
-        for k, v in vars(names).items()
-        if k.startswith(("METRIC_", "VLLM_")) and isinstance(v, str)
-    }
+    constants = {v for k, v in vars(names).items() if k.startswith(("METRIC_", "VLLM_")) and isinstance(v, str)}
     assert constants - set(names.EXPORTERS) == set()
     assert set(names.EXPORTERS.values()) <= {"router", "gateway", "operator", "vllm", "emulator"}
 
