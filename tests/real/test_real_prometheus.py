@@ -95,7 +95,7 @@ def prometheus(engines: Engines, tmp_path: Path) -> Iterator[str]:
 def _query(url: str, promql: str) -> list[float]:
     try:
         body = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=5).json()
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError):  # not up yet ("Service Unavailable" while it starts)
         return []
     return [float(r["value"][1]) for r in body.get("data", {}).get("result", [])]
 
