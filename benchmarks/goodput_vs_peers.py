@@ -316,6 +316,11 @@ def main() -> int:
     )
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {', '.join(SYSTEMS)}")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--gateway-admission",
+        action="store_true",
+        help="the gateway schedules the link (source-side admission, link windows) for prfaas_pd",
+    )
     ap.add_argument("--work-dir", default=None, help="logs and configs (default: a temp dir)")
     ap.add_argument("--out", default="out/bench/goodput.json")
     ap.add_argument(
@@ -349,6 +354,7 @@ def main() -> int:
         link_gbps=args.link_gbps,
         time_scale=args.time_scale,
         threshold_min_tokens=round(point.split.threshold_tokens),
+        gateway_admission=args.gateway_admission,
     )
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-goodput-"))
     stack = LocalStack(spec, work)
@@ -371,6 +377,7 @@ def main() -> int:
             "prfaas_engines": f"{spec.n_prfaas} x H200 (emulated), KV over {spec.n_prfaas} link relays",
             "pd_engines": f"{spec.n_pd} x H20 (emulated): {point.n_prefill} prefill / {point.n_decode} decode",
             "link_gbps": spec.link_gbps,
+            "gateway_admission": spec.gateway_admission,
             "link_cap_gbps": cap,
             "rtt_ms": spec.rtt_ms,
             "threshold_min_tokens": spec.threshold_min_tokens,

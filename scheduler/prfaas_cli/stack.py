@@ -49,6 +49,8 @@ class StackSpec:
     threshold_min_tokens: int = 19_634
     model_profile: str = "internal-1t"
     with_gateway_token: bool = True
+    gateway_admission: bool = False
+    """The gateway schedules the link (``gateway.admission``; pull-after-prefill, one pull at a relay's rate)."""
 
 
 @dataclass
@@ -187,10 +189,25 @@ class LocalStack:
             "thresholdMinTokens": 0,
             "model": model_json,
             "endpoints": endpoints,
-            "gateway": {"prefillCluster": "prfaas-h200", "tokenFile": str(token)},
+            "gateway": {"prefillCluster": "prfaas-h200", "tokenFile": str(token), **self._admission()},
+            "links": [
+                {
+                    "name": "a-to-b",
+                    "capacityGbps": self.spec.link_gbps,
+                    "maxUtilization": self.spec.link_max_utilization,
+                }
+            ]
+            if self.spec.gateway_admission
+            else [],
             "prfaasHardware": {"accelerator": "H200"},
             "scale": self._scale_config(),
         }
+
+    def _admission(self) -> dict[str, Any]:
+        s = self.spec
+        if not s.gateway_admission:
+            return {}
+        return {"admission": {"link": "a-to-b", "pullGbps": s.link_gbps / s.n_prfaas}}
 
     def _router_config(
         self, model_json: dict[str, Any], endpoints: list[dict[str, str]], gw_url: str, token: Path

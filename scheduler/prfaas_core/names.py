@@ -49,6 +49,18 @@ ANNOTATION_POD_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cos
 
 FINALIZER: Final = f"{API_GROUP}/finalizer"
 
+# --- The gateway's admission answer (headers of a remote prefill; the 429 body is api.AdmissionDecline) ----
+HEADER_KV_BYTES: Final = "x-prfaas-kv-bytes"
+"""The KV bytes the request's stream will carry over the link (the router's ``S_kv``)."""
+HEADER_MAX_WAIT_MS: Final = "x-prfaas-max-wait-ms"
+"""The longest wait for a link window the router accepts, ms (from its local alternative's predicted TTFT)."""
+HEADER_LINK: Final = "x-prfaas-link"
+"""The link the stream crosses."""
+ADMISSION_HEADERS: Final = (HEADER_KV_BYTES, HEADER_MAX_WAIT_MS, HEADER_LINK)
+"""Stripped by the gateway before the engine (its forwarding allow-list passes them to it, no further)."""
+REASON_WAIT_FOR_LINK: Final = "wait_for_link"
+"""The routing decision kind of a request that waited for a later link window."""
+
 # --- Metric names: our own components -------------------------------------------------------------------
 METRIC_ROUTER_REQUESTS: Final = "prfaas_router_requests_total"
 METRIC_ROUTER_ROUTE_DECISIONS: Final = "prfaas_router_route_decisions_total"
@@ -76,6 +88,8 @@ TTFT_SLO_RESULTS: Final = ("met", "missed")
 METRIC_GATEWAY_KV_EGRESS_BYTES: Final = "prfaas_gateway_kv_egress_bytes_total"
 """KV bytes (``S_kv`` of the engine's reported prompt tokens) of the remote prefills a gateway served, by ``link``
 (the router's ``x-prfaas-link`` header); also on the gateway's status endpoint (``kvEgressBytes``)."""
+METRIC_ROUTER_LINK_WAITS: Final = "prfaas_router_link_waits_total"
+"""(router) Gateway declines by ``link`` and what the router did: ``result`` = waited or local."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
 METRIC_LINK_UTILIZATION: Final = "prfaas_link_utilization_ratio"
 METRIC_LINK_SCARCE: Final = "prfaas_link_scarce"
@@ -155,6 +169,7 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_REMOTE_BYTES,
             METRIC_ROUTER_TTFT_SLO,
             METRIC_ROUTER_TTFT_SLO_OBJECTIVE,
+            METRIC_ROUTER_LINK_WAITS,
         )
     },
     METRIC_GATEWAY_KV_EGRESS_BYTES: "gateway",

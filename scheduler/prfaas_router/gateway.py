@@ -23,6 +23,7 @@ from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.tokens import block_hashes
 
+from .admission import LinkAdmission, admission_for
 from .http_util import is_chat, json_error, read_token
 from .legs import LINK_HEADER, LINK_LABEL, UNKNOWN_LINK, reported_prompt_tokens
 from .metrics import RouterMetrics
@@ -41,11 +42,13 @@ class Gateway:
         """KV bytes served since start, by link (the status endpoint's ``kvEgressBytes``)."""
         self.served: deque[tuple[float, int, float]] = deque()  # (model time, tokens, kv bytes)
         self.token: str | None = None
+        self.admission: LinkAdmission | None = None
         self.reload_secrets()
 
     def reload_secrets(self) -> None:
         gw = self.rt.compiled.config.gateway
         self.token = read_token(gw.token_file) if gw is not None else None
+        self.admission = admission_for(self.rt.compiled.config, self.admission)
 
     def _authorized(self, request: web.Request) -> bool:
         if self.token is None:
@@ -74,6 +77,31 @@ class Gateway:
             return json_error(400, str(exc))
         hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
         hits = rt.pd_index.match(hashes)
+        booking = None
+        if self.admission is not None:
+            self.admission.set_lanes(self.status_model().ready_instances)
+            uncached = len(ids) - max(hits.values(), default=0)
+            key = request.headers.get("x-request-id") or f"gw-{id(request)}"
+            prefill_s = c.prfaas.prefill_seconds(float(max(uncached, 1)))
+            verdict = self.admission.decide(key, request.headers, c.kv.kv_bytes(len(ids)), prefill_s, rt.model_now())
+            if isinstance(verdict, web.Response):
+                return verdict
+            booking = verdict
+            await self.admission.hold(booking, rt.model_now())
+        ok = False
+        try:
+            resp = await self._prefill_on_instance(request, body, ids, hashes, hits)
+            ok = resp.status == 200
+        finally:
+            if booking is not None and self.admission is not None:
+                self.admission.answered(booking, ok, rt.model_now())
+        return resp
+
+    async def _prefill_on_instance(
+        self, request: web.Request, body: dict[str, Any], ids: list[int], hashes: list[bytes], hits: dict[str, int]
+    ) -> web.Response:
+        rt = self.rt
+        c = rt.compiled
         tried: set[str] = set()
         last_error = "no healthy PrFaaS instance"
         for _ in range(max(1, len(c.prefill))):

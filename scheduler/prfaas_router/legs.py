@@ -16,6 +16,8 @@ import json
 import re
 from typing import Any
 
+from prfaas_core import names
+
 PREFILL_KV_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
@@ -56,7 +58,7 @@ def decode_body(body: dict[str, Any], kv_params: dict[str, Any] | None) -> dict[
     return out
 
 
-LINK_HEADER = "x-prfaas-link"
+LINK_HEADER = names.HEADER_LINK
 """The link a remote prefill crosses (router -> gateway); the gateway labels its egress with it and never forwards
 it to the engine."""
 LINK_LABEL = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")

@@ -79,6 +79,12 @@ class RouterMetrics:
             registry=r,
         )
         self.link_scarce = Gauge(names.METRIC_ROUTER_LINK_SCARCE, "1 while the link is scarce.", ["link"], registry=r)
+        self.link_waits = Counter(
+            names.METRIC_ROUTER_LINK_WAITS.removesuffix("_total"),
+            "Gateway link-window declines, by link and what the router did (waited, local).",
+            ["link", "result"],
+            registry=r,
+        )
         self.remote_bytes = Counter(
             names.METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"),
             "KV bytes (S_kv of the remote engine's reported prompt tokens) of the remote prefills admitted, by link.",

@@ -25,8 +25,10 @@ import structlog
 from aiohttp import web
 
 from prfaas_core.api import RemoteGateway
+from prfaas_core.names import REASON_WAIT_FOR_LINK
 from prfaas_core.tokens import block_hashes
 
+from . import link_wait
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
 from .legs import LINK_HEADER, LegError, decode_body, kv_handle, prefill_body, reported_prompt_tokens
 from .metrics import RouterMetrics, judge_ttft
@@ -144,10 +146,9 @@ class Proxy:
             return json_error(503, "no healthy decode instance", "service_unavailable")
         if remote is not None:
             try:
-                kv = await self._remote_prefill(
-                    remote, request.path, body, request_id, decision.transfer_bytes, decision.uncached_tokens
-                )
-                rt.remote_index.insert(hashes, remote.name)
+                kv, route = await self._remote_in_window(remote, request.path, body, request_id, decision, len(ids))
+                if kv is not None:
+                    rt.remote_index.insert(hashes, remote.name)
             except LegError as exc:
                 route = "fallback"
                 m.fallbacks.labels(_failure_kind(str(exc))).inc()
@@ -193,13 +194,43 @@ class Proxy:
         return response
 
     # --- legs -------------------------------------------------------------------------------------------
+    async def _remote_in_window(
+        self, remote: RemoteGateway, path: str, body: dict[str, Any], request_id: str, decision: Any, total: int
+    ) -> tuple[dict[str, Any] | None, str]:
+        """The remote prefill under the gateway's admission (:mod:`.link_wait`): accept a window up to the
+        local alternative's predicted TTFT; on a decline wait (re-submit) or go local, by predicted TTFT."""
+        rt, m, c = self.rt, self.metrics, self.rt.compiled
+        nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
+        local = link_wait.local_ttft_s(rt.local_wait_s(), c.pd.prefill_seconds(float(total)))
+        cap = c.links[remote.link].cap_gbps
+        first = link_wait.max_wait_s(local, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
+        try:
+            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, first), "remote"
+        except link_wait.LinkDeclined as declined:
+            wait = link_wait.resubmit_wait_s(declined.decline, local)
+            m.link_waits.labels(remote.link, "local" if wait is None else "waited").inc()
+            if wait is None:
+                m.decisions.labels("local", REASON_WAIT_FOR_LINK).inc()
+                return None, "local"
+            m.decisions.labels("remote", REASON_WAIT_FOR_LINK).inc()
+            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, wait), "remote"
+
     async def _remote_prefill(
-        self, remote: RemoteGateway, path: str, body: dict[str, Any], request_id: str, nbytes: float, uncached: int
+        self,
+        remote: RemoteGateway,
+        path: str,
+        body: dict[str, Any],
+        request_id: str,
+        nbytes: float,
+        uncached: int,
+        max_wait_s: float = float("inf"),
     ) -> dict[str, Any]:
         rt = self.rt
         duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
         rt.start_transfer(remote.link, request_id, nbytes, duration)
         headers = {"x-request-id": request_id, LINK_HEADER: remote.link}
+        if max_wait_s < float("inf"):
+            headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s))
         token = self.remote_tokens.get(remote.name)
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -214,10 +245,15 @@ class Proxy:
                 timeout=timeout,
                 ssl=self.remote_tls.get(remote.name, True),
             ) as resp:
+                if resp.status == 429 and (decline := link_wait.parse_decline(429, await resp.read())):
+                    rt.finish_transfer(request_id)
+                    raise link_wait.LinkDeclined(decline)
                 if resp.status != 200:
                     raise LegError(f"remote prefill answered {resp.status}")
                 answer = orjson.loads(await resp.read())
                 handle = kv_handle(answer)
+        except link_wait.LinkDeclined:
+            raise
         except (aiohttp.ClientError, TimeoutError, ValueError, LegError) as exc:
             rt.finish_transfer(request_id)
             why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")

@@ -321,6 +321,10 @@ class Runtime:
 
         return view
 
+    def local_wait_s(self) -> float | None:
+        """The predicted wait on the least-loaded PD prefill instance (the local alternative's queue)."""
+        return self._local_wait_s()
+
     def _local_wait_s(self) -> float | None:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance."""
         c, engines = self.compiled, self.snapshot.engines

@@ -43,7 +43,14 @@ class Stack:
         tmp.replace(self.dir / "router.json")  # atomic, like kubelet's symlink swap
 
 
-def start_stack(procs: Processes, tmp: Path, threshold_min_tokens: int = 19_634, **router_extra: Any) -> Stack:
+def start_stack(
+    procs: Processes,
+    tmp: Path,
+    threshold_min_tokens: int = 19_634,
+    gateway_admission: dict[str, Any] | None = None,
+    **router_extra: Any,
+) -> Stack:
+    """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link."""
     names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", "gateway", "router")
     st = Stack(procs, tmp, {n: free_port() for n in names})
     p = st.ports
@@ -135,6 +142,10 @@ def start_stack(procs: Processes, tmp: Path, threshold_min_tokens: int = 19_634,
         "prfaasHardware": {"accelerator": "H200"},
         "scale": scale_cfg,
     }
+    if gateway_admission is not None:
+        adm = dict(gateway_admission)
+        gateway["links"] = [{"name": "a-to-b", "capacityGbps": adm.pop("capacityGbps")}]
+        gateway["gateway"]["admission"] = {"link": "a-to-b", **adm}  # type: ignore[index]
     (tmp / "gateway.json").write_text(json.dumps(gateway))
     st.router_config = {
         "pdCluster": "pd-h20",

@@ -1,5 +1,6 @@
 """The typed API: custom resources (spec + status) and the router's configuration."""
 
+from .admission import AdmissionDecline, GatewayAdmission
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, SecretKeyRef, WorkloadRef
 from .common import DecisionRecord, GatewayEndpointSpec, KvTransportSpec, RoleRange, SloSpec, TtftSlo
 from .gateway import GatewayStatus
@@ -21,11 +22,13 @@ from .router_config import RemoteGateway, RouterConfig, RouterEndpoint, RouterLi
 __all__ = [
     "KINDS",
     "KINDS_BY_NAME",
+    "AdmissionDecline",
     "ApiModel",
     "CelRule",
     "Condition",
     "DecisionRecord",
     "DecodeCapacitySpec",
+    "GatewayAdmission",
     "GatewayEndpointSpec",
     "GatewayStatus",
     "HardwareSpec",

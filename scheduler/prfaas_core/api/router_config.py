@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..names import NO_THRESHOLD_TOKENS
+from .admission import GatewayAdmission
 from .base import ApiModel, CelRule, obj_default
 from .common import URL_PATTERN, SloSpec
 from .hardware import HardwareSpec
@@ -117,6 +118,9 @@ class GatewayServing(ApiModel):
     token_file: str | None = Field(default=None, min_length=1, description="Bearer token callers must send.")
     tls_cert_file: str | None = Field(default=None, min_length=1, description="Server certificate (PEM).")
     tls_key_file: str | None = Field(default=None, min_length=1, description="Server key (PEM).")
+    admission: GatewayAdmission | None = Field(
+        default=None, description="Source-side admission: book each prefill's KV stream in a link calendar."
+    )
 
 
 class RouterConfig(ApiModel):

@@ -100,14 +100,29 @@ class Transfer:
     start_s: float
     duration_s: float
     lane: int = -1
+    stream_offset_s: float = 0.0
+    """The stream starts this long after ``start_s`` (pull-after-prefill: the prefill's duration; layer-wise: 0)."""
+    stream_duration_s: float | None = None
+    """How long the stream lasts (None: ``duration_s``, layer-wise at the prefill's production rate)."""
 
     @property
     def end_s(self) -> float:
+        """When the lane (the PrFaaS instance) frees up."""
         return self.start_s + self.duration_s
 
     @property
+    def stream_start_s(self) -> float:
+        return self.start_s + self.stream_offset_s
+
+    @property
+    def stream_end_s(self) -> float:
+        span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
+        return self.stream_start_s + span
+
+    @property
     def rate_gbps(self) -> float:
-        return self.bytes * 8.0 / max(self.duration_s, 1e-9) / GBPS_BITS
+        span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
+        return self.bytes * 8.0 / max(span, 1e-9) / GBPS_BITS
 
 
 @dataclass
@@ -156,6 +171,24 @@ class EgressLedger:
         self._active[key] = transfer
         return transfer
 
+    def reserve(self, key: str, transfer: Transfer) -> Transfer:
+        """Book a planned stream (a window from :func:`~.link_calendar.earliest_window`) in the calendar."""
+        self._active[key] = transfer
+        return transfer
+
+    def transfers(self, now_s: float) -> list[Transfer]:
+        """The calendar: every stream booked or in flight (expired ones dropped)."""
+        self._expire(now_s)
+        return list(self._active.values())
+
+    def lane_ends(self, now_s: float) -> list[float]:
+        """When each lane frees up (empty without lanes)."""
+        return self._lane_ends(now_s)
+
+    def others_gbps(self, now_s: float, params: LinkParams) -> float:
+        """Other replicas' measured egress (0 without a fresh measurement, or when this ledger sees them all)."""
+        return self._others_gbps(now_s, params) or 0.0
+
     def queue_wait_s(self, now_s: float) -> float | None:
         """How long a stream dispatched now would wait for a PrFaaS instance (None without lanes)."""
         if self.lanes <= 0:
@@ -166,14 +199,16 @@ class EgressLedger:
         self._active.pop(key, None)
 
     def _expire(self, now_s: float) -> None:
-        stale = [k for k, t in self._active.items() if now_s - t.start_s > max(self.expire_s, t.duration_s)]
+        stale = [
+            k for k, t in self._active.items() if now_s - t.start_s > max(self.expire_s, t.stream_end_s - t.start_s)
+        ]
         for k in stale:
             del self._active[k]
 
     def own_gbps(self, now_s: float) -> float:
         """Sum of the rates of this replica's streams on the wire at ``now_s`` (started, not finished)."""
         self._expire(now_s)
-        return sum(t.rate_gbps for t in self._active.values() if t.start_s <= now_s)
+        return sum(t.rate_gbps for t in self._active.values() if t.stream_start_s <= now_s)
 
     @property
     def in_flight(self) -> int:
@@ -220,9 +255,9 @@ class EgressLedger:
         overrun = 0.0
         heaviest = [0.0] * self.lanes
         for t in self._active.values():
-            if t.end_s <= now_s or not 0 <= t.lane < self.lanes:
+            if t.stream_end_s <= now_s or not 0 <= t.lane < self.lanes:
                 overrun += t.rate_gbps
-            elif t.end_s > s and t.lane != chosen and t.rate_gbps > heaviest[t.lane]:
+            elif t.stream_end_s > s and t.lane != chosen and t.rate_gbps > heaviest[t.lane]:
                 heaviest[t.lane] = t.rate_gbps
         return others + overrun + sum(heaviest)
 

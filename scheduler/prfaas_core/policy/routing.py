@@ -29,9 +29,9 @@ from ..names import GBPS_BITS
 from .link import LinkMode, LinkParams, admit
 
 Target = Literal["local", "remote"]
-DecisionKind = Literal["threshold", "unavailable", "admission", "spill"]
+DecisionKind = Literal["threshold", "unavailable", "admission", "spill", "wait_for_link"]
 """Why, in one word (a metric label): the length vs ``t``; the remote side unavailable; the cap's admission; a
-queue surge on the side ``t`` chose."""
+queue surge on the side ``t`` chose; a wait for a later link window (:mod:`.link_calendar`) that beats local."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ..kv import KvModel
 from .breaker import BreakerBoard, BreakerParams
 from .link import EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
+from .link_calendar import calendar_threshold
 from .routing import (
     InstancePick,
     InstanceView,
@@ -55,6 +56,8 @@ class ShortTermPolicy:
 
 
 PRODUCTION = ShortTermPolicy()
+SCHEDULED_LINK = ShortTermPolicy(threshold=calendar_threshold)
+"""The production policies where the link is scheduled (a gateway's link calendar books every stream)."""
 
 
 class RecentLengths:

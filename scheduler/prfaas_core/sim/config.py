@@ -7,12 +7,14 @@ from typing import Literal
 
 from ..api.common import SloSpec
 from ..plan_inputs import PlanInputs
+from ..policy.link_calendar import StreamTiming
 from ..policy.roles import RolePolicyParams
 from .scenario import CacheSpec, SimLinkSpec
 
-Routing = Literal["local", "remote", "threshold"]
+Routing = Literal["local", "remote", "threshold", "oblivious"]
 """``local``: every prefill in the PD cluster (homogeneous PD); ``remote``: every prefill on PrFaaS (naive
-heterogeneous: no length routing); ``threshold``: the production routing policy (PrFaaS-PD)."""
+heterogeneous: no length routing); ``threshold``: the production routing policy (PrFaaS-PD); ``oblivious``:
+remote iff the uncached length exceeds the planner's ``t``, no cap (a PD router that ignores the link)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class SimConfig:
     threshold_window_s: float = 30.0
     flip_delay_s: float = 0.0
     observe_window_s: float = 300.0
+    link_windows: bool = False
+    """Remote prefills book windows in the gateway's link calendar (:mod:`prfaas_core.policy.link_calendar`)."""
+    stream_timing: StreamTiming = "layer-wise"
+    router_replicas: int = 1
 
     def __post_init__(self) -> None:
         if self.n_decode < 1:

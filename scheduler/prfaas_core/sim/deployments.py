@@ -8,7 +8,12 @@
   and admits remote prefills only under the cap);
 * ``prfaas_pd`` — the same start with both timescales live: ``t`` re-evaluated every second
   (:func:`~prfaas_core.policy.threshold.decide_threshold`) and the role loop flipping PD instances
-  (:func:`~prfaas_core.policy.loop.step`), which also re-optimises ``t_min``.
+  (:func:`~prfaas_core.policy.loop.step`), which also re-optimises ``t_min``; remote prefills book windows in
+  the gateway's link calendar (``policy.linkWindows``, on by default) and wait for one when that beats local
+  (then ``t_bw`` keeps the recent traffic under the whole cap, not a watermark: the calendar packs the link
+  up to the cap, so ``t`` rises only when the traffic above it would not fit even then);
+* ``oblivious_pd`` — the planner's ``t`` and split, remote by length with no cap and no admission (a PD router
+  that ignores the link): the bandwidth-oblivious baseline.
 
 :func:`static_split_configs` gives ``prfaas_pd`` with each fixed prefill count: the same role loop with
 ``suspend`` set (it observes and re-optimises ``t_min`` for the observed mix every cycle, but flips
@@ -124,6 +129,8 @@ def _config(scenario: Scenario, inputs: PlanInputs, name: str, **kw: object) -> 
         threshold_window_s=scenario.policy.threshold.window_seconds,
         flip_delay_s=scenario.policy.flip_delay_seconds,
         observe_window_s=scenario.policy.observe_window_seconds,
+        stream_timing=scenario.policy.stream_timing,
+        router_replicas=scenario.policy.router_replicas,
         **kw,  # type: ignore[arg-type]
     )
 
@@ -156,9 +163,22 @@ def plan_deployments(scenario: Scenario, requests: Sequence[SimRequest]) -> Plan
             "live_roles": False,
         },
         "prfaas_pd_static": {"routing": "threshold", **base, "live_threshold": False, "live_roles": False},
-        "prfaas_pd": {"routing": "threshold", **base, "live_threshold": True, "live_roles": True},
+        "prfaas_pd": {
+            "routing": "threshold",
+            **base,
+            "live_threshold": True,
+            "live_roles": True,
+            "link_windows": scenario.policy.link_windows,
+        },
+        "oblivious_pd": {"routing": "oblivious", **base, "live_threshold": False, "live_roles": False},
     }
-    points = {"homogeneous_pd": homog, "naive_heterogeneous": naive, "prfaas_pd_static": pf, "prfaas_pd": pf}
+    points = {
+        "homogeneous_pd": homog,
+        "naive_heterogeneous": naive,
+        "prfaas_pd_static": pf,
+        "prfaas_pd": pf,
+        "oblivious_pd": pf,
+    }
     configs: dict[str, SimConfig] = {
         name: _config(scenario, inputs, name, **specs[name]) for name in scenario.deployments
     }
@@ -191,5 +211,6 @@ def static_split_configs(scenario: Scenario, inputs: PlanInputs) -> dict[int, Si
             live_threshold=True,
             live_roles=True,
             role_params=suspended,
+            link_windows=scenario.policy.link_windows,
         )
     return out

@@ -33,11 +33,19 @@ _EPS_BYTES = 1.0
 class Stream:
     """One transfer on the link."""
 
-    __slots__ = ("done", "key", "prod_end_s", "prod_rate", "prod_start_s", "rate", "sent", "size")
+    __slots__ = ("done", "key", "pace", "prod_end_s", "prod_rate", "prod_start_s", "rate", "sent", "size")
 
     def __init__(
-        self, key: Any, size: float, prod_start_s: float, prod_end_s: float, done: Callable[[Any], None]
+        self,
+        key: Any,
+        size: float,
+        prod_start_s: float,
+        prod_end_s: float,
+        done: Callable[[Any], None],
+        pace: float = math.inf,
     ) -> None:
+        self.pace = pace
+        """The rate the sender paces this stream at (a booked link window's rate), bytes/s."""
         self.key = key
         self.size = size
         self.sent = 0.0
@@ -94,16 +102,23 @@ class FluidLink:
     # --- changes -----------------------------------------------------------------------------------------
 
     def start(
-        self, key: Any, size_bytes: float, prod_start_s: float, prod_end_s: float, done: Callable[[Any], None]
+        self,
+        key: Any,
+        size_bytes: float,
+        prod_start_s: float,
+        prod_end_s: float,
+        done: Callable[[Any], None],
+        pace: float = math.inf,
     ) -> None:
         """Add a stream whose bytes are produced over ``[prod_start_s, prod_end_s]``; ``done(key)`` runs when
-        its last byte has arrived (send completion + one-way delay)."""
+        its last byte has arrived (send completion + one-way delay). ``pace``: the sender never sends it
+        faster (bytes/s; a booked window's rate)."""
         now = self._events.now_s
         self._advance(now)
         if size_bytes <= _EPS_BYTES:
             self._events.at(max(now, prod_end_s) + self.one_way_delay_s, done, key)
             return
-        self._streams[key] = Stream(key, size_bytes, prod_start_s, prod_end_s, done)
+        self._streams[key] = Stream(key, size_bytes, prod_start_s, prod_end_s, done, pace)
         self._reallocate(now)
 
     def set_capacity(self, capacity_bytes_per_s: float) -> None:
@@ -143,7 +158,9 @@ class FluidLink:
         free: list[Stream] = []
         for s in streams.values():
             if now_s < s.prod_end_s and s.sent >= s.produced(now_s) - _EPS_BYTES:
-                capped.append((s.prod_rate, s))
+                capped.append((min(s.prod_rate, s.pace), s))
+            elif s.pace < math.inf:
+                capped.append((s.pace, s))
             else:
                 free.append(s)
         capped.sort(key=lambda cs: cs[0])

@@ -1,7 +1,7 @@
 """A comparison as JSON-ready data and as a readable table (the CLI prints them; no I/O here).
 
 JSON keys (``prfaas simulate --output json``): one object per deployment under its name
-(``homogeneous_pd``, ``naive_heterogeneous``, ``prfaas_pd_static``, ``prfaas_pd``) with at least
+(``homogeneous_pd``, ``naive_heterogeneous``, ``prfaas_pd_static``, ``prfaas_pd``, ``oblivious_pd``) with at least
 ``throughput_rps``, ``goodput_rps``, ``ttft_p90_s``, ``egress_mean_gbps``, ``egress_peak_gbps``; the link's
 ``link_cap_gbps`` (capacity × maxUtilization, at the start); ``ratios`` of goodput and throughput; and
 ``static_splits`` when the scenario compares them.
@@ -42,6 +42,14 @@ def deployment_to_dict(rep: DeploymentReport, with_series: bool = True) -> dict[
         "egress_mean_gbps": _num(s.egress_mean_gbps),
         "egress_peak_gbps": _num(s.egress_peak_gbps),
         "offload_fraction": _num(s.offload_fraction),
+        "link_waits": {
+            "waited": r.link_waits,
+            "share": _num(r.link_waits / r.n_requests) if r.n_requests else None,
+            "wait_mean_s": _num(sum(r.link_wait_s) / len(r.link_wait_s)) if r.link_wait_s else None,
+            "wait_max_s": _num(max(r.link_wait_s)) if r.link_wait_s else None,
+        }
+        if cfg.link_windows
+        else None,
         "role_flips": s.role_flips,
         "utilization": {
             "prfaas": _num(s.util_prfaas),
@@ -132,7 +140,7 @@ def comparison_to_dict(c: Comparison, with_series: bool = True) -> dict[str, Any
         out[name] = deployment_to_dict(rep, with_series)
     ratios: dict[str, float | None] = {}
     live = c.deployments.get("prfaas_pd")
-    for base in ("homogeneous_pd", "naive_heterogeneous", "prfaas_pd_static"):
+    for base in ("homogeneous_pd", "naive_heterogeneous", "prfaas_pd_static", "oblivious_pd"):
         other = c.deployments.get(base)
         if live is None or other is None:
             continue
@@ -200,7 +208,7 @@ def render_table(c: Comparison) -> str:
             lines.append("  ".join("-" * w for w in widths))
     live = c.deployments.get("prfaas_pd")
     if live is not None and live.goodput_rps:
-        for base in ("homogeneous_pd", "naive_heterogeneous"):
+        for base in ("homogeneous_pd", "naive_heterogeneous", "oblivious_pd"):
             other = c.deployments.get(base)
             if other is not None and other.goodput_rps:
                 lines.append(f"prfaas_pd goodput = {live.goodput_rps / other.goodput_rps:.2f}× {base}")

@@ -97,6 +97,10 @@ class RunResult:
     link_max_over_capacity_gbps: float = 0.0
     pool_hit_tokens: int = 0
     pool_block_match_tokens: int = 0
+    link_waits: int = 0
+    """Requests that waited for a later link window (``wait_for_link``)."""
+    link_wait_s: list[float] = field(default_factory=list)
+    """The window wait of every request that booked one (0 for a window that started at once)."""
 
     def record(self, req: object, slo: SloSpec) -> None:
         """A finished request: TTFT, TPOT and whether it met both SLOs (uncached = its incremental length)."""

@@ -23,8 +23,11 @@ from ..api.common import SloSpec
 from ..api.pd_cluster import LongTermPolicySpec
 from ..workload import InputLengthSpec, LogNormalSpec
 
-DeploymentName = Literal["homogeneous_pd", "naive_heterogeneous", "prfaas_pd_static", "prfaas_pd"]
+DeploymentName = Literal["homogeneous_pd", "naive_heterogeneous", "prfaas_pd_static", "prfaas_pd", "oblivious_pd"]
 ALL_DEPLOYMENTS: tuple[DeploymentName, ...] = ("homogeneous_pd", "naive_heterogeneous", "prfaas_pd_static", "prfaas_pd")
+"""The default comparison; ``oblivious_pd`` (remote by length with no cap, like a PD router that ignores the
+link) is named explicitly where a scenario wants it."""
+StreamTimingName = Literal["layer-wise", "pull-after-prefill"]
 
 
 class CurvePoint(ApiModel):
@@ -183,6 +186,17 @@ class SimPolicySpec(ApiModel):
         default=300.0, gt=0, le=86_400, description="Window of the observed length mix and arrival rate, s."
     )
     flip_delay_seconds: float = Field(default=0.0, ge=0, description="Instance unavailable after a flip, s.")
+    link_windows: bool = Field(
+        default=True,
+        description="prfaas_pd books link windows at the gateway's calendar (wait for a window when that beats "
+        "local prefill); false: the routers' own admission only.",
+    )
+    stream_timing: StreamTimingName = Field(
+        default="layer-wise", description="When a remote prefill's KV streams: with its prefill, or after it."
+    )
+    router_replicas: int = Field(
+        default=1, ge=1, le=64, description="Router replicas behind a round-robin front, each with its own ledger."
+    )
 
 
 class SearchSpec(ApiModel):

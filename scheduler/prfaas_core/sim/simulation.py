@@ -29,6 +29,7 @@ from ..policy.link import EgressLedger, LinkParams, LinkState
 from ..policy.routing import InstanceView, RouteRequest, transfer_bytes
 from ..policy.short_term import (
     PRODUCTION,
+    SCHEDULED_LINK,
     RecentLengths,
     RefreshTick,
     RemoteSide,
@@ -38,11 +39,14 @@ from ..policy.short_term import (
     route,
 )
 from ..policy.threshold import ThresholdBounds, ThresholdDecision
+from . import gateway as windows
 from .arrivals import SimRequest
 from .cache import HybridPrefixPool
 from .config import SimConfig
 from .control import SimControl
+from .decode import DecodeSide
 from .events import EventQueue
+from .gateway import SimGateway
 from .instances import Instance, Job
 from .link import FluidLink
 from .results import RunResult
@@ -56,7 +60,7 @@ LINK = "prfaas-to-pd"
 """The simulated link's name (the router's ledgers and link states are keyed by link)."""
 
 
-class Simulation:
+class Simulation(DecodeSide):
     """One deployment over one request sequence (see the module docstring); ``policy``: the short-term
     policies (a baseline is another :class:`~prfaas_core.policy.short_term.ShortTermPolicy`)."""
 
@@ -68,7 +72,7 @@ class Simulation:
         policy: ShortTermPolicy = PRODUCTION,
     ) -> None:
         self.cfg = config
-        self.policy = policy
+        self.policy = SCHEDULED_LINK if config.link_windows and policy is PRODUCTION else policy
         self.requests = requests
         self.duration_s = duration_s
         inputs = config.inputs
@@ -91,8 +95,13 @@ class Simulation:
         cap = link.capacity_gbps * GBPS_BITS / 8.0
         self.link = FluidLink(self.events, cap, one_way)
         self.reverse = FluidLink(self.events, cap, one_way)
-        self.ledger = EgressLedger(lanes=config.n_prfaas)  # like a router reading the gateway's ready count
-        self.link_state = LinkState()
+        # one ledger per router replica (each sees its own streams and the measured total), like a router
+        # reading the gateway's ready count; with link windows the gateway's calendar sees every stream
+        self.ledgers = [EgressLedger(lanes=config.n_prfaas) for _ in range(config.router_replicas)]
+        self.ledger = self.ledgers[0]
+        self.link_states = [LinkState() for _ in self.ledgers]
+        self.link_state = self.link_states[0]
+        self.gateway = SimGateway(config.n_prfaas, config.stream_timing) if config.link_windows else None
         cache = config.cache
         pool_bytes = cache.pool_capacity_gib * GIB
         self.pd_pool = HybridPrefixPool(self.kv, pool_bytes, cache.block_tokens, cache.checkpoints_per_session)
@@ -167,6 +176,14 @@ class Simulation:
             self._record_length(now, total - l_prf)
             self._to_remote(req, total - l_prf, transfer_bytes(self.kv, total, l_pd))
             return
+        if routing == "oblivious":  # remote by length, no cap: a PD router that ignores the link
+            self._record_length(now, total - l_pd)
+            if total - l_pd > self.t:
+                self._to_remote(req, total - l_pd, transfer_bytes(self.kv, total, l_pd))
+            else:
+                self._to_pd_prefill(req, total - l_pd)
+            return
+        k = req.replica = (self.arrived - 1) % len(self.ledgers)
         tick = RouteTick(
             now,
             RouteRequest(total, l_pd),
@@ -175,16 +192,23 @@ class Simulation:
             self.prfaas_seconds,
             self.pd_seconds,
             {LINK: self.link_params},
-            {LINK: self.link_state},
-            {LINK: self.ledger},
+            {LINK: self.link_states[k]},
+            {LINK: self.ledgers[k]},
             (RemoteSide("prfaas", LINK, None, l_prf),),
-            local_wait_s=self._least_wait(self.pd, now),
-            remote_wait_s=self._least_wait(self.prfaas, now),
+            local_wait_s=self.least_wait(self.pd, now),
+            remote_wait_s=self.least_wait(self.prfaas, now),
             wait_from_ledger=False,
         )
         decision = route(tick, self.policy).decision
         self._record_length(now, decision.uncached_tokens)
         moved = decision.cache_transfer_tokens
+        if self.gateway is not None:
+            ask = windows.remote_candidate(decision, self.kv, total, l_pd, l_prf, self.link_states[k].scarce)
+            if ask is not None:
+                if windows.dispatch(self, req, ask, k, total - l_pd):
+                    return
+                self._to_pd_prefill(req, total - l_pd)
+                return
         if decision.target == "remote":
             self._to_remote(req, decision.uncached_tokens, decision.transfer_bytes, l_prf + moved, l_prf)
         elif moved:
@@ -195,13 +219,13 @@ class Simulation:
             self.result.cache_move_bytes += nbytes
             uncached = decision.uncached_tokens
             key = f"move-{req.spec.id}"
-            self.ledger.start(key, nbytes, now, self.pd_seconds(float(moved)), queued=False)
+            self.ledgers[k].start(key, nbytes, now, self.pd_seconds(float(moved)), queued=False)
             self.link.start(("move", req), nbytes, now, now, lambda _k: self._moved_to_pd(req, best, uncached, key))
         else:
             self._to_pd_prefill(req, decision.uncached_tokens)
 
     @staticmethod
-    def _least_wait(pool: list[Instance], now: float) -> float | None:
+    def least_wait(pool: list[Instance], now: float) -> float | None:
         """The queued prefill work on the least-loaded available prefill instance (what a router predicts)."""
         waits = [
             i.queued_prefill_s(now) for i in pool if i.role == "prefill" and not i.draining and now >= i.available_at_s
@@ -223,7 +247,7 @@ class Simulation:
         self._to_decode(req)
 
     def _moved_to_pd(self, req: Req, best: int, uncached: int, ledger_key: str) -> None:
-        self.ledger.finish(ledger_key)
+        self.ledgers[req.replica].finish(ledger_key)
         self.pd_pool.import_prefix(req.spec.session, best)
         self._to_pd_prefill(req, uncached)
 
@@ -234,7 +258,7 @@ class Simulation:
         req.uncached = uncached
         inst = self._pick_prefill(self.pd, req, uncached, self.pd_seconds, now)
         job = inst.enqueue_prefill(req, now, self.pd_seconds(float(max(uncached, 1))))
-        self.events.at(job.end_s, self._prefill_end, (job, job.gen))
+        self.events.at(job.end_s, self.prefill_end, (job, job.gen))
 
     def _to_remote(self, req: Req, uncached: int, nbytes: float, move_best: int = 0, prfaas_has: int = 0) -> None:
         """Remote prefill; with ``move_best`` PD's longer prefix (``move_best`` tokens, PrFaaS holding
@@ -244,7 +268,9 @@ class Simulation:
         req.uncached = uncached
         req.transfer_bytes = nbytes
         duration = self.prfaas_seconds(float(max(uncached, 1)))
-        self.ledger.start(str(req.spec.id), nbytes, now, duration)
+        self.ledgers[req.replica].start(str(req.spec.id), nbytes, now, duration)
+        if self.gateway is not None:  # a remote prefill outside a window still takes a lane and the link
+            self.gateway.ledger.start(str(req.spec.id), nbytes, now, duration)
         if move_best > prfaas_has:
             size = transfer_bytes(self.kv, move_best, prfaas_has)
             self.result.cache_move_bytes += size
@@ -262,8 +288,8 @@ class Simulation:
         now = self.events.now_s
         inst = self._pick_prefill(self.prfaas, req, req.uncached, self.prfaas_seconds, now)
         job = inst.enqueue_prefill(req, now, duration)
-        self.events.at(job.start_s, self._remote_start, (job, job.gen))
-        self.events.at(job.end_s, self._prefill_end, (job, job.gen))
+        self.events.at(job.start_s, self.remote_start, (job, job.gen))
+        self.events.at(job.end_s, self.prefill_end, (job, job.gen))
 
     def _pick_prefill(
         self, pool: list[Instance], req: Req, uncached: int, seconds: Callable[[float], float], now: float
@@ -288,14 +314,19 @@ class Simulation:
                 return i
         raise KeyError(name)  # pragma: no cover - the picker only returns names it was given
 
-    def _remote_start(self, arg: tuple[Job, int]) -> None:
+    def remote_start(self, arg: tuple[Job, int]) -> None:
         job, gen = arg
         if gen != job.gen:
             return
         req: Req = job.req  # type: ignore[assignment]
-        self.link.start(req, req.transfer_bytes, job.start_s, job.end_s, self._kv_arrived)
+        w = req.window
+        if w is None:
+            self.link.start(req, req.transfer_bytes, job.start_s, job.end_s, self._kv_arrived)
+        elif w.stream_start_s <= w.start_s + 1e-9:  # layer-wise: paced at the booked rate
+            pace = w.rate_gbps * GBPS_BITS / 8.0 if w.rate_gbps > 0 else math.inf
+            self.link.start(req, req.transfer_bytes, job.start_s, job.end_s, self._kv_arrived, pace)
 
-    def _prefill_end(self, arg: tuple[Job, int]) -> None:
+    def prefill_end(self, arg: tuple[Job, int]) -> None:
         job, gen = arg
         if gen != job.gen:
             return
@@ -308,6 +339,10 @@ class Simulation:
             self.result.busy_prfaas_s += job.duration_s
             if self.cfg.cache.enabled:
                 self.prfaas_pool.store(spec.session, spec.input_tokens, spec.shared_prefix_tokens)
+            w = req.window
+            if w is not None and w.stream_start_s > w.start_s + 1e-9:  # pull-after-prefill: the pull starts now
+                pace = w.rate_gbps * GBPS_BITS / 8.0 if w.rate_gbps > 0 else math.inf
+                self.link.start(req, req.transfer_bytes, now, now, self._kv_arrived, pace)
             return  # the KV is still streaming: _kv_arrived continues
         self.result.busy_pd_prefill_s += job.duration_s
         if self.cfg.cache.enabled:
@@ -317,59 +352,10 @@ class Simulation:
 
     def _kv_arrived(self, req: Req) -> None:
         req.kv_ready_s = self.events.now_s
+        if self.gateway is not None:
+            self.gateway.finish(str(req.spec.id))
         self.result.transferred_bytes += req.transfer_bytes
         self._to_decode(req)
-
-    # --- decode -------------------------------------------------------------------------------------------
-
-    def _to_decode(self, req: Req) -> None:
-        now = self.events.now_s
-        views = [
-            InstanceView(
-                i.name,
-                active_decodes=i.decode_load,
-                decode_slots=i.decode_slots,
-                healthy=now >= i.available_at_s,
-                draining=i.draining,
-            )
-            for i in self.pd
-            if i.role == "decode"
-        ]
-        pick = self.policy.pick_decode(views)
-        if pick.name is None:
-            candidates = [i for i in self.pd if i.role == "decode"] or self.pd
-            inst = min(candidates, key=lambda i: (i.decode_load, i.name))
-        else:
-            inst = self.by_name[pick.name]
-        self.admit_decode(inst, req)
-
-    def admit_decode(self, inst: Instance, req: Req) -> None:
-        if inst.active < inst.decode_slots:
-            self._start_stream(inst, req)
-        else:
-            inst.waiting.append(req)
-
-    def _start_stream(self, inst: Instance, req: Req) -> None:
-        now = self.events.now_s
-        inst.active += 1
-        if req.remote:  # like the router: the ledger entry ends when the decode answers (its first token)
-            self.ledger.finish(str(req.spec.id))
-        req.first_token_s = now + self.step_s
-        self.events.at(now + req.spec.output_tokens * self.step_s, self._stream_end, (inst, req))
-
-    def _stream_end(self, arg: tuple[Instance, Req]) -> None:
-        inst, req = arg
-        now = self.events.now_s
-        inst.active -= 1
-        req.done_s = now
-        spec = req.spec
-        if self.cfg.cache.enabled:
-            ctx = spec.input_tokens + spec.output_tokens
-            self.pd_pool.store(spec.session, ctx, ctx)
-        self.completed += 1
-        self.result.record(req, self.cfg.slo)
-        if inst.waiting and inst.active < inst.decode_slots:
-            self._start_stream(inst, inst.waiting.popleft())  # type: ignore[arg-type]
 
     # --- link capacity, ticks, the role loop ----------------------------------------------------------------
 
@@ -390,24 +376,28 @@ class Simulation:
         params = self.link_params
         live = self.cfg.live_threshold and now <= self.duration_s  # after the last arrival nothing reads t
         window_s = self.cfg.threshold_window_s
-        done = refresh(
-            RefreshTick(
-                now,
-                {LINK: params},
-                {LINK: self.ledger},
-                {LINK: self.link_state},
-                ThresholdBounds(self.t_min),
-                self.kv,
-                self.window.within(now, window_s) if live else (),
-                min(window_s, now),
-                ThresholdDecision(self.t, 0, self.threshold_reason),
-                {LINK: egress},
-                decide_threshold=live,
-            ),
-            self.policy,
-        )
-        self.link_state = done.links[LINK]
-        self.t, self.threshold_reason = done.threshold.tokens, done.threshold.reason
+        lengths = self.window.within(now, window_s) if live else ()
+        for k, ledger in enumerate(self.ledgers):  # replica 0's t is the one in force (one t for the routers)
+            done = refresh(
+                RefreshTick(
+                    now,
+                    {LINK: params},
+                    {LINK: ledger},
+                    {LINK: self.link_states[k]},
+                    ThresholdBounds(self.t_min),
+                    self.kv,
+                    lengths,
+                    min(window_s, now),
+                    ThresholdDecision(self.t, 0, self.threshold_reason),
+                    {LINK: egress},
+                    decide_threshold=live and k == 0,
+                ),
+                self.policy,
+            )
+            self.link_states[k] = done.links[LINK]
+            if k == 0:
+                self.t, self.threshold_reason = done.threshold.tokens, done.threshold.reason
+        self.link_state = self.link_states[0]
         in_system = self.arrived - self.completed
         self.control.sample(now)
         control = self.control

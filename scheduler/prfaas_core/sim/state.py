@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+from ..policy.link_calendar import Window
 from .arrivals import SimRequest
 from .config import SimConfig
 from .instances import Instance
@@ -22,9 +23,11 @@ class Req:
         "kv_ready_s",
         "prefill_end_s",
         "remote",
+        "replica",
         "spec",
         "transfer_bytes",
         "uncached",
+        "window",
     )
 
     def __init__(self, spec: SimRequest) -> None:
@@ -36,6 +39,10 @@ class Req:
         self.kv_ready_s = math.nan
         self.first_token_s = math.nan
         self.done_s = math.nan
+        self.replica = 0
+        """The router replica that routed it (its ledger records the stream)."""
+        self.window: Window | None = None
+        """The link window booked for its KV stream (the gateway's calendar), if any."""
 
 
 class SimState(Protocol):

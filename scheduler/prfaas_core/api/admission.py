@@ -1,0 +1,59 @@
+"""The gateway's admission answer (the link scheduler at the source, ``prfaas_router.admission``).
+
+A router's remote prefill carries three headers (:data:`~prfaas_core.names.HEADER_KV_BYTES` and its
+neighbours): the request's KV bytes, the longest window wait it accepts (from its local alternative's
+predicted TTFT) and the link. The gateway books a window in its link calendar and runs the prefill in it, or
+declines at once: HTTP 429, ``Retry-After`` (whole seconds until the earliest start) and this body.
+``prfaas crds`` publishes its JSON schema (``crds/gateway-admission.schema.json``), like RouterConfig's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+
+DeclineReason = Literal["link_window", "overloaded"]
+
+
+class AdmissionDecline(ApiModel):
+    """The body of a gateway's 429 (camelCase on the wire)."""
+
+    reason: DeclineReason = Field(
+        description="link_window: the earliest window starts later than the caller accepts; overloaded: the "
+        "gateway holds as many waiting prefills as it will."
+    )
+    earliest_start_ms: float | None = Field(
+        default=None, ge=0, description="Milliseconds from now until the earliest window starts (link_window)."
+    )
+    predicted_ttft_ms: float | None = Field(
+        default=None, ge=0, description="Predicted milliseconds from now until the decode side holds the KV."
+    )
+    link: str | None = Field(default=None, description="The link the window is on.")
+    message: str = Field(default="", description="Why, for people.")
+
+
+class GatewayAdmission(ApiModel):
+    """RouterConfig ``gateway.admission``: the gateway schedules its link (absent: no source-side admission)."""
+
+    link: str = Field(min_length=1, description="The link the gateway's KV streams cross (one of links[].name).")
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Gateway replicas behind one Service: each books cap / replicas of the link (no coordination "
+        "needed; the sum never passes the cap).",
+    )
+    stream_timing: Literal["layer-wise", "pull-after-prefill"] = Field(
+        default="pull-after-prefill",
+        description="When a prefill's KV crosses the link: after the prefill answers (vLLM's NixlConnector) or "
+        "with it, layer by layer.",
+    )
+    pull_gbps: float | None = Field(
+        default=None, gt=0, description="What one pull achieves, Gbps (default: the replica's share of the cap)."
+    )
+    max_waiting: int = Field(
+        default=256, ge=1, description="Prefills held for a later window at once; beyond it: 429 overloaded."
+    )

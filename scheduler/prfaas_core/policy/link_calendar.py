@@ -1,0 +1,233 @@
+"""The link as a scheduled resource: the :class:`~.link.EgressLedger`'s transfers read as a reservation
+calendar of KV streams (start, end, rate) on the PrFaaS instances' lanes, with the cap as a hard ceiling.
+
+Given a request (its prefill time and ``S_kv``), :func:`earliest_window` answers with the earliest window whose
+stream fits under the ceiling next to every stream already booked, and the TTFT predicted through it (window
+wait, which includes the PrFaaS queue since a lane is an instance, + prefill + the stream's tail after the last
+layer). :meth:`~.link.EgressLedger.reserve` books it. A window found here never takes the booked egress above
+the ceiling at any instant (property-tested): the ceiling is ``min(cap, available)`` less the other replicas'
+measured egress, where *available* is what the link delivers now (:mod:`.link_estimate`).
+
+**Stream timing** is a parameter (:data:`StreamTiming`):
+
+* ``layer-wise`` (the paper's; the simulator's default): a stream starts with its prefill and runs at the
+  prefill's production rate ``S_kv / prefill``, ending with the last layer; it may be booked slower (a lower
+  rate, ending after the prefill: the tail).
+* ``pull-after-prefill`` (vLLM's NixlConnector; the gateway's default for vLLM): the decode side pulls once the
+  prefill has answered, so the stream starts when the prefill ends and runs at the rate booked, at most
+  ``pull_gbps`` (what one stream achieves).
+
+Candidate rates are the full rate and its halves (down to 1/8) and the rate that exactly fills the ceiling;
+among the earliest feasible start of each, the one ending first wins (the lowest predicted TTFT). Pure; time is
+a parameter; O(n^2) in the booked streams (tens at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ..kv import KvModel
+from ..names import GBPS_BITS
+from .link import EgressLedger, LinkMode, LinkParams, Transfer
+from .threshold import ThresholdBounds, ThresholdDecision, decide_threshold
+
+StreamTiming = Literal["layer-wise", "pull-after-prefill"]
+STREAM_TIMINGS: tuple[StreamTiming, ...] = ("layer-wise", "pull-after-prefill")
+RATE_FRACTIONS = (1.0, 0.5, 0.25, 0.125)
+OVERRUN_GRACE_S = 1.0
+"""A stream past its planned end but not finished is assumed to run at least this much longer."""
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Window:
+    """A window the calendar offers one request (times are absolute, seconds)."""
+
+    start_s: float
+    """When its prefill starts on a PrFaaS instance (lane)."""
+    stream_start_s: float
+    stream_end_s: float
+    rate_gbps: float
+    lane: int
+    now_s: float
+    prefill_s: float
+    bytes: float
+    ceiling_gbps: float
+    """The ceiling it was fitted under."""
+
+    @property
+    def wait_s(self) -> float:
+        """How long the request waits before its prefill starts (link window and PrFaaS queue together)."""
+        return self.start_s - self.now_s
+
+    @property
+    def ttft_s(self) -> float:
+        """Predicted time from now until the decode side holds the whole KV (its first token follows)."""
+        return max(self.stream_end_s, self.start_s + self.prefill_s) - self.now_s
+
+    def transfer(self) -> Transfer:
+        """The booking :meth:`~.link.EgressLedger.reserve` records."""
+        return Transfer(
+            self.bytes,
+            self.start_s,
+            self.prefill_s,
+            self.lane,
+            self.stream_start_s - self.start_s,
+            self.stream_end_s - self.stream_start_s,
+        )
+
+
+def ceiling_gbps(ledger: EgressLedger, now_s: float, params: LinkParams, available_gbps: float | None = None) -> float:
+    """The hard ceiling a new booking must stay under: the cap, bounded by the available bandwidth, less the
+    other replicas' measured egress."""
+    cap = params.cap_gbps if available_gbps is None else min(params.cap_gbps, available_gbps)
+    return max(0.0, cap - ledger.others_gbps(now_s, params))
+
+
+def _spans(transfers: Sequence[Transfer], now_s: float) -> list[tuple[float, float, float]]:
+    """``(start, end, rate)`` of each booked stream; an overrunning one is extended past ``now``."""
+    out = []
+    for t in transfers:
+        end = t.stream_end_s
+        if end <= now_s + OVERRUN_GRACE_S and t.stream_start_s <= now_s:
+            end = max(end, now_s + OVERRUN_GRACE_S)
+        out.append((t.stream_start_s, end, t.rate_gbps))
+    return out
+
+
+def peak_gbps(spans: Sequence[tuple[float, float, float]], a: float, b: float) -> float:
+    """The largest booked egress at any instant of ``[a, b)``."""
+    inside = [(s, e, r) for s, e, r in spans if s < b - _EPS and e > a + _EPS]
+    if not inside:
+        return 0.0
+    points = [a] + [s for s, _, _ in inside if s > a]
+    return max(sum(r for s, e, r in inside if s <= p + _EPS and e > p + _EPS) for p in points)
+
+
+def booked_gbps(transfers: Sequence[Transfer], at_s: float) -> float:
+    """The booked egress at one instant (what the property tests sum)."""
+    return sum(t.rate_gbps for t in transfers if t.stream_start_s <= at_s < t.stream_end_s)
+
+
+def earliest_window(
+    ledger: EgressLedger,
+    now_s: float,
+    nbytes: float,
+    prefill_s: float,
+    params: LinkParams,
+    timing: StreamTiming = "layer-wise",
+    *,
+    pull_gbps: float | None = None,
+    available_gbps: float | None = None,
+) -> Window | None:
+    """The window that fits and ends first (see the module docstring); None when the ceiling is 0."""
+    if timing not in STREAM_TIMINGS:
+        raise ValueError(f"timing: {timing!r} is not one of {', '.join(STREAM_TIMINGS)}")
+    if nbytes < 0 or prefill_s < 0:
+        raise ValueError("nbytes and prefill_s must be >= 0")
+    ceiling = ceiling_gbps(ledger, now_s, params, available_gbps)
+    if ceiling <= _EPS:
+        return None
+    prefill_s = max(prefill_s, 1e-6)
+    gbits = nbytes * 8.0 / GBPS_BITS
+    spans = _spans(ledger.transfers(now_s), now_s)
+    lane_ends = ledger.lane_ends(now_s) or [now_s]
+    first_free = min(lane_ends)
+    offset = prefill_s if timing == "pull-after-prefill" else 0.0
+    candidates = sorted({first_free, *(e - offset for _, e, _ in spans if e - offset > first_free)})
+    full = gbits / prefill_s if timing == "layer-wise" else (pull_gbps or ceiling)
+    rates = {min(full, ceiling) * f for f in RATE_FRACTIONS}
+    if gbits <= _EPS:
+        rates = {0.0}
+    best: Window | None = None
+    for rate in sorted(rates, reverse=True):
+        span = gbits / rate if rate > 0 else 0.0
+        if timing == "layer-wise":
+            span = max(span, prefill_s)
+        for s in candidates:
+            a, b = s + offset, s + offset + span
+            if best is not None and b >= best.stream_end_s - _EPS:
+                break  # later starts only end later
+            if peak_gbps(spans, a, b) + rate <= ceiling + _EPS:
+                lane = max(
+                    (i for i, e in enumerate(lane_ends) if e <= s + _EPS),
+                    key=lane_ends.__getitem__,
+                    default=0,
+                )
+                best = Window(s, a, b, rate, lane if ledger.lanes > 0 else -1, now_s, prefill_s, nbytes, ceiling)
+                break
+    return best
+
+
+WaitAction = Literal["remote", "wait_for_link", "local"]
+
+
+@dataclass(frozen=True)
+class WaitChoice:
+    """Take the window (``remote`` when it starts now, ``wait_for_link`` when it starts later) or go local."""
+
+    action: WaitAction
+    remote_ttft_s: float
+    local_ttft_s: float
+    wait_s: float
+    reason: str
+
+
+def choose_window(
+    window: Window | None, local_ttft_s: float, slo_ttft_s: float | None = None, local_wait_s: float = 0.0
+) -> WaitChoice:
+    """A remote candidate (its uncached length above ``t``; shorter requests never reach here and never wait)
+    against its local alternative, the SLO in mind. A window that starts now is taken. A later one is waited
+    for unless the remote misses the request's TTFT SLO while local fits it *and* a PD prefill instance is idle
+    (``local_wait_s`` 0): ``t`` sent the request remote because a long prefill taken locally delays every request
+    queued behind it (in the simulator, 19 long requests sent local at 5 Gbps made 124 others miss their SLO),
+    so a request neither side can serve in time still waits. Without an SLO: by predicted TTFT."""
+    if window is None:
+        return WaitChoice("local", float("inf"), local_ttft_s, 0.0, "no link window (ceiling 0): local prefill")
+    remote, wait = window.ttft_s, window.wait_s
+    fit = f"{remote:.2f} s via a window at +{wait:.2f} s vs local {local_ttft_s:.2f} s"
+    if slo_ttft_s is not None:
+        fit += f" (SLO {slo_ttft_s:.2f} s)"
+    if wait <= 1e-6:
+        return WaitChoice("remote", remote, local_ttft_s, 0.0, f"link window now: predicted TTFT {fit}")
+    if not prefer_local(remote, local_ttft_s, slo_ttft_s, local_wait_s):
+        return WaitChoice("wait_for_link", remote, local_ttft_s, wait, f"wait for the link: predicted TTFT {fit}")
+    return WaitChoice("local", remote, local_ttft_s, wait, f"local prefill: predicted TTFT {fit}")
+
+
+def prefer_local(
+    remote_ttft_s: float, local_ttft_s: float, slo_ttft_s: float | None = None, local_wait_s: float = 0.0
+) -> bool:
+    """The rule of :func:`choose_window` on predicted TTFTs alone (a router judging a gateway's decline)."""
+    if slo_ttft_s is None:
+        return remote_ttft_s > local_ttft_s
+    return remote_ttft_s > slo_ttft_s >= local_ttft_s and local_wait_s <= 1e-6
+
+
+def max_wait_s(local_ttft_s: float, prefill_s: float, nbytes: float, ceiling: float) -> float:
+    """The longest window wait a router accepts: the one at which the remote TTFT (wait + prefill + the stream
+    at the ceiling, at best) would equal the local alternative's predicted TTFT."""
+    stream = nbytes * 8.0 / GBPS_BITS / ceiling if ceiling > 0 else float("inf")
+    return max(0.0, local_ttft_s - max(prefill_s, stream))
+
+
+def calendar_threshold(
+    mode: LinkMode,
+    bounds: ThresholdBounds,
+    recent_uncached_lengths: Seq[int],
+    window_s: float,
+    kv: KvModel,
+    link: LinkParams,
+) -> ThresholdDecision:
+    """``t`` when the link is scheduled: ``t_bw`` against the whole cap instead of a watermark below it.
+
+    The watermarks keep an *unscheduled* link's egress below the cap (streams admitted one by one overshoot);
+    a calendar books streams up to the cap and makes the rest wait for a window, so ``t`` need rise only when
+    the recent traffic above it would not fit the cap even then (waits would grow without bound). A drop-in
+    for :func:`~.threshold.decide_threshold` in a :class:`~.short_term.ShortTermPolicy`."""
+    full = replace(link, scarce_watermark=1.0, abundant_watermark=min(link.abundant_watermark, 0.99))
+    d = decide_threshold("abundant", bounds, recent_uncached_lengths, window_s, kv, full)
+    return replace(d, reason=f"link calendar ({mode}): {d.reason}")

@@ -1,0 +1,132 @@
+"""The simulated PrFaaS gateway's link calendar: the one :class:`~prfaas_core.policy.link.EgressLedger` that
+sees every KV stream on the link (every remote prefill passes through the gateway), booked with
+:func:`~prfaas_core.policy.link_calendar.earliest_window` and chosen against the local alternative with
+:func:`~prfaas_core.policy.link_calendar.choose_window` — the same functions the real gateway and routers call.
+
+The routers' own ledgers (one per replica, :class:`~.simulation.Simulation`) stay the fast pre-filter: a request
+the pre-filter sends local because of its length never asks; one it would send remote, or decline only for the
+cap, asks the gateway for a window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..kv import KvModel
+from ..policy.link import EgressLedger, LinkParams
+from ..policy.link_calendar import StreamTiming, WaitChoice, Window, choose_window, earliest_window
+from ..policy.routing import RouteDecision, transfer_bytes
+from .results import ttft_slo_s
+from .state import Req
+
+if TYPE_CHECKING:
+    from .simulation import Simulation
+
+
+@dataclass
+class WindowStats:
+    """What the run reports about waiting for the link."""
+
+    asked: int = 0
+    waited: int = 0
+    wait_s_sum: float = 0.0
+    wait_s_max: float = 0.0
+    declined_to_local: int = 0
+
+
+class SimGateway:
+    """The calendar and its answers (time is the simulation's)."""
+
+    def __init__(self, lanes: int, timing: StreamTiming) -> None:
+        self.ledger = EgressLedger(lanes=lanes, expire_s=1e9)  # bookings end when their KV has arrived
+        self.timing: StreamTiming = timing
+        self.stats = WindowStats()
+
+    def ask(
+        self,
+        now_s: float,
+        nbytes: float,
+        prefill_s: float,
+        params: LinkParams,
+        local_ttft_s: float,
+        slo_ttft_s: float,
+        may_wait: bool = True,
+        local_wait_s: float = 0.0,
+    ) -> tuple[WaitChoice, Window | None]:
+        """The earliest window and the router's choice (``may_wait`` false: a later window is declined)."""
+        self.stats.asked += 1
+        window = earliest_window(self.ledger, now_s, nbytes, prefill_s, params, self.timing)
+        choice = choose_window(window, local_ttft_s, slo_ttft_s, local_wait_s)
+        if not may_wait and choice.action == "wait_for_link":
+            choice = WaitChoice("local", choice.remote_ttft_s, local_ttft_s, choice.wait_s, "short: never waits")
+        if choice.action == "local" or window is None:
+            self.stats.declined_to_local += 1
+            return choice, None
+        if choice.action == "wait_for_link":
+            st = self.stats
+            st.waited += 1
+            st.wait_s_sum += window.wait_s
+            st.wait_s_max = max(st.wait_s_max, window.wait_s)
+        return choice, window
+
+    def book(self, key: str, window: Window) -> None:
+        self.ledger.reserve(key, window.transfer())
+
+    def finish(self, key: str) -> None:
+        self.ledger.finish(key)
+
+
+def remote_candidate(
+    decision: RouteDecision, kv: KvModel, total: int, l_pd: int, l_prf: int, scarce: bool
+) -> tuple[int, float, bool] | None:
+    """``(uncached tokens, KV bytes, may wait)`` of the remote prefill the gateway is asked about, or None: the
+    pre-filter chose local by length or unavailability, or the remote would first need a cache move (legacy
+    path). A long request the pre-filter declined for the cap, or spilled to local for a PrFaaS queue surge, is
+    asked too (the calendar knows the real queue and link); a short one spilled to PrFaaS may not wait."""
+    if decision.target == "remote":
+        if decision.cache_transfer_tokens > 0:
+            return None
+        return decision.uncached_tokens, decision.transfer_bytes, decision.kind != "spill"
+    if decision.kind not in ("admission", "spill") or decision.move_bytes > 0:
+        return None
+    if scarce:
+        return total - l_pd, transfer_bytes(kv, total, l_pd), True
+    if l_pd > l_prf:
+        return None  # PD's longer prefix would first be moved to PrFaaS: the legacy path
+    return total - l_prf, transfer_bytes(kv, total, l_pd), True
+
+
+def dispatch(sim: Simulation, req: Req, ask: tuple[int, float, bool], replica: int, local_tokens: int) -> bool:
+    """Ask the gateway for a window for this remote candidate; book it and schedule the prefill at its start
+    (True), or leave the request to the local side (False)."""
+    assert sim.gateway is not None
+    uncached, nbytes, may_wait = ask
+    now = sim.events.now_s
+    spec = req.spec
+    prefill_s = sim.prfaas_seconds(float(max(uncached, 1)))
+    local_wait = sim.least_wait(sim.pd, now) or 0.0
+    local_ttft = local_wait + sim.pd_seconds(float(max(local_tokens, 1)))
+    slo = ttft_slo_s(sim.cfg.slo, spec.uncached_tokens)
+    choice, window = sim.gateway.ask(now, nbytes, prefill_s, sim.link_params, local_ttft, slo, may_wait, local_wait)
+    if window is None:
+        return False
+    req.remote = True
+    req.uncached = uncached
+    req.transfer_bytes = nbytes
+    req.window = window
+    key = str(spec.id)
+    sim.gateway.book(key, window)
+    sim.ledgers[replica].start(key, nbytes, now, prefill_s)  # the router's own view, its pre-filter
+    sim.result.link_waits += choice.action == "wait_for_link"
+    sim.result.link_wait_s.append(window.wait_s)
+    sim.events.at(window.start_s, lambda _a: _window_start(sim, req, window), None)
+    return True
+
+
+def _window_start(sim: Simulation, req: Req, window: Window) -> None:
+    now = sim.events.now_s
+    lane = window.lane if 0 <= window.lane < len(sim.prfaas) else 0
+    job = sim.prfaas[lane].enqueue_prefill(req, now, window.prefill_s)
+    sim.events.at(job.start_s, sim.remote_start, (job, job.gen))
+    sim.events.at(job.end_s, sim.prefill_end, (job, job.gen))

@@ -1,0 +1,162 @@
+"""Source-side admission at the gateway: every remote prefill passes through it, so its link calendar (the
+core's :mod:`prfaas_core.policy.link_calendar` on an :class:`~prfaas_core.policy.link.EgressLedger`) sees every
+KV stream the PrFaaS cluster sends, whichever router sent the request.
+
+Per prefill: the router's headers (:data:`~prfaas_core.names.ADMISSION_HEADERS`) give the KV bytes (default: the
+gateway's own ``S_kv`` of the prompt), the longest wait it accepts (default: any) and the link. The earliest
+window that fits under the ceiling is booked and the prefill held until it starts; a window later than the
+caller accepts is declined at once: 429, ``Retry-After`` and an :class:`~prfaas_core.api.AdmissionDecline`
+(``link_window`` with the earliest start and the predicted TTFT; ``overloaded`` when ``maxWaiting`` prefills
+already wait). The headers never reach the engine (the gateway forwards only ``x-request-id``).
+
+**Gateway replicas.** Each of N replicas books ``cap / N`` (``gateway.admission.replicas``): no Lease and no
+forwarding on the hot path, and the replicas' bookings can never sum past the cap; the price is that one
+replica cannot borrow another's idle share (a Lease-holding owner of the whole calendar would, at the cost of a
+forwarding hop and a single point of failure). Time is model time (``scale.timeScale``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from prfaas_core import names
+from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
+from prfaas_core.policy.link import EgressLedger, LinkParams, Transfer
+from prfaas_core.policy.link_calendar import Window, booked_gbps, earliest_window
+
+from .http_util import json_error
+
+
+@dataclass
+class Booking:
+    key: str
+    window: Window
+
+
+class LinkAdmission:
+    """One gateway replica's share of its link's calendar."""
+
+    def __init__(self, spec: GatewayAdmission, link: RouterLink, time_scale: float) -> None:
+        self.spec = spec
+        self.time_scale = time_scale
+        share = 1.0 / spec.replicas
+        self.params = LinkParams(
+            link.name,
+            link.capacity_gbps * share,
+            link.max_utilization,
+            link.scarce_watermark,
+            link.abundant_watermark,
+        )
+        self.ledger = EgressLedger(expire_s=600.0)
+        self.waiting = 0
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    @property
+    def link(self) -> str:
+        return self.params.name
+
+    def set_lanes(self, lanes: int) -> None:
+        self.ledger.set_lanes(lanes)
+
+    def booked_gbps(self, now_s: float) -> float:
+        return booked_gbps(self.ledger.transfers(now_s), now_s)
+
+    def decide(
+        self, key: str, headers: Mapping[str, str], kv_bytes: float, prefill_s: float, now_s: float
+    ) -> Booking | web.Response:
+        """Book a window (the caller then holds until :meth:`hold` returns) or the 400/429 answer."""
+        try:
+            nbytes = float(headers.get(names.HEADER_KV_BYTES, kv_bytes))
+            max_wait_ms = float(headers.get(names.HEADER_MAX_WAIT_MS, "inf"))
+        except ValueError:
+            return json_error(
+                400, f"{names.HEADER_KV_BYTES} and {names.HEADER_MAX_WAIT_MS} must be numbers (bytes, ms)"
+            )
+        if not (nbytes >= 0 and math.isfinite(nbytes)) or not max_wait_ms >= 0:
+            return json_error(400, f"{names.HEADER_KV_BYTES} must be finite and >= 0, {names.HEADER_MAX_WAIT_MS} >= 0")
+        link = headers.get(names.HEADER_LINK)
+        if link is not None and link != self.link:
+            return json_error(400, f"{names.HEADER_LINK}: this gateway schedules link {self.link!r}, not {link!r}")
+        window = earliest_window(
+            self.ledger,
+            now_s,
+            nbytes,
+            prefill_s,
+            self.params,
+            self.spec.stream_timing,
+            pull_gbps=self.spec.pull_gbps,
+        )
+        if window is None:
+            return self._decline("overloaded", None, "the link's ceiling is 0")
+        if window.wait_s * 1000.0 > max_wait_ms:
+            return self._decline("link_window", window, f"earliest window in {window.wait_s:.3f} s")
+        if window.wait_s > 0 and self.waiting >= self.spec.max_waiting:
+            return self._decline("overloaded", window, f"{self.waiting} prefills already wait for a window")
+        self.ledger.reserve(key, window.transfer())
+        return Booking(key, window)
+
+    def _decline(self, reason: str, window: Window | None, why: str) -> web.Response:
+        body = AdmissionDecline.model_validate(
+            {
+                "reason": reason,
+                "earliestStartMs": None if window is None else window.wait_s * 1000.0,
+                "predictedTtftMs": None if window is None else window.ttft_s * 1000.0,
+                "link": self.link,
+                "message": why,
+            }
+        )
+        wall_wait = (window.wait_s if window is not None else 1.0) / self.time_scale
+        return web.json_response(
+            body.model_dump(mode="json", by_alias=True),
+            status=429,
+            headers={"Retry-After": str(max(1, math.ceil(wall_wait)))},
+        )
+
+    async def hold(self, booking: Booking, now_s: float) -> None:
+        """Wait (wall time) until the booked window starts."""
+        wait = booking.window.start_s - now_s
+        if wait <= 0:
+            return
+        self.waiting += 1
+        try:
+            await asyncio.sleep(wait / self.time_scale)
+        finally:
+            self.waiting -= 1
+
+    def answered(self, booking: Booking, ok: bool, now_s: float) -> None:
+        """The prefill answered: a pull starts now and lasts its booked span (the booking moves to it); a
+        layer-wise stream has ended; a failure frees the window."""
+        w = booking.window
+        span = w.stream_end_s - w.stream_start_s
+        if not ok or self.spec.stream_timing == "layer-wise" or span <= 0:
+            self.ledger.finish(booking.key)
+            return
+        self.ledger.reserve(booking.key, Transfer(w.bytes, now_s, 0.0, -1, 0.0, span))
+        loop = asyncio.get_running_loop()
+        self._timers[booking.key] = loop.call_later(span / self.time_scale, self._expire, booking.key)
+
+    def _expire(self, key: str) -> None:
+        self._timers.pop(key, None)
+        self.ledger.finish(key)
+
+
+def admission_for(config: RouterConfig, current: LinkAdmission | None) -> LinkAdmission | None:
+    """The gateway's admission for ``config`` (None: not configured); the current one (and its calendar) is
+    kept while its spec, link and scale are unchanged."""
+    gw = config.gateway
+    if gw is None or gw.admission is None:
+        return None
+    spec = gw.admission
+    links = {link.name: link for link in config.links}
+    if spec.link not in links:
+        raise ValueError(f"gateway.admission.link: {spec.link!r} is not one of links[].name")
+    link = links[spec.link]
+    fresh = LinkAdmission(spec, link, config.scale.time_scale)
+    if current is not None and current.spec == spec and current.params == fresh.params:
+        return current
+    return fresh

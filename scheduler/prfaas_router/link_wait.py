@@ -1,0 +1,65 @@
+"""The router's side of the gateway's admission answer: the headers a remote prefill carries, the 429 decline
+it may get back, and the choice it then makes — wait for the link window (re-submit, accepting the wait) or
+prefill locally — by predicted TTFT (:func:`prfaas_core.policy.link_calendar.choose_window`, the rule the
+simulator runs). Short requests never reach the gateway (``t`` sends them local), so they never wait.
+The local ledger stays the router's fast pre-filter and its fallback when the gateway cannot be reached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from prfaas_core import names
+from prfaas_core.api import AdmissionDecline
+from prfaas_core.policy.link_calendar import max_wait_s, prefer_local
+
+from .legs import LegError
+
+WAIT_SLACK = 1.25
+"""A re-submission accepts this much more than the earliest start the gateway named (other routers book too)."""
+
+
+class LinkDeclined(LegError):
+    """The gateway declined with an :class:`AdmissionDecline` (not a failure: the breaker is not told)."""
+
+    def __init__(self, decline: AdmissionDecline) -> None:
+        super().__init__(f"gateway declined: {decline.reason} ({decline.message})", status=429, retriable=True)
+        self.decline = decline
+
+
+def admission_headers(link: str, kv_bytes: float, max_wait_s: float) -> dict[str, str]:
+    return {
+        names.HEADER_KV_BYTES: str(int(kv_bytes)),
+        names.HEADER_MAX_WAIT_MS: f"{max(0.0, max_wait_s) * 1000.0:.0f}",
+        names.HEADER_LINK: link,
+    }
+
+
+def parse_decline(status: int, body: bytes) -> AdmissionDecline | None:
+    """The decline in a gateway's 429, or None (another status, or a 429 that is not the admission answer)."""
+    if status != 429:
+        return None
+    try:
+        data: Any = orjson.loads(body)
+        return AdmissionDecline.model_validate(data)
+    except (orjson.JSONDecodeError, ValidationError):
+        return None
+
+
+__all__ = ["LinkDeclined", "admission_headers", "local_ttft_s", "max_wait_s", "parse_decline", "resubmit_wait_s"]
+
+
+def local_ttft_s(local_wait_s: float | None, local_prefill_s: float) -> float:
+    return (local_wait_s or 0.0) + local_prefill_s
+
+
+def resubmit_wait_s(decline: AdmissionDecline, local_ttft: float, slo_ttft_s: float | None = None) -> float | None:
+    """After a ``link_window`` decline: the wait to accept on re-submission, or None (go local). Waits when the
+    gateway's predicted TTFT is no worse than local's (the core's rule, :func:`prefer_local`)."""
+    if decline.reason != "link_window" or decline.earliest_start_ms is None or decline.predicted_ttft_ms is None:
+        return None
+    if prefer_local(decline.predicted_ttft_ms / 1000.0, local_ttft, slo_ttft_s):
+        return None
+    return decline.earliest_start_ms / 1000.0 * WAIT_SLACK + 0.001

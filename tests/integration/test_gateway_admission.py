@@ -1,0 +1,77 @@
+"""Source-side admission at the gateway, over real sockets against the emulated stack: the gateway books each
+prefill's KV pull in its link calendar, declines at once (429 + Retry-After + AdmissionDecline) a prefill whose
+window starts later than the caller accepts, and the router goes local on a decline whose predicted TTFT loses
+to its local alternative. The gateway's link is made tiny (5 Mbps) so one 40K-token pull holds it for seconds."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import httpx
+from router_stack import start_stack
+from testbed_support import http, metric_value, processes
+
+from prfaas_core import names
+from prfaas_core.api import AdmissionDecline
+from prfaas_core.kv import kv_model_from_profile
+from prfaas_core.profiles import builtin_model_profiles
+
+KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
+
+
+def prompt(tokens: int) -> str:
+    head = uuid.uuid4().hex
+    return head + "x" * (tokens * 4 - len(head))
+
+
+def counter(url: str, name: str, **labels: str) -> float:
+    try:
+        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
+    except KeyError:
+        return 0.0
+
+
+def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
+    with processes(tmp_path) as procs:
+        st = start_stack(procs, tmp_path, gateway_admission={"capacityGbps": 0.005})
+        router, gateway = st.router, st.url("gateway")
+        body = {"model": "m", "prompt": prompt(40_000), "max_tokens": 4}
+        status, out = http("POST", router + "/v1/completions", body, timeout_s=30)
+        assert status == 200, out
+        assert counter(router, "prfaas_router_requests_total", route="remote", outcome="ok") == 1
+        # the pull is booked for ~1700 model seconds (6.9 Gbit at the 4 Mbps cap): a leg accepting no wait is
+        # declined at once with the earliest start
+        leg = {
+            "model": "m",
+            "prompt": prompt(40_000),
+            "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+        }
+        headers = {
+            "Authorization": "Bearer s3cret-token",
+            names.HEADER_KV_BYTES: str(int(KV.kv_bytes(40_000))),
+            names.HEADER_MAX_WAIT_MS: "0",
+            names.HEADER_LINK: "a-to-b",
+        }
+        r = httpx.post(gateway + "/v1/completions", json=leg, headers=headers, timeout=10)
+        assert r.status_code == 429, r.text
+        decline = AdmissionDecline.model_validate(r.json())
+        assert decline.reason == "link_window" and decline.link == "a-to-b"
+        assert decline.earliest_start_ms is not None and decline.earliest_start_ms > 100_000
+        assert decline.predicted_ttft_ms is not None and decline.predicted_ttft_ms > decline.earliest_start_ms
+        assert int(r.headers["Retry-After"]) >= 1
+        # malformed admission headers are a 400 naming the header
+        bad = httpx.post(
+            gateway + "/v1/completions", json=leg, headers={**headers, names.HEADER_KV_BYTES: "lots"}, timeout=10
+        )
+        assert bad.status_code == 400 and names.HEADER_KV_BYTES in bad.text
+        # through the router: the gateway declines, the remote TTFT loses to local, the router goes local
+        status, out = http("POST", router + "/v1/completions", {**body, "prompt": prompt(40_000)}, timeout_s=30)
+        assert status == 200, out
+        assert counter(router, names.METRIC_ROUTER_LINK_WAITS, link="a-to-b", result="local") == 1
+        assert (
+            counter(router, names.METRIC_ROUTER_ROUTE_DECISIONS, route="local", reason=names.REASON_WAIT_FOR_LINK) == 1
+        )
+        assert counter(router, "prfaas_router_requests_total", route="local", outcome="ok") == 1
+        assert counter(router, "prfaas_router_fallbacks_total") == 0  # a decline is not a failure
