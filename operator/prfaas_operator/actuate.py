@@ -9,12 +9,16 @@ stamps ``prfaas.io/last-role-flip`` (the cooldown survives restarts through it).
 ``controller.kubernetes.io/pod-deletion-cost`` so a Deployment removes the drained pod first; the flip stamps
 ``last-role-flip`` on the drained pod (it is retired: no longer counted, never flipped again) and then writes
 both workloads' replica counts through their ``scale`` subresource — the receiving one up first, the giving one
-down second — as *absolute* values (idempotent on retry) computed from the counts read just before.
+down second — as *absolute* values (idempotent on retry) computed from the counts read just before. The
+retirement carries those values (``prfaas.io/scale-targets``) and they are removed once written: a flip
+interrupted in between (a crash, the API refusing) is finished by the next reconcile or resync
+(:meth:`Actuator.resume`), never lost and never applied twice.
 The operator is the one writer of those replica counts; no HPA may target the same workloads.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,6 +27,7 @@ from prfaas_core.names import (
     ANNOTATION_DRAIN_STARTED,
     ANNOTATION_LAST_FLIP,
     ANNOTATION_POD_DELETION_COST,
+    ANNOTATION_SCALE_TARGETS,
     LABEL_DRAINING,
     LABEL_ROLE,
 )
@@ -97,10 +102,36 @@ class KubeActuator:
             (grow, await self._replicas(grow, namespace) + k),
             (shrink, await self._replicas(shrink, namespace) - k),
         ]
-        for name, _ in decision.flip:  # retire first: a crash after this can lose a flip, never repeat one
-            await self._patch_pod(namespace, name, {}, {ANNOTATION_LAST_FLIP: stamp})
-        for ref, replicas in targets:  # up first, so capacity never dips below the target
-            await self.api.patch(workload_path(ref, namespace, "scale"), {"spec": {"replicas": max(replicas, 0)}})
+        plan = json.dumps(
+            [{"apiVersion": r.api_version, "kind": r.kind, "name": r.name, "replicas": max(n, 0)} for r, n in targets]
+        )
+        names = [name for name, _ in decision.flip]
+        for name in names:  # retire first, with the targets: an interruption after this is resumed, not lost
+            await self._patch_pod(namespace, name, {}, {ANNOTATION_LAST_FLIP: stamp, ANNOTATION_SCALE_TARGETS: plan})
+        await self._write_targets(namespace, plan, names)
+
+    async def _write_targets(self, namespace: str, plan: str, pods: list[str]) -> None:
+        """The absolute replica counts (up first, so capacity never dips below the target), then the marks off."""
+        for t in json.loads(plan):
+            ref = WorkloadRef(api_version=t["apiVersion"], kind=t["kind"], name=t["name"])
+            await self.api.patch(workload_path(ref, namespace, "scale"), {"spec": {"replicas": int(t["replicas"])}})
+        for name in pods:
+            try:
+                await self._patch_pod(namespace, name, {}, {ANNOTATION_SCALE_TARGETS: None})
+            except ApiError as exc:
+                if exc.status != 404:  # the workload already removed the retired pod
+                    raise
+
+    async def resume(self, namespace: str, pods: Iterable[JsonDict]) -> list[str]:
+        """Finish the flips whose retirement was written but not their replica counts; the pods resumed."""
+        done = []
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            plan = (meta.get("annotations") or {}).get(ANNOTATION_SCALE_TARGETS)
+            if plan:
+                await self._write_targets(namespace, plan, [str(meta["name"])])
+                done.append(str(meta["name"]))
+        return done
 
     async def scale_counts(self, pd: PDCluster) -> tuple[int, int] | None:
         """Scale mode: the (prefill, decode) replica counts the two workloads ask for now (None: unreadable)."""

@@ -44,6 +44,7 @@ _KINDS = (
     ("draining", "drain"),
     ("decode-bound by the model", "decode-bound-model"),
     ("prefill-bound by the model", "prefill-bound-model"),
+    (" leans ", "balanced"),  # the model leans one way, but a flip would not help: held as balanced
     ("decode-bound", "decode-bound"),
     ("prefill-bound", "prefill-bound"),
     ("balanced", "balanced"),

@@ -187,8 +187,21 @@ class PDClusterReconciler:
         if rt.verdict is None and rt.streak == 0 and status.loop is not None:
             # a restarted operator: the persistence streak comes back from status, not memory
             rt.verdict, rt.streak = status.loop.verdict, status.loop.streak
+        if entry.model.spec.role_assignment.mode == "Scale":
+            await self._resume_flips(entry, log)
         if run_loop:
             await self._cycle(entry, refs, inputs, snap, status, conds, now_s, log)
+
+    async def _resume_flips(self, entry: Entry, log: Any) -> None:
+        """A Scale-mode flip interrupted after the retirement: write its replica counts now (idempotent)."""
+        pods = self.world.pods_of(entry.namespace, LABEL_PD_CLUSTER, entry.name)
+        try:
+            resumed = await self.actuator.resume(entry.namespace or "default", pods)
+        except ApiError as exc:
+            log.error("interrupted flip not resumed yet", error=str(exc))
+            return
+        if resumed:
+            log.info("interrupted flip resumed", pods=resumed)
 
     async def _not_ready(
         self, entry: Entry, conds: list[Condition], reason: str, message: str, now_s: float, log: Any
@@ -243,7 +256,10 @@ class PDClusterReconciler:
         """The tick's input, and why there is no observation (when there is none)."""
         pd: PDCluster = c.entry.model
         rt = self.runtime(c.entry)
-        state = podlib.restore_state(c.pods, c.status, rt.verdict, rt.streak, rt.last_run_s, c.now_s)
+        # every pod, the retired too: a flip whose decision never reached the status (interrupted, then resumed)
+        # still starts the cooldown through its pod's last-flip stamp
+        every = self.world.pods_of(c.entry.namespace, LABEL_PD_CLUSTER, c.entry.name)
+        state = podlib.restore_state(every, c.status, rt.verdict, rt.streak, rt.last_run_s, c.now_s)
         unassigned = podlib.unassigned(c.pods) if pd.spec.role_assignment.mode == "Relabel" else ()
         why: str | None = None
         if unassigned:  # first roles need no metrics: the instances serve nothing yet

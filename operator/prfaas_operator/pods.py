@@ -71,7 +71,10 @@ def instances(pods: Iterable[JsonDict], in_flight: Mapping[str, float] | None = 
         r = role(p)
         if r is not None:
             n = name(p)
-            out.append(InstanceState(n, r, round((in_flight or {}).get(n, 0.0)), is_draining(p)))
+            flight = round((in_flight or {}).get(n, 0.0))
+            # a pod no kubelet has reported on yet (no status) is not counted dead
+            healthy = pod_ready(p) if p.get("status") else True
+            out.append(InstanceState(n, r, flight, is_draining(p), healthy=healthy))
     return tuple(out)
 
 

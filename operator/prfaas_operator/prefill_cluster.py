@@ -125,6 +125,8 @@ class PrefillClusterReconciler:
         self.publisher = publisher or RouterConfigPublisher(api)
         self.next_due: dict[tuple[str | None, str], float] = {}
         self.gateways = GatewayClients()
+        self._remote_seen: set[tuple[str | None, str]] = set()
+        """Remote PrefillClusters whose (possible) Managed-mode gateway ConfigMap was removed since start."""
 
     async def reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, sync: bool) -> None:
         started = time.perf_counter()
@@ -158,7 +160,10 @@ class PrefillClusterReconciler:
         pfc: PrefillCluster = entry.model
         pods = self.world.pods_of(entry.namespace, LABEL_PREFILL_CLUSTER, entry.name)
         if pfc.spec.mode == "Managed":
+            self._remote_seen.discard((entry.namespace, entry.name))
             await self._publish_gateway(entry, pfc, pods)
+        else:
+            await self._retire_gateway(entry)
         if not sync:
             if old is not None and old.reason in ("InvalidSpec", "DanglingReference"):
                 conds = set_condition(
@@ -215,6 +220,22 @@ class PrefillClusterReconciler:
             )
         conds = set_condition(conds, "Degraded", False, "Synced", "status refreshed this cycle", now_s, gen)
         await self.writer.write(entry, PrefillClusterStatus(**status, conditions=conds))
+
+    async def _retire_gateway(self, entry: Entry) -> None:
+        """A Remote PrefillCluster has no gateway here: the ConfigMap a Managed spec had published is removed
+        (once per mode change, and once after an operator start, since a restart forgets what was written)."""
+        key = (entry.namespace, entry.name)
+        if key in self._remote_seen:
+            return
+        try:
+            if await self.publisher.delete_gateway(entry.namespace or "default", entry.name):
+                logger(KIND_PREFILL_CLUSTER, entry.namespace, entry.name).info("old gateway config removed")
+        except ApiError as exc:
+            logger(KIND_PREFILL_CLUSTER, entry.namespace, entry.name).error(
+                "old gateway config not removed", error=str(exc)
+            )
+            return
+        self._remote_seen.add(key)
 
     async def _publish_gateway(self, entry: Entry, pfc: PrefillCluster, pods: list[JsonDict]) -> None:
         """The gateway's RouterConfig from the cache (references already resolved); a failed write is logged and

@@ -226,9 +226,15 @@ async def replay(
 
 
 async def sample_egress(
-    urls: Sequence[str], time_scale: float, stop: asyncio.Event, samples: list[float], metric: str = EGRESS
+    urls: Sequence[str],
+    time_scale: float,
+    stop: asyncio.Event,
+    samples: list[float],
+    metric: str = EGRESS,
+    stamps: list[float] | None = None,
 ) -> None:
-    """Link egress (model Gbps) per 1-second *model* window, summed over the link's relays' counters."""
+    """Link egress (model Gbps) per 1-second *model* window, summed over the link's relays' counters;
+    ``stamps`` gets the wall clock (perf_counter) at the end of each window (a busy machine stretches them)."""
     from prfaas_router.prom_text import sample_sum
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
@@ -245,6 +251,8 @@ async def sample_egress(
             now = time.perf_counter()
             if last is not None and now > last[0]:
                 samples.append((total - last[1]) * 8 / 1e9 / ((now - last[0]) * time_scale))
+                if stamps is not None:
+                    stamps.append(now)
             last = (now, total)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0 / time_scale)

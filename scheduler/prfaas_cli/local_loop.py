@@ -6,7 +6,11 @@ differ from the operator's."""
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,11 +18,60 @@ from typing import Any
 import httpx
 
 from prfaas_core.api import RouterConfig, RouterEndpoint
-from prfaas_core.names import METRIC_ROUTER_ROUTE_DECISIONS
+from prfaas_core.names import (
+    METRIC_ROUTER_LINK_EGRESS_GBPS,
+    METRIC_ROUTER_LINK_SCARCE,
+    METRIC_ROUTER_ROUTE_DECISIONS,
+    METRIC_ROUTER_UNCACHED_TOKENS,
+)
 from prfaas_core.plan_inputs import PlanInputs
-from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, step
+from prfaas_core.policy.link import LinkParams
+from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, ScarceLink, step
 from prfaas_core.policy.roles import InstanceState, Role, RoleDecision, RoleObservation, RolePolicyParams, StageLoad
+from prfaas_core.workload import LengthDistribution, TruncatedLogNormal
 from prfaas_router.prom_text import sample_sum
+
+MIN_MIX_REQUESTS = 20
+"""Requests the window needs before its observed length mix replaces the declared one."""
+MIX_WINDOW_S = 45.0
+"""Model seconds of traffic the observed length mix covers."""
+
+
+def _buckets(text: str) -> dict[float, float]:
+    """The router's cumulative uncached-length buckets (``le`` -> count) from its /metrics text."""
+    out: dict[float, float] = {}
+    prefix = METRIC_ROUTER_UNCACHED_TOKENS + "_bucket{"
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            labels, _, value = line[len(prefix) :].partition("} ")
+            le = float(labels.split('le="', 1)[1].split('"', 1)[0])
+            out[le] = out.get(le, 0.0) + float(value)
+    return out
+
+
+def mix_between(
+    before: dict[float, float], after: dict[float, float], declared: LengthDistribution
+) -> LengthDistribution | None:
+    """The length mix of the requests counted between two bucket readings, as a truncated log-normal fitted
+    to the buckets (each bucket's requests at its geometric middle; the declared mix's bounds), so that
+    ``t_min`` moves smoothly with the mix rather than jumping between bucket edges. None: too few requests,
+    or a counter reset."""
+    lo_tokens, hi_tokens = declared.support()
+    weights: list[tuple[float, float]] = []
+    lower, below = lo_tokens, 0.0
+    for le in sorted(after):
+        cum = after[le] - before.get(le, 0.0)
+        if cum < below:
+            return None
+        upper = min(le, hi_tokens)
+        if cum > below:
+            weights.append((math.log(max(lower, 1.0) * max(upper, lower)) / 2, cum - below))
+        lower, below = upper, cum
+    if below < MIN_MIX_REQUESTS:
+        return None
+    mu = sum(x * w for x, w in weights) / below
+    var = sum(w * (x - mu) ** 2 for x, w in weights) / below
+    return TruncatedLogNormal(mu, max(math.sqrt(var), 0.2), lo_tokens, hi_tokens)
 
 
 def write_router_config(path: Path, config: RouterConfig) -> None:
@@ -35,12 +88,36 @@ class LocalCluster:
     config_path: Path
     config: RouterConfig
     gateway_status_url: str | None = None
+    gateway_headers: dict[str, str] = field(default_factory=dict)
+    """The gateway's bearer token (its /status needs it)."""
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=5.0))
     router_url: str | None = None
     time_scale: float = 1.0
     decisions: list[RoleDecision] = field(default_factory=list)
     last_observation: RoleObservation | None = None
     _requests: tuple[float, float] | None = None
+    publish_timeout_s: float = 60.0
+    """Wall seconds a published drain may take to reach the router (it reloads the file every
+    ``routing.refreshIntervalSeconds``; a busy machine slows that down) before the engines drain anyway."""
+    declared_lengths: LengthDistribution | None = None
+    """The declared length mix; with it, the split is judged by the mix the router observed over the last
+    ``MIX_WINDOW_S`` (fitted, its bounds the declared mix's) once enough requests arrived."""
+    _readings: deque[tuple[float, dict[float, float]]] = field(default_factory=deque)
+
+    def _observed_mix(self, now_s: float) -> LengthDistribution | None:
+        if self.router_url is None or self.declared_lengths is None:
+            return None
+        try:
+            now = _buckets(self.http.get(f"{self.router_url}/metrics").text)
+        except httpx.HTTPError:
+            return None
+        self._readings.append((now_s, now))
+        while len(self._readings) > 1 and now_s - self._readings[1][0] >= MIX_WINDOW_S:
+            self._readings.popleft()
+        first_s, first = self._readings[0]
+        if first_s >= now_s or not now:
+            return None
+        return mix_between(first, now, self.declared_lengths)
 
     def _arrival_rate(self, now_s: float) -> float | None:
         """Requests per model second at the router since the last observation (its own counter)."""
@@ -65,8 +142,12 @@ class LocalCluster:
         instances: list[InstanceState] = []
         queue = {"prefill": 0.0, "decode": 0.0}
         for ep in self.config.endpoints:
-            st = self._state(ep.url)
             role: Role = "prefill" if ep.role == "prefill" else "decode"
+            try:
+                st = self._state(ep.url)
+            except (httpx.HTTPError, ValueError):  # a dead engine is observed as such, not a failed cycle
+                instances.append(InstanceState(ep.name, role, 0, ep.name in self.config.draining, healthy=False))
+                continue
             in_flight = int(st["running"]) + int(st["waiting"]) + int(st.get("loading_kv", 0))
             instances.append(InstanceState(ep.name, role, in_flight, ep.name in self.config.draining))
             queue[role] += float(st["waiting"])
@@ -74,7 +155,7 @@ class LocalCluster:
         ready: int | None = None
         if self.gateway_status_url:
             try:
-                g = self.http.get(self.gateway_status_url).json()
+                g = self.http.get(self.gateway_status_url, headers=self.gateway_headers).json()
                 prfaas, ready = StageLoad(float(g["queueDepth"])), int(g["readyInstances"])
             except (httpx.HTTPError, KeyError, ValueError):
                 ready = 0
@@ -85,6 +166,7 @@ class LocalCluster:
             prfaas,
             n_prfaas_ready=ready,
             arrival_rate_rps=self._arrival_rate(now_s),
+            lengths=self._observed_mix(now_s),
         )
         self.last_observation = obs
         return obs
@@ -97,16 +179,23 @@ class LocalCluster:
         self.decisions.append(decision)
         by_name = {e.name: e for e in self.config.endpoints}
         draining = set(self.config.draining)
+        if decision.drain:
+            # the routers first (they stop sending new work), the engines once the routers have reloaded: an
+            # engine drained before its router knows answers the router's new requests with 503
+            draining |= set(decision.drain)
+            self.config = self.config.model_copy(update={"draining": sorted(draining)})
+            write_router_config(self.config_path, self.config)
+            self.wait_applied()
         for name in decision.drain:
-            self.http.post(f"{by_name[name].url}/admin/drain", json={"drain": True}).raise_for_status()
-            draining.add(name)
+            self.set_drain(by_name[name].url, True)
         endpoints = list(self.config.endpoints)
         for name, role in decision.flip:
             url = by_name[name].url
-            self.http.post(f"{url}/admin/role", json={"role": role}).raise_for_status()
-            self.http.post(f"{url}/admin/drain", json={"drain": False}).raise_for_status()
+            self.set_role(url, role)
+            self.set_drain(url, False)
             draining.discard(name)
-            endpoints = [RouterEndpoint(name=e.name, url=e.url, role=role) if e.name == name else e for e in endpoints]
+            label = self.label(role)
+            endpoints = [RouterEndpoint(name=e.name, url=e.url, role=label) if e.name == name else e for e in endpoints]
         t_min = effects.threshold_min_tokens
         new = self.config.model_copy(
             update={
@@ -118,6 +207,58 @@ class LocalCluster:
         if new != self.config:
             self.config = new
             write_router_config(self.config_path, new)
+
+    def wait_applied(self) -> bool:
+        """Until the router reports the digest of the file as written (its /ready), or the timeout."""
+        if self.router_url is None:
+            return False
+        want = hashlib.sha256(self.config_path.read_bytes() + b"\0").hexdigest()
+        deadline = time.monotonic() + self.publish_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.http.get(f"{self.router_url}/ready").json().get("config_digest") == want:
+                    return True
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            time.sleep(0.1)
+        return False
+
+    def set_link_capacity(self, gbps: float) -> None:
+        """Publish a new capacity for every link of the config (the operator does so from an InterDCLink's
+        spec); the routers reload the file and admit against the new cap."""
+        links = [link.model_copy(update={"capacity_gbps": gbps}) for link in self.config.links]
+        self.config = self.config.model_copy(update={"links": links})
+        write_router_config(self.config_path, self.config)
+
+    def scarce_links(self) -> tuple[ScarceLink, ...]:
+        """The links the router measures scarce now, with its egress estimate (the operator reads the same from
+        the InterDCLink's status): their bandwidth floors raise the long-term ``t`` in force."""
+        if self.router_url is None or not self.config.links:
+            return ()
+        try:
+            text = self.http.get(f"{self.router_url}/metrics").text
+        except httpx.HTTPError:
+            return ()
+        if not sample_sum(text, METRIC_ROUTER_LINK_SCARCE):
+            return ()
+        link = self.config.links[0]
+        egress = sample_sum(text, METRIC_ROUTER_LINK_EGRESS_GBPS) or 0.0
+        params = LinkParams(
+            link.name, link.capacity_gbps, link.max_utilization, link.scarce_watermark, link.abundant_watermark
+        )
+        return (ScarceLink(params, egress),)
+
+    def label(self, role: str) -> Any:
+        """The router endpoint role that serves as ``role`` (the emulated stack: the same name)."""
+        return role
+
+    def set_drain(self, url: str, drain: bool) -> None:
+        """Tell the engine at ``url`` to drain (or to stop draining): the emulator's admin API."""
+        self.http.post(f"{url}/admin/drain", json={"drain": drain}).raise_for_status()
+
+    def set_role(self, url: str, role: str) -> None:
+        """Give the engine at ``url`` its new role: the emulator's admin API."""
+        self.http.post(f"{url}/admin/role", json={"role": role}).raise_for_status()
 
     def counts(self) -> tuple[int, int]:
         p = sum(1 for e in self.config.endpoints if e.role == "prefill")
@@ -143,7 +284,13 @@ class LocalLoop:
     def run_once(self, now_s: float) -> LoopDecision:
         obs = self.cluster.observe(now_s)
         tick = LoopTick(
-            now_s, self.params, self.inputs, self.state, obs, float(self.cluster.config.threshold_min_tokens)
+            now_s,
+            self.params,
+            self.inputs,
+            self.state,
+            obs,
+            float(self.cluster.config.threshold_min_tokens),
+            scarce_links=self.cluster.scarce_links(),
         )
         decision = step(tick)
         self.cluster.apply(decision, now_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from typing import Any
 
 
@@ -67,11 +68,17 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from prfaas_operator.embedded import run_operator
+    from prfaas_operator.preflight import PreflightError, preflight
 
     try:
         config = config_from_args(args)
     except ValidationError as exc:
         print(f"error: {exc}")
+        return 2
+    try:  # an unreadable kubeconfig or an unreachable API server: one line, exit 2 (not kopf's retry loop)
+        asyncio.run(preflight(config.kubeconfig))
+    except PreflightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     asyncio.run(run_operator(config))
     return 0

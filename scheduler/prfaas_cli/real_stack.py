@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,9 +65,16 @@ class RealStack:
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hosts: dict[str, str] = field(default_factory=dict)
+    access: dict[str, str] = field(default_factory=dict)
 
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.ports[name]}"
+        """Where this process reaches ``name`` (a forwarder's URL when it runs in a namespace)."""
+        return self.access.get(name) or self.peer_url(name)
+
+    def peer_url(self, name: str) -> str:
+        """Where the other processes of the stack reach ``name`` (its listen address)."""
+        return f"http://{self.hosts.get(name, '127.0.0.1')}:{self.ports[name]}"
 
     @property
     def token_file(self) -> Path:
@@ -118,8 +125,8 @@ class RealStack:
             config["remotes"] = [
                 {
                     "name": "prfaas",
-                    "url": self.url(gateway),
-                    "statusUrl": self.url(gateway) + "/status",
+                    "url": self.peer_url(gateway),
+                    "statusUrl": self.peer_url(gateway) + "/status",
                     "tokenFile": str(self.token_file),
                     "link": LINK,
                     "timeoutSeconds": 10,
@@ -127,14 +134,26 @@ class RealStack:
             ]
         return config
 
-    def start_router(self, name: str, config: dict[str, Any]) -> str:
-        """Start ``prfaas router`` with ``config`` (no wait; see :meth:`wait_ready`); returns its base URL."""
+    def start_router(
+        self,
+        name: str,
+        config: dict[str, Any],
+        prefix: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        access: Callable[[int], str] | None = None,
+    ) -> str:
+        """Start ``prfaas router`` with ``config`` (no wait; see :meth:`wait_ready`); returns its base URL.
+        ``prefix`` runs it elsewhere (``ip netns exec NS``), listening on ``host``; ``access(port)`` gives the URL
+        this process reaches it by from there (a forwarder)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.configs[name] = config
         path = self.dir / f"{name}.json"
         path.write_text(json.dumps(config, indent=2))
-        self.ports[name] = free_port()
-        argv = [*PRFAAS, "router", "--config", str(path), "--port", str(self.ports[name])]
+        self.ports[name] = port = free_port()
+        self.hosts[name] = host
+        if access is not None:
+            self.access[name] = access(port)
+        argv = [*prefix, *PRFAAS, "router", "--config", str(path), "--host", host, "--port", str(port)]
         self.procs[name] = spawn_process(argv, self.dir / f"{name}.log", env={"NO_PROXY": "*"})
         return self.url(name)
 

@@ -43,22 +43,38 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument(
+        "--allow-insecure-gateway",
+        action="store_true",
+        help="let a gateway (mode: gateway) serve without gateway.tokenFile: anyone who reaches it may prefill. "
+        "It warns at start and exports prfaas_gateway_insecure 1. Without it such a gateway refuses to start",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME",
+        help="accept only requests naming this model (repeatable; others get OpenAI's 404 model_not_found); "
+        "default: any name",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from prfaas_router.app import check_secure
     from prfaas_router.app import run as run_router
-    from prfaas_router.config import ConfigError, load_config
+    from prfaas_router.config import load_config
 
     configure_logging(args.log_level)
     try:
-        load_config(args.config, args.settings)
-    except ConfigError as exc:
+        config, _ = load_config(args.config, args.settings)
+        check_secure(config, args.allow_insecure_gateway)
+    except ValueError as exc:  # ConfigError, InsecureGatewayError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         settings = Path(args.settings) if args.settings else None
-        run_router(Path(args.config), args.host, args.port, settings)
+        models = frozenset(args.model) if args.model else None
+        run_router(Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway, models)
     except KeyboardInterrupt:
         return 0
     return 0

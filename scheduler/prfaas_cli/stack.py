@@ -49,6 +49,8 @@ class StackSpec:
     threshold_min_tokens: int = 19_634
     model_profile: str = "internal-1t"
     with_gateway_token: bool = True
+    served_models: tuple[str, ...] = ()
+    """The model names the router accepts (others get OpenAI's 404); empty: any."""
     gateway_admission: bool = False
     """The gateway schedules the link (``gateway.admission``; pull-after-prefill, one pull at a relay's rate)."""
 
@@ -59,6 +61,8 @@ class LocalStack:
     work_dir: Path
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     urls: dict[str, str] = field(default_factory=dict)
+    gateway_headers: dict[str, str] = field(default_factory=dict)
+    """The gateway's bearer token header (its /status needs it)."""
     router_config: RouterConfig | None = None
     link_metric_urls: list[str] = field(default_factory=list)
 
@@ -128,6 +132,7 @@ class LocalStack:
         pd_eps = [self._start_pd(i, scale) for i in range(s.n_pd)]
         token = self.work_dir / "gateway-token"
         token.write_text(os.urandom(16).hex())
+        self.gateway_headers = {"Authorization": f"Bearer {token.read_text()}"}
         gw_port, router_port = free_port(), free_port()
         gw_url = f"http://127.0.0.1:{gw_port}"
         self.urls["gateway"], self.urls["router"] = gw_url, f"http://127.0.0.1:{router_port}"
@@ -136,7 +141,8 @@ class LocalStack:
         self.router_config = self._router_config(model_json, pd_eps, gw_url, token)
         write_router_config(self.config_path, self.router_config)
         self._start("gateway", ["router", "--config", str(self.work_dir / "gateway.json"), "--port", str(gw_port)])
-        self._start("router", ["router", "--config", str(self.config_path), "--port", str(router_port)])
+        models = [arg for name in s.served_models for arg in ("--model", name)]
+        self._start("router", ["router", "--config", str(self.config_path), "--port", str(router_port), *models])
         self.wait_ready()
 
     def _start_prfaas(self, i: int, scale: list[str]) -> dict[str, str]:
@@ -260,7 +266,7 @@ class LocalStack:
                 self.check_alive()
                 try:
                     r = client.get(self.urls["router"] + "/ready")
-                    g = client.get(self.urls["gateway"] + "/status")
+                    g = client.get(self.urls["gateway"] + "/status", headers=self.gateway_headers)
                     if (
                         r.status_code == 200
                         and r.json()["healthy_engines"] == self.spec.n_pd

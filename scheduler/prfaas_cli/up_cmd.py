@@ -1,14 +1,16 @@
 """``prfaas up``: the whole system on one machine, no cluster — emulated PrFaaS engines behind the prefill
 gateway, PD engines, the shaped link (KV bytes really cross it), the router, and the core's long-term loop
-with a local observer and actuator (the operator plugs in Kubernetes ones); then replays traffic (the paper's
-input lengths, Poisson arrivals at a fraction of the planner's Λ_max, time-scaled) with a live view, and
-prints a summary (SLO attainment, TTFT by route, egress vs cap, role flips, t)."""
+with a local observer and actuator (the operator plugs in Kubernetes ones); then runs a scenario in phases
+(by default steady traffic, a shift to long prompts, a link squeeze, a recovery: prfaas_cli/data/up-phases.yaml)
+with a live view, and prints a summary per phase (SLO attainment, TTFT by route, egress vs cap, role flips,
+t). With --serve it keeps the stack up for your own client instead (until Ctrl-C or SIGTERM).
+
+Times are model seconds (wall seconds x --time-scale) unless they say wall."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
 import sys
@@ -18,57 +20,87 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from prfaas_core.names import METRIC_ROUTER_THRESHOLD_TOKENS
-from prfaas_core.plan_inputs import case_study_inputs
+from prfaas_core.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.planner import plan
 from prfaas_core.policy.roles import RolePolicyParams
 from prfaas_core.trace import TraceRecord, parse_trace
 
-from .load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
-from .local_loop import LocalCluster, LocalLoop, decision_json
-from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
+from . import real_up
+from .dashboard_png import DASHBOARD
+from .dashboard_png import render as render_dashboard
+from .load import Slo
+from .plots import PlotDirError, check_plot_dir, write_plots
+from .scenario import (
+    DEFAULT_SCENARIO,
+    Phase,
+    ScenarioError,
+    ScenarioSpec,
+    load_scenario,
+    resolve,
+    single_phase,
+)
+from .scenario import generate_trace as scenario_trace
 from .stack import LocalStack, StackSpec
+from .up_prom import LocalPrometheus, start_prometheus
+from .up_report import loop_summary, print_summary, render_plot, summary
+from .up_session import run_session
+from .up_view import LiveView
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "up", help="run the whole system locally (emulated engines, link, router, loop)", description=__doc__
     )
-    p.add_argument("--prfaas", type=int, default=2, help="PrFaaS (H200) engines (default 2)")
-    p.add_argument("--pd", type=int, default=4, help="PD (H20) engines (default 4)")
-    p.add_argument("--link-gbps", type=float, default=100.0, help="link capacity, model Gbps (default 100)")
+    p.add_argument("--prfaas", type=int, help="PrFaaS (H200) engines (default 2; 1 with --engines vllm)")
+    p.add_argument("--pd", type=int, help="PD (H20) engines (default 4; 2 with --engines vllm)")
+    p.add_argument(
+        "--scenario",
+        metavar="FILE",
+        help=f"phases of traffic and link conditions (YAML; default {DEFAULT_SCENARIO.name}, the same file as "
+        "examples/04-up/phases.yaml)",
+    )
     p.add_argument(
         "--load",
         type=float,
-        default=0.5,
-        help="arrival rate as a fraction of the planner's Λ_max (default 0.5: Λ_max is a throughput, so queues "
-        "make TTFT miss its SLO well below it; the simulator puts this stack's goodput near 0.65 of it, "
-        "benchmarks/goodput_vs_peers.py measures 0.5-0.57)",
+        help="instead of a scenario: one steady phase at this fraction of the planner's Λ_max (0.5 when only "
+        "--duration is given)",
     )
-    p.add_argument("--duration", type=float, default=240.0, help="model seconds of traffic (default 240)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        help="instead of a scenario: model seconds of steady traffic (240); with --engines vllm: wall seconds (60)",
+    )
+    p.add_argument("--link-gbps", type=float, help="link capacity at the start, model Gbps (scenario's; 100)")
     p.add_argument(
         "--time-scale",
         type=float,
-        default=2.0,
-        help="model seconds per wall second (default 2: every engine, the link and the router share this "
+        help="model seconds per wall second (scenario's; 2: every engine, the link and the router share this "
         "machine's cores, and a faster clock turns their CPU time into model latency)",
     )
-    p.add_argument(
-        "--output-tokens",
-        type=int,
-        default=32,
-        help="output tokens per request (default 32: the PD decode stage is far from its limit either way, and "
-        "every streamed token costs CPU in three processes)",
-    )
+    p.add_argument("--output-tokens", type=int, help="output tokens per request (scenario's)")
     p.add_argument("--trace", help="replay this trace (JSONL, prfaas_core.trace) instead of generating one")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="where configs, logs and summary.json go (default: a temp dir)")
     p.add_argument("--output", "-o", choices=("table", "json"), default="table")
     p.add_argument(
-        "--plot-dir", metavar="DIR", help="write up.png here: TTFT by route vs the SLO, egress vs the cap, roles and t"
+        "--plot-dir",
+        metavar="DIR",
+        help="write up.png here (the phases shaded: TTFT by route vs the SLO, egress vs the cap, t and its "
+        "floor, roles), and dashboard.png when a local Prometheus ran",
     )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="no built-in load: keep the stack up for your own OpenAI client (and Prometheus) until Ctrl-C",
+    )
+    p.add_argument(
+        "--prometheus",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto: start a local Prometheus scraping the stack (with the project's recording rules) when "
+        "the prometheus binary is installed",
+    )
+    real_up.register_options(p)
     p.set_defaults(handler=run)
 
 
@@ -94,302 +126,244 @@ def generate_trace(rate_rps: float, duration_s: float, output_tokens: int, seed:
         i += 1
 
 
-def _router_threshold(url: str) -> float | None:
-    """The ``t`` in force at the router (its own gauge)."""
-    from prfaas_router.prom_text import sample_sum
+@dataclass(frozen=True)
+class UpPlan:
+    """What the run is: the scenario with its phases, the planner's point for it, the loop's policy."""
 
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=5.0).text
-    except httpx.HTTPError:
-        return None
-    return sample_sum(text, METRIC_ROUTER_THRESHOLD_TOKENS)
+    scenario: ScenarioSpec
+    phases: list[Phase]
+    inputs: PlanInputs
+    threshold_tokens: int
+    n_prefill: int
+    n_decode: int
+    lambda_max_rps: float
+    params: RolePolicyParams
 
-
-def _view(
-    stack: LocalStack,
-    cluster: LocalCluster,
-    results: list[Result],
-    total: int,
-    egress: list[float],
-    cap: float,
-    start: float,
-) -> str:
-    p, d = cluster.counts()
-    done = len(results)
-    routes: dict[str, int] = {}
-    for r in results:
-        routes[r.route] = routes.get(r.route, 0) + 1
-    last = cluster.decisions[-1].reason if cluster.decisions else "-"
-    eg = egress[-1] if egress else 0.0
-    return (
-        f"[{time.perf_counter() - start:6.1f}s] roles P/D {p}/{d} | t {cluster.config.threshold_min_tokens} | "
-        f"egress {eg:5.1f}/{cap:.0f} Gbps | done {done}/{total} {routes} | last: {last[:70]}"
-    )
+    def plan_json(self) -> dict[str, Any]:
+        return {
+            "threshold_tokens": self.threshold_tokens,
+            "n_prefill": self.n_prefill,
+            "n_decode": self.n_decode,
+            "throughput_rps": round(self.lambda_max_rps, 3),
+        }
 
 
-async def _run(
-    args: argparse.Namespace,
-    stack: LocalStack,
-    records: list[TraceRecord],
-    params: RolePolicyParams,
-    inputs: Any,
-    slo: Slo,
-) -> tuple[dict[str, Any], PlotData]:
-    assert stack.router_config is not None
-    cluster = LocalCluster(
-        stack.config_path,
-        stack.router_config,
-        stack.urls["gateway"] + "/status",
-        router_url=stack.urls["router"],
-        time_scale=stack.spec.time_scale,
-    )
-    loop = LocalLoop(cluster, params, inputs)
-    scale = stack.spec.time_scale
-    bodies = prepare_bodies(records, args.seed)
-    results: list[Result] = []
-    egress: list[float] = []
-    timeline: list[tuple[float, int, int, int]] = []  # (model s, prefill, decode, t_min published)
-    stop = asyncio.Event()
-    start = time.perf_counter()
-    cap = stack.spec.link_gbps * stack.spec.link_max_utilization
-    tty = sys.stderr.isatty()
-
-    async def driver() -> None:
-        while not stop.is_set():
-            model_now = (time.perf_counter() - start) * scale
-            if model_now >= loop.next_due_s():
-                try:
-                    await asyncio.to_thread(loop.run_once, model_now)
-                except (httpx.HTTPError, RuntimeError) as exc:
-                    print(f"long-term loop: cycle failed, will retry: {exc}", file=sys.stderr)
-            timeline.append((model_now, *cluster.counts(), cluster.config.threshold_min_tokens))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.25)
-
-    async def viewer() -> None:
-        while not stop.is_set():
-            line = _view(stack, cluster, results, len(records), egress, cap, start)
-            print(("\r" + line[:150].ljust(150)) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0 if tty else 10.0)
-
-    tasks = [
-        asyncio.create_task(driver()),
-        asyncio.create_task(viewer()),
-        asyncio.create_task(sample_egress(stack.link_metric_urls, scale, stop, egress)),
-    ]
-    try:
-        await replay(stack.urls["router"], records, scale, on_result=results.append, bodies=bodies)
-        router_t = await asyncio.to_thread(_router_threshold, stack.urls["router"])
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        cluster.close()
-    if tty:
-        print(file=sys.stderr)
-    summary = _summary(stack, cluster, results, egress, slo, cap, router_t, time.perf_counter() - start)
-    return summary, PlotData([(r.uncached_tokens, r.ttft_s, r.route) for r in results], egress, timeline, cap)
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments (None: nothing)."""
+    if args.prfaas < 1 or args.pd < 2:
+        return "need --prfaas >= 1 and --pd >= 2"
+    for name in ("load", "duration", "time_scale", "link_gbps", "output_tokens"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            return f"--{name.replace('_', '-')} must be positive"
+    if args.scenario and (args.load is not None or args.duration is not None):
+        return "--scenario and --load/--duration are alternatives: pick one"
+    return None
 
 
-def _summary(
-    stack: LocalStack,
-    cluster: LocalCluster,
-    results: list[Result],
-    egress: list[float],
-    slo: Slo,
-    cap: float,
-    router_t: float | None,
-    wall_s: float,
-) -> dict[str, Any]:
-    """The run's JSON: requests (all and by route), egress against the cap, the loop's decisions."""
-    summary = summarize(results, slo)
-    by_route: dict[str, dict[str, Any]] = {}
-    for route in sorted({r.route for r in results}):
-        sub = [r for r in results if r.route == route]
-        by_route[route] = summarize(sub, slo).as_json()
-    flips = [decision_json(d) for d in cluster.decisions if d.action in ("FlipToDecode", "FlipToPrefill")]
-    actions: dict[str, int] = {}
-    for d in cluster.decisions:
-        actions[d.action] = actions.get(d.action, 0) + 1
-    published = json.loads(stack.config_path.read_text())
-    return {
-        "requests": summary.as_json(),
-        "by_route": by_route,
-        "egress_mean_gbps": round(sum(egress) / len(egress), 3) if egress else 0.0,
-        "egress_peak_gbps": round(max(egress), 3) if egress else 0.0,
-        "link_cap_gbps": cap,
-        "role_flips": flips,
-        "final_roles": dict(zip(("prefill", "decode"), cluster.counts(), strict=True)),
-        "threshold_tokens": cluster.config.threshold_min_tokens,
-        "loop": {
-            "cycles": len(cluster.decisions),
-            "actions": actions,
-            "published_threshold_min_tokens": published["thresholdMinTokens"],
-            "router_threshold_tokens": router_t,
-        },
-        "wall_seconds": round(wall_s, 1),
-        "last_decisions": [decision_json(d) for d in cluster.decisions[-5:]],
-        "errors": sorted({f"{r.status}: {r.error}" for r in results if r.status != 200})[:5],
-    }
-
-
-UP_ROLE_PARAMS = RolePolicyParams(
-    period_s=20.0,
-    hysteresis_cycles=2,
-    cooldown_s=60.0,
-    drain_timeout_s=30.0,
-    drain_poll_s=2.0,
-    prefill_min=1,
-    decode_min=1,
-)
-"""The long-term loop's policy in ``prfaas up`` (short periods: a local run lasts minutes)."""
-
-
-def _records(args: argparse.Namespace, rate_rps: float) -> list[TraceRecord]:
-    """The trace to replay: ``--trace``, or one generated at ``rate_rps`` (raises ValueError/OSError)."""
-    if args.trace:
-        return list(parse_trace(Path(args.trace).read_text().splitlines(), args.trace))
-    return generate_trace(rate_rps, args.duration, args.output_tokens, args.seed)
-
-
-def _print_summary(out: dict[str, Any], work: Path) -> None:
-    """The run's summary as text."""
-    r = out["requests"]
-    print(
-        f"requests {r['requests']}, ok {r['ok']}, within SLO {r['meets_slo']} ({r['slo_attainment']:.1%}); "
-        f"TTFT p50/p90 {r['ttft_p50_s']}/{r['ttft_p90_s']} s (model)"
-    )
-    for route, s in out["by_route"].items():
-        print(
-            f"  {route:9s} {s['requests']:5d} requests, TTFT p50/p90 {s['ttft_p50_s']}/{s['ttft_p90_s']} s, "
-            f"SLO {s['slo_attainment']:.1%}"
+def scenario_of(args: argparse.Namespace) -> ScenarioSpec:
+    """``--scenario``, one steady phase for ``--load``/``--duration``, or the default; then the overrides."""
+    if args.load is not None or args.duration is not None:
+        spec = single_phase(
+            args.load if args.load is not None else 0.5,
+            args.duration if args.duration is not None else 240.0,
+            100.0,
+            32,
+            2.0,
         )
-    if r["slo_misses"]:
-        print(f"  missed the SLO by: {r['slo_misses']}")
-    print(
-        f"egress mean/peak {out['egress_mean_gbps']}/{out['egress_peak_gbps']} Gbps vs cap "
-        f"{out['link_cap_gbps']:g}; roles now {out['final_roles']}; t {out['threshold_tokens']}; "
-        f"flips {len(out['role_flips'])}"
-    )
-    lp = out["loop"]
-    print(
-        f"long-term loop: {lp['cycles']} cycles {lp['actions']}; t_min published "
-        f"{lp['published_threshold_min_tokens']}, t in force at the router {lp['router_threshold_tokens']}"
-    )
-    print(f"summary: {work / 'summary.json'}")
+    else:
+        spec = load_scenario(Path(args.scenario) if args.scenario else DEFAULT_SCENARIO)
+    changes: dict[str, Any] = {}
+    if args.link_gbps is not None:
+        changes["link_gbps"] = args.link_gbps
+    if args.time_scale is not None:
+        changes["time_scale"] = args.time_scale
+    if args.output_tokens is not None:
+        changes["output_tokens"] = args.output_tokens
+    return spec.model_copy(update=changes) if changes else spec
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.prfaas < 1 or args.pd < 2 or args.load <= 0 or args.duration <= 0 or args.time_scale <= 0:
-        print("error: need --prfaas >= 1, --pd >= 2 and positive --load, --duration, --time-scale", file=sys.stderr)
-        return 2
+def make_plan(args: argparse.Namespace, spec: ScenarioSpec) -> UpPlan:
     base = replace(
         case_study_inputs(),
         n_prfaas=args.prfaas,
         n_pd=args.pd,
-        output_tokens=float(args.output_tokens),
-        link_capacity_gbps=args.link_gbps,
+        output_tokens=float(spec.output_tokens),
+        link_capacity_gbps=spec.link_gbps,
     )
-    p = plan(base)
-    best = p.prfaas_pd.point
-    t_best = round(best.split.threshold_tokens)
+    best = plan(base).prfaas_pd.point
+    lp = spec.loop
+    params = RolePolicyParams(
+        period_s=lp.period_seconds,
+        hysteresis_cycles=lp.hysteresis_cycles,
+        cooldown_s=lp.cooldown_seconds,
+        drain_timeout_s=lp.drain_timeout_seconds,
+        drain_poll_s=2.0,
+        flip_to_decode_ratio=lp.flip_to_decode_ratio,
+        flip_to_prefill_ratio=lp.flip_to_prefill_ratio,
+        prefill_min=1,
+        decode_min=1,
+    )
+    return UpPlan(
+        spec,
+        resolve(spec, base.lengths),
+        base,
+        round(best.split.threshold_tokens),
+        best.n_prefill,
+        best.n_decode,
+        best.throughput_rps,
+        params,
+    )
+
+
+def records_of(args: argparse.Namespace, up: UpPlan) -> list[TraceRecord]:
+    """The trace to replay: ``--trace``, or the scenario's (raises ValueError/OSError)."""
+    if args.trace:
+        return list(parse_trace(Path(args.trace).read_text().splitlines(), args.trace))
+    return scenario_trace(up.phases, up.lambda_max_rps, up.scenario.output_tokens, args.seed)
+
+
+def stack_for(args: argparse.Namespace, up: UpPlan, work: Path) -> LocalStack:
+    """The stack to run (the emulated engines; other engine kinds plug in here)."""
+    spec = StackSpec(
+        n_prfaas=args.prfaas,
+        n_pd=args.pd,
+        initial_prefill=up.n_prefill,
+        link_gbps=up.scenario.link_gbps,
+        time_scale=up.scenario.time_scale,
+        threshold_min_tokens=up.threshold_tokens,
+    )
+    return LocalStack(spec, work)
+
+
+def announce(args: argparse.Namespace, up: UpPlan, records: list[TraceRecord], work: Path) -> None:
+    phases = ", ".join(f"{p.name} {p.end_s - p.start_s:g} s" for p in up.phases)
+    wall = up.phases[-1].end_s / up.scenario.time_scale
+    what = (
+        "serving your requests" if args.serve else f"replaying {len(records)} requests ({phases}; ~{wall:.0f} s wall)"
+    )
+    print(
+        f"plan for {args.prfaas} PrFaaS + {args.pd} PD: t = {up.threshold_tokens}, "
+        f"{up.n_prefill}P/{up.n_decode}D, Λ_max {up.lambda_max_rps:.2f} req/s; {what} at "
+        f"x{up.scenario.time_scale:g} speed (model s = wall s x {up.scenario.time_scale:g}); logs in {work / 'logs'}",
+        file=sys.stderr,
+    )
+
+
+def replay_run(args: argparse.Namespace, up: UpPlan, stack: LocalStack, records: list[TraceRecord]) -> dict[str, Any]:
+    """Run the scenario's replay with the live view; the summary (JSON) with the plot bytes attached."""
+    slo = Slo()
+    started_unix = time.time()
+    view = LiveView(slo, len(records))
     try:
-        records = _records(args, args.load * best.throughput_rps)
-    except (OSError, ValueError) as exc:
+        st, cluster = asyncio.run(
+            run_session(stack, records, up.phases, up.params, up.inputs, args.seed, on_tick=view.update)
+        )
+    finally:
+        view.close()
+    out = summary(st, slo, time.perf_counter() - st.started)
+    published = json.loads(stack.config_path.read_text())
+    out.update(loop_summary(st, cluster.counts(), cluster.config.threshold_min_tokens, published))
+    out["plan"] = up.plan_json()
+    out["_png"] = render_plot(st, slo)
+    out["_started_unix"] = started_unix
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.engines == "vllm":
+        if args.load is None:
+            args.load = 0.5
+        return real_up.run(args)
+    args.prfaas = 2 if args.prfaas is None else args.prfaas
+    args.pd = 4 if args.pd is None else args.pd
+    problem = check_args(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        up = make_plan(args, scenario_of(args))
+        records = records_of(args, up)
+        plot_dir = check_plot_dir(args.plot_dir) if args.plot_dir else None
+    except (OSError, ValueError) as exc:  # ScenarioError and PlotDirError are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-up-"))
     work.mkdir(parents=True, exist_ok=True)
-    spec = StackSpec(
-        n_prfaas=args.prfaas,
-        n_pd=args.pd,
-        initial_prefill=best.n_prefill,
-        link_gbps=args.link_gbps,
-        time_scale=args.time_scale,
-        threshold_min_tokens=int(t_best),
-    )
-    print(
-        f"plan for {args.prfaas} PrFaaS + {args.pd} PD: t = {t_best}, "
-        f"{best.n_prefill}P/{best.n_decode}D, Λ_max {best.throughput_rps:.2f} req/s; replaying {len(records)} "
-        f"requests at x{args.time_scale:g} speed; logs in {work / 'logs'}",
-        file=sys.stderr,
-    )
-    stack = LocalStack(spec, work)
-    try:
-        plot_dir = check_plot_dir(args.plot_dir) if args.plot_dir else None
-    except PlotDirError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    announce(args, up, records, work)
+    if args.serve:
+        from .up_serve import serve
+
+        return serve(args, up, stack_for(args, up, work), work)
+    stack = stack_for(args, up, work)
+    prom = None
     try:
         stack.start()
-        run_out = asyncio.run(_run(args, stack, records, UP_ROLE_PARAMS, base, Slo()))
+        prom = local_prometheus(args, stack, work)
+        out = replay_run(args, up, stack, records)
+        if prom is not None and plot_dir is not None:
+            out["_dashboard"] = dashboard_picture(prom, out["_started_unix"], time.time())
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
+        if prom is not None:
+            prom.stop()
         stack.stop()
-    out, plot_data = run_out
-    out["plan"] = {
-        "threshold_tokens": t_best,
-        "n_prefill": best.n_prefill,
-        "n_decode": best.n_decode,
-        "throughput_rps": round(best.throughput_rps, 3),
-    }
+    return report(args, out, work, plot_dir)
+
+
+def local_prometheus(args: argparse.Namespace, stack: LocalStack, work: Path) -> LocalPrometheus | None:
+    """The local Prometheus (``--prometheus auto`` and the binary installed), or None saying why not."""
+    if args.prometheus == "off":
+        return None
+    prom = start_prometheus(stack, work)
+    if prom is None:
+        print(
+            "no prometheus binary: no local Prometheus and no dashboard picture (scripts/system-deps.sh "
+            "installs Debian's)",
+            file=sys.stderr,
+        )
+    else:
+        print(f"local Prometheus at {prom.url} (scraping every process of the stack)", file=sys.stderr)
+    return prom
+
+
+def dashboard_picture(prom: LocalPrometheus, start: float, end: float) -> bytes | None:
+    """dashboard.png: the dashboard's panels from the local Prometheus's series (None: no dashboard file)."""
+    if not DASHBOARD.is_file():
+        return None
+    time.sleep(2.0)  # the last scrapes after the traffic (Prometheus scrapes every second)
+    doc = json.loads(DASHBOARD.read_text())
+    data, _ = render_dashboard(
+        doc,
+        prom.query_range,
+        start,
+        time.time(),
+        "prfaas up, rendered from its local Prometheus (no operator here: its panels stay empty)",
+        rate_interval="30s",
+        no_data="No data (no operator in prfaas up)",
+    )
+    return data
+
+
+def report(args: argparse.Namespace, out: dict[str, Any], work: Path, plot_dir: Path | None) -> int:
+    png = out.pop("_png")
+    dashboard = out.pop("_dashboard", None)
+    out.pop("_started_unix", None)
     (work / "summary.json").write_text(json.dumps(out, indent=2))
     if args.output == "json":
         print(json.dumps(out, indent=2))
     else:
-        _print_summary(out, work)
+        print_summary(out)
+        print(f"summary: {work / 'summary.json'}")
     if plot_dir is not None:
         try:
-            write_plots(plot_dir, {"up.png": render_plot(plot_data, Slo())})
+            write_plots(plot_dir, {"up.png": png, **({"dashboard.png": dashboard} if dashboard else {})})
         except PlotDirError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     return 0
 
 
-@dataclass(frozen=True)
-class PlotData:
-    requests: list[tuple[int, float | None, str]]
-    """(uncached tokens, TTFT in model s or None, route) per request."""
-    egress: list[float]
-    """Model Gbps per 1-s model window."""
-    timeline: list[tuple[float, int, int, int]]
-    """(model s, PD prefill, PD decode, t_min published) as the loop driver saw them."""
-    cap: float
-
-
-def render_plot(data: PlotData, slo: Slo) -> bytes:
-    """One PNG, three panels sharing nothing but the run: TTFT against the SLO by route (which requests went
-    where and whether they made it), egress per model second against the cap, PD roles and ``t`` over time."""
-    requests, egress, timeline, cap = data.requests, data.egress, data.timeline, data.cap
-    fig = figure(8, 10)
-    ax_ttft, ax_egress, ax_roles = fig.subplots(3, 1)
-    for route in sorted({r for *_, r in requests}):
-        pts = [(u, ttft) for u, ttft, r in requests if r == route and ttft is not None]
-        if pts:
-            ax_ttft.scatter([u / 1000 for u, _ in pts], [t for _, t in pts], s=8, label=route, alpha=0.7)
-    top = max((u for u, _, _ in requests), default=1000)
-    xs = [0.0, top / 1000]
-    ax_ttft.plot(xs, [slo.ttft_limit_s(int(x * 1000)) for x in xs], "k--", lw=1, label="TTFT SLO")
-    ax_ttft.set(xlabel="uncached input (K tokens)", ylabel="TTFT (model s)", title="TTFT by route against the SLO")
-    ax_ttft.legend(fontsize=7)
-    ax_egress.plot(range(len(egress)), egress, lw=0.8, label="egress (1-s model windows)")
-    ax_egress.axhline(cap, color="k", ls="--", lw=1, label=f"cap {cap:g} Gbps")
-    ax_egress.set(xlabel="model s", ylabel="Gbps", title="PrFaaS -> PD egress against the cap")
-    ax_egress.set_ylim(bottom=0)
-    ax_egress.legend(fontsize=7)
-    if timeline:
-        ts = [row[0] for row in timeline]
-        ax_roles.step(ts, [row[1] for row in timeline], where="post", label="PD prefill instances")
-        ax_roles.step(ts, [row[2] for row in timeline], where="post", label="PD decode instances")
-        ax_t = ax_roles.twinx()
-        ax_t.step(ts, [row[3] / 1000 for row in timeline], where="post", color="grey", ls=":", label="t_min")
-        ax_t.set_ylabel("t_min (K tokens)")
-        ax_t.set_ylim(bottom=0)
-    ax_roles.set(xlabel="model s", ylabel="instances", title="Roles from the long-term loop")
-    ax_roles.set_ylim(bottom=0)
-    ax_roles.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    return png(fig)
+__all__ = ["ScenarioError", "UpPlan", "generate_trace", "make_plan", "register", "run", "scenario_of"]

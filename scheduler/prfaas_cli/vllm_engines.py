@@ -143,16 +143,24 @@ class RealEngine:
     proc: subprocess.Popen[bytes]
     log: Path
     netns: str | None = None
+    access: str | None = None
+    """The base URL this process reaches the engine by when it runs in a namespace (a forwarder); None: ``url``."""
 
     @property
     def url(self) -> str:
+        """The engine's address as its peers (routers, other engines) see it."""
         return f"http://{self.host}:{self.spec.port}"
+
+    @property
+    def reach_url(self) -> str:
+        """The engine's address from the harness's own (root) namespace."""
+        return self.access or self.url
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def metrics_text(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=10).text
+        return httpx.get(f"{self.reach_url}/metrics", timeout=10).text
 
     def prompt_tokens_by_source(self) -> dict[str, float]:
         """vLLM's ``prompt_tokens_by_source``: local_compute, local_cache_hit, external_kv_transfer."""
@@ -219,8 +227,17 @@ class EnginePool:
             net_device=net_device,
         )
 
-    def start(self, name: str, spec: EngineSpec, netns: str | None = None, host: str = "127.0.0.1") -> RealEngine:
-        """Start ``spec``'s engine (no wait; see :meth:`wait_ready`)."""
+    def start(
+        self,
+        name: str,
+        spec: EngineSpec,
+        netns: str | None = None,
+        host: str = "127.0.0.1",
+        access: str | None = None,
+    ) -> RealEngine:
+        """Start ``spec``'s engine (no wait; see :meth:`wait_ready`), inside network namespace ``netns`` if
+        given: field references resolve to ``host`` (the namespace's address) and the harness reaches it through
+        ``access`` (a forwarder's URL, :meth:`prfaas_cli.netns.NetnsPair.expose`)."""
         if name in self.engines and self.engines[name].alive():
             raise ValueError(f"engine {name} is already running")
         launch = engine_launch(spec)
@@ -256,7 +273,7 @@ class EnginePool:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        engine = RealEngine(name, spec, launch, host, proc, log, netns)
+        engine = RealEngine(name, spec, launch, host, proc, log, netns, access)
         self.engines[name] = engine
         return engine
 
@@ -269,7 +286,7 @@ class EnginePool:
                 if not engine.alive():
                     raise RuntimeError(f"engine {engine.name} exited ({engine.proc.returncode}):\n{engine.tail()}")
                 try:
-                    if httpx.get(f"{engine.url}/health", timeout=2).status_code == 200:
+                    if httpx.get(f"{engine.reach_url}/health", timeout=2).status_code == 200:
                         pending.remove(engine)
                 except httpx.HTTPError:
                     pass
@@ -286,10 +303,12 @@ class EnginePool:
         started = time.monotonic()
         body = {"model": self.env.served_model_name, "prompt": "warm up " * 40, "max_tokens": 1}
         leg = {**body, "kv_transfer_params": dict(PREFILL_KV_PARAMS), "stream": False}
-        r = httpx.post(f"{prefill.url}/v1/completions", json=leg, timeout=timeout_s)
+        r = httpx.post(f"{prefill.reach_url}/v1/completions", json=leg, timeout=timeout_s)
         r.raise_for_status()
         handle = r.json()["kv_transfer_params"]
-        r = httpx.post(f"{decode.url}/v1/completions", json={**body, "kv_transfer_params": handle}, timeout=timeout_s)
+        r = httpx.post(
+            f"{decode.reach_url}/v1/completions", json={**body, "kv_transfer_params": handle}, timeout=timeout_s
+        )
         r.raise_for_status()
         return time.monotonic() - started
 
@@ -313,7 +332,7 @@ class EnginePool:
         if old is None:
             raise KeyError(name)
         self.stop(name, signal.SIGKILL)
-        engine = self.start(name, old.spec, old.netns, old.host)
+        engine = self.start(name, old.spec, old.netns, old.host, old.access)
         self.wait_ready([engine])
         return engine
 

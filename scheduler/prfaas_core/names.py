@@ -36,6 +36,9 @@ ROLE_BOTH: Final = "both"
 # --- Annotation keys ------------------------------------------------------------------------------------
 ANNOTATION_LAST_FLIP: Final = f"{API_GROUP}/last-role-flip"
 """RFC 3339 time of the last role flip of an instance (cooldown is measured from it)."""
+ANNOTATION_SCALE_TARGETS: Final = f"{API_GROUP}/scale-targets"
+"""Scale mode: the absolute replica counts a flip writes, stamped on the retired pod with its retirement and
+removed once written, so that a flip interrupted between the two is finished by the next reconcile."""
 ANNOTATION_ROUTER_CONFIG_HASH: Final = f"{API_GROUP}/router-config-hash"
 """Hash of the router configuration an object was rendered from (pods roll when it changes)."""
 ANNOTATION_DRAIN_STARTED: Final = f"{API_GROUP}/drain-started"
@@ -88,6 +91,39 @@ TTFT_SLO_RESULTS: Final = ("met", "missed")
 METRIC_GATEWAY_KV_EGRESS_BYTES: Final = "prfaas_gateway_kv_egress_bytes_total"
 """KV bytes (``S_kv`` of the engine's reported prompt tokens) of the remote prefills a gateway served, by ``link``
 (the router's ``x-prfaas-link`` header); also on the gateway's status endpoint (``kvEgressBytes``)."""
+METRIC_ROUTER_OPEN_CONNECTIONS: Final = "prfaas_router_open_connections"
+"""Client connections open on the listener (router and gateway)."""
+METRIC_ROUTER_CONNECTIONS_CLOSED: Final = "prfaas_router_connections_closed_total"
+"""Client connections the listener closed on its own, by ``reason`` (limit, header_timeout, body_timeout)."""
+METRIC_ROUTER_CREDENTIAL_RELOADS: Final = "prfaas_router_credential_reloads_total"
+"""Token/certificate file changes seen, by ``credential`` and ``result`` (loaded, rejected)."""
+METRIC_GATEWAY_AUTH_FAILURES: Final = "prfaas_gateway_auth_failures_total"
+"""Requests the gateway refused for their credentials, by ``reason`` (missing, malformed, wrong, expired)."""
+METRIC_GATEWAY_INSECURE: Final = "prfaas_gateway_insecure"
+"""1 while a gateway serves without a token (started with --allow-insecure-gateway)."""
+METRIC_ROUTER_UNCACHED_TOKENS: Final = "prfaas_router_uncached_prompt_tokens"
+"""(router) Histogram of routed requests' uncached prompt tokens (the observed length mix the long-term loop may
+judge the split by, ``prfaas up``'s local loop does)."""
+UNCACHED_TOKEN_BUCKETS: Final = (
+    512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304, 131072,
+)  # fmt: skip
+METRIC_ROUTER_BREAKER_TRANSITIONS: Final = "prfaas_router_breaker_transitions_total"
+"""A remote's breaker changing mode, by ``remote`` and ``to`` (closed, open, half-open)."""
+METRIC_ROUTER_PREFILL_RETRIES: Final = "prfaas_router_prefill_retries_total"
+"""Failed local prefill legs tried once more, by ``to`` (local, remote, none) and ``outcome``."""
+METRIC_ROUTER_ENGINE_HEALTHY: Final = "prfaas_router_engine_healthy"
+"""1 while the router counts an engine healthy (after consecutive failed probes it is 0), by ``engine``."""
+METRIC_ROUTER_HEALTH_PROBE_FAILURES: Final = "prfaas_router_health_probe_failures_total"
+"""Failed health probes (an engine's /metrics read: an error or a timeout), by ``engine``."""
+METRIC_ROUTER_PREFIX_QUERY_TOKENS: Final = "prfaas_router_prefix_query_tokens_total"
+"""Prompt tokens the router looked up in its prefix indexes, by ``cluster`` (pd, prfaas)."""
+METRIC_ROUTER_PREFIX_HIT_TOKENS: Final = "prfaas_router_prefix_hit_tokens_total"
+"""Of those, the tokens a cluster's instances hold (PD: only instances that can prefill), by ``cluster``."""
+METRIC_ROUTER_ABANDONED_KV: Final = "prfaas_router_abandoned_kv_handles_total"
+"""KV handles a prefill produced that no decode pulled (the decode leg failed), by ``cluster``: the producer
+frees them at its KV timeout (vLLM's NIXL abort timeout; the emulator's ``--kv-timeout``)."""
+METRIC_ROUTER_READY: Final = "prfaas_router_ready"
+"""1 while the router can serve (a decode instance and a prefill path), 0 while its /ready says why not."""
 METRIC_ROUTER_LINK_WAITS: Final = "prfaas_router_link_waits_total"
 """(router) Gateway declines by ``link`` and what the router did: ``result`` = waited or local."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
@@ -170,9 +206,23 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_TTFT_SLO,
             METRIC_ROUTER_TTFT_SLO_OBJECTIVE,
             METRIC_ROUTER_LINK_WAITS,
+            METRIC_ROUTER_OPEN_CONNECTIONS,
+            METRIC_ROUTER_CONNECTIONS_CLOSED,
+            METRIC_ROUTER_CREDENTIAL_RELOADS,
+            METRIC_ROUTER_UNCACHED_TOKENS,
+            METRIC_ROUTER_BREAKER_TRANSITIONS,
+            METRIC_ROUTER_PREFILL_RETRIES,
+            METRIC_ROUTER_ENGINE_HEALTHY,
+            METRIC_ROUTER_HEALTH_PROBE_FAILURES,
+            METRIC_ROUTER_PREFIX_QUERY_TOKENS,
+            METRIC_ROUTER_PREFIX_HIT_TOKENS,
+            METRIC_ROUTER_ABANDONED_KV,
+            METRIC_ROUTER_READY,
         )
     },
     METRIC_GATEWAY_KV_EGRESS_BYTES: "gateway",
+    METRIC_GATEWAY_AUTH_FAILURES: "gateway",
+    METRIC_GATEWAY_INSECURE: "gateway",
     **{
         name: "emulator"
         for name in (

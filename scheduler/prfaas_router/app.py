@@ -19,10 +19,13 @@ from prfaas_core.api import RouterConfig
 
 from .config import ConfigWatcher, load_config
 from .gateway import Gateway
-from .http_util import json_error
+from .http_util import CLIENT_KEEPALIVE_S, json_error
+from .hygiene import Hygiene, start_listener
 from .metrics import RouterMetrics
 from .proxy import Proxy
+from .readiness import not_ready_reason
 from .runtime import Runtime, compile_config
+from .security import InsecureGatewayError, SecurityMetrics, TlsReloader, TokenAuth, auth_middleware
 from .signals import Signals
 
 log = structlog.get_logger("prfaas.router")
@@ -31,6 +34,22 @@ RUNTIME = web.AppKey("runtime", Runtime)
 PROXY = web.AppKey("proxy", Proxy)
 GATEWAY = web.AppKey("gateway", Gateway)
 METRICS = web.AppKey("metrics", RouterMetrics)
+HYGIENE = web.AppKey("hygiene", Hygiene)
+TLS = web.AppKey("tls", TlsReloader)
+
+
+def check_secure(config: RouterConfig, allow_insecure_gateway: bool) -> None:
+    """A gateway without a token serves anyone: refused unless explicitly allowed."""
+    tokenless = config.gateway is None or not config.gateway.token_file
+    if config.mode == "gateway" and tokenless and not allow_insecure_gateway:
+        raise InsecureGatewayError(
+            "gateway mode without gateway.tokenFile would serve anyone: set the token file (chart: "
+            "gateway.token.secretName, the PrefillCluster's endpoint.tokenSecretRef) or pass "
+            "--allow-insecure-gateway (chart: security.allowInsecureGateway=true)"
+        )
+
+
+WATCHER = web.AppKey("watcher", ConfigWatcher)
 
 
 def create_app(
@@ -39,22 +58,45 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     settings_path: Path | None = None,
     http_limits: httpx.Limits | None = None,
+    allow_insecure_gateway: bool = False,
+    models: frozenset[str] | None = None,
 ) -> web.Application:
-    """A router (or gateway) app over ``config``; with ``config_path`` the file is watched and reloaded."""
+    """A router (or gateway) app over ``config``; with ``config_path`` the file is watched and reloaded.
+    Gateway mode without a token raises :class:`InsecureGatewayError` unless ``allow_insecure_gateway``.
+    ``models``: the model names requests may name (others get OpenAI's 404); None accepts any."""
+    check_secure(config, allow_insecure_gateway)
     runtime = Runtime(compile_config(config), clock)
     metrics = RouterMetrics()
     http = httpx.AsyncClient(
-        limits=http_limits or httpx.Limits(max_connections=4096, max_keepalive_connections=512),
+        limits=http_limits
+        or httpx.Limits(max_connections=4096, max_keepalive_connections=512, keepalive_expiry=CLIENT_KEEPALIVE_S),
         timeout=httpx.Timeout(60.0, connect=config.timeouts.connect_seconds),
     )
     proxy = Proxy(runtime, http, metrics)
+    proxy.models = models
     gateway = Gateway(runtime, http, metrics)
-    app = web.Application(client_max_size=config.limits.max_body_bytes)
+    gateway_mode = config.mode == "gateway"
+    security = SecurityMetrics(metrics.registry)
+    sec = config.security
+    auth = TokenAuth(config.gateway.token_file if config.gateway else None, security, sec.token_overlap_seconds, clock)
+    hygiene = Hygiene(sec, metrics.registry)
+    middlewares = [hygiene.middleware()]
+    if gateway_mode:
+        middlewares.insert(0, auth_middleware(auth, security))
+        if auth.token is None:
+            security.insecure.set(1)
+            log.warning("gateway serving WITHOUT a token (--allow-insecure-gateway): anyone may call it")
+    app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=middlewares)
     app[RUNTIME], app[PROXY], app[GATEWAY], app[METRICS] = runtime, proxy, gateway, metrics
-    signals = Signals(runtime, http, metrics)
+    app[HYGIENE] = hygiene
+    tls = _tls_reloader(config, security)
+    if tls is not None:
+        app[TLS] = tls
+    signals = Signals(runtime, http, metrics, aborts=(proxy.aborts, gateway.aborts))
     watcher = ConfigWatcher(config_path, settings_path) if config_path else None
     if watcher is not None:
         watcher.poll()  # record the current digest
+        app[WATCHER] = watcher
 
     async def background(app: web.Application) -> AsyncIterator[None]:
         proxy.open()
@@ -71,9 +113,15 @@ def create_app(
                     new = watcher.poll()
                     if new is not None:
                         try:
+                            check_secure(new, allow_insecure_gateway)
                             runtime.reconfigure(compile_config(new))
                             await proxy.sync_remotes()
-                            gateway.reload_secrets()
+                            if new.gateway is not None and new.gateway.token_file:
+                                auth.set_path(new.gateway.token_file)
+                            auth.overlap_s = new.security.token_overlap_seconds
+                            if gateway_mode:
+                                security.insecure.set(0 if auth.token else 1)
+                            hygiene.configure(new.security)
                             log.info("configuration reloaded", path=str(config_path), endpoints=len(new.endpoints))
                         except (ValueError, OSError) as exc:
                             log.error("configuration rejected; keeping the previous one", error=str(exc))
@@ -83,15 +131,30 @@ def create_app(
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), runtime.compiled.config.routing.refresh_interval_seconds)
 
+        async def credentials() -> None:
+            """Token, certificate and key files (kubelet rewrites mounted Secrets in place)."""
+            while not stop.is_set():
+                try:
+                    auth.poll()
+                    if tls is not None:
+                        tls.poll()
+                    proxy.refresh_tokens()
+                except Exception:  # a failed poll keeps the last good credentials; never kill the loop
+                    log.exception("credential poll failed")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    poll = runtime.compiled.config.security.credential_poll_seconds
+                    await asyncio.wait_for(stop.wait(), poll)
+
         task = asyncio.create_task(refresher())
+        creds = asyncio.create_task(credentials())
         yield
         stop.set()
         await task
+        await creds
         await proxy.shutdown()
         await http.aclose()
 
     app.cleanup_ctx.append(background)
-    gateway_mode = config.mode == "gateway"
     handler = gateway.prefill if gateway_mode else proxy.completions
     app.router.add_post("/v1/completions", handler)
     app.router.add_post("/v1/chat/completions", handler)
@@ -114,10 +177,17 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _ready(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
+    why = not_ready_reason(rt)
+    if why is not None:
+        return json_error(503, f"not ready: {why}", "service_unavailable")
     healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
     if not healthy:
         return json_error(503, "no healthy engine behind the router yet", "service_unavailable")
-    return web.json_response({"status": "ready", "healthy_engines": len(healthy)})
+    watcher = request.app.get(WATCHER)
+    # the digest of the configuration file in force (sha256 of its bytes, NUL, the settings file's bytes):
+    # a writer of the file can wait until the router has applied what it wrote
+    digest = watcher.digest if watcher is not None else None
+    return web.json_response({"status": "ready", "healthy_engines": len(healthy), "config_digest": digest})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -125,34 +195,52 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def server_ssl_context(config: RouterConfig) -> ssl.SSLContext | None:
+def _tls_reloader(config: RouterConfig, security: SecurityMetrics) -> TlsReloader | None:
     gw = config.gateway
     if gw is None or not gw.tls_cert_file:
         return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(gw.tls_cert_file, gw.tls_key_file)
-    return ctx
+    return TlsReloader(gw.tls_cert_file, gw.tls_key_file or gw.tls_cert_file, security)
 
 
-def run(config_path: Path, host: str, port: int, settings_path: Path | None = None) -> None:
+def server_ssl_context(app: web.Application) -> ssl.SSLContext | None:
+    """The app's listening TLS context (reloaded in place when the certificate or key changes)."""
+    tls = app.get(TLS)
+    return tls.context if tls is not None else None
+
+
+def run(
+    config_path: Path,
+    host: str,
+    port: int,
+    settings_path: Path | None = None,
+    allow_insecure_gateway: bool = False,
+    models: frozenset[str] | None = None,
+) -> None:
     """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies)."""
+    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models)
     try:
         import uvloop
     except ImportError:  # optional speedup
-        asyncio.run(serve(config_path, host, port, settings_path))
+        asyncio.run(main)
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(config_path, host, port, settings_path))
+        runner.run(main)
 
 
-async def serve(config_path: Path, host: str, port: int, settings_path: Path | None = None) -> None:
+async def serve(
+    config_path: Path,
+    host: str,
+    port: int,
+    settings_path: Path | None = None,
+    allow_insecure_gateway: bool = False,
+    models: frozenset[str] | None = None,
+) -> None:
     """Run until cancelled (the CLI's ``prfaas router``)."""
     config, _ = load_config(config_path, settings_path)
-    app = create_app(config, config_path, settings_path=settings_path)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=server_ssl_context(config), backlog=4096)
-    await site.start()
+    app = create_app(
+        config, config_path, settings_path=settings_path, allow_insecure_gateway=allow_insecure_gateway, models=models
+    )
+    runner, _ = await start_listener(app, app[HYGIENE], host, port, server_ssl_context(app))
     gc.freeze()  # what startup allocated (config, profiles, modules) stays out of every later collection
     log.info("router listening", host=host, port=port, mode=config.mode, config=str(config_path))
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +22,10 @@ class ConfigError(ValueError):
     """The config file is unreadable or invalid; the message names the file and the field."""
 
 
-SETTINGS_KEYS = frozenset({"routing", "timeouts", "limits", "scale"})
+REPORT_BACKOFF_S = 30.0
+REPORT_BACKOFF_MAX_S = 600.0
+
+SETTINGS_KEYS = frozenset({"routing", "timeouts", "limits", "scale", "security"})
 """What a static settings file (``--settings``, a chart-owned ConfigMap) may set over the published config."""
 
 
@@ -78,20 +83,35 @@ def load_config(path: str | Path, settings_path: str | Path | None = None) -> tu
 @dataclass
 class ConfigWatcher:
     """Polls ``path`` (and the settings file); ``poll()`` returns a new config when the content changed and
-    is valid."""
+    is valid. An unreadable file (deleted, permissions) is reported in ``last_error`` once, then again only
+    after a backoff (``REPORT_BACKOFF_S``, doubling up to ``REPORT_BACKOFF_MAX_S``) while it stays so: the
+    refresher polls every refresh interval and must not log the same line each time."""
 
     path: Path
     settings_path: Path | None = None
     digest: str = ""
     last_error: str | None = None
+    clock: Callable[[], float] = time.monotonic
+    _unreadable: tuple[str, float, float] | None = None
+    """(the error, when it is next reported, the backoff after that)."""
+
+    def _report_unreadable(self, error: str) -> None:
+        now = self.clock()
+        seen = self._unreadable
+        if seen is None or seen[0] != error:
+            self.last_error, self._unreadable = error, (error, now + REPORT_BACKOFF_S, REPORT_BACKOFF_S)
+        elif now >= seen[1]:
+            backoff = min(seen[2] * 2, REPORT_BACKOFF_MAX_S)
+            self.last_error, self._unreadable = error, (error, now + backoff, backoff)
 
     def poll(self) -> RouterConfig | None:
         try:
             data = _read(self.path)
             extra = _read(self.settings_path) if self.settings_path else b""
         except ConfigError as exc:
-            self.last_error = str(exc)
+            self._report_unreadable(str(exc))
             return None
+        self._unreadable = None
         digest = hashlib.sha256(data + b"\0" + extra).hexdigest()
         if digest == self.digest:
             return None

@@ -1,6 +1,7 @@
 """Gateway mode: the router binary in front of a PrFaaS cluster (region A), exported to region B.
 
-One endpoint, TLS and a bearer token (never logged): it accepts prefill legs only (``kv_transfer_params``
+One endpoint, TLS and a bearer token (never logged; :mod:`.security` checks it on every path but ``/health`` and
+``/ready``, and keeps a leg's fields to the forwarding allow-list): it accepts prefill legs only (``kv_transfer_params``
 asking for a remote decode), picks the PrFaaS instance (least predicted prefill time, cache-affine) and
 returns the engine's answer, whose ``kv_transfer_params`` carry the KV address region B's decode pulls from.
 ``/status`` serves :class:`prfaas_core.api.GatewayStatus` (ready instances, queue depth, measured egress and
@@ -9,8 +10,8 @@ prefill throughput over the last window), which region B's routers and operator 
 
 from __future__ import annotations
 
-import hmac
 import json
+import os
 from collections import deque
 from datetime import UTC, datetime
 from typing import Any
@@ -23,11 +24,13 @@ from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.tokens import block_hashes
 
+from .aborts import Aborts, SideLost, engine_side
 from .admission import LinkAdmission, admission_for
-from .http_util import is_chat, json_error, read_token
+from .http_util import is_chat, json_error
 from .legs import LINK_HEADER, LINK_LABEL, UNKNOWN_LINK, reported_prompt_tokens
 from .metrics import RouterMetrics
 from .runtime import EngineLoad, Runtime
+from .security import forwarded_headers, refused_field
 from .tokenizer import count_prompt
 
 WINDOW_S = 10.0
@@ -41,24 +44,16 @@ class Gateway:
         self.egress_bytes: dict[str, float] = {}
         """KV bytes served since start, by link (the status endpoint's ``kvEgressBytes``)."""
         self.served: deque[tuple[float, int, float]] = deque()  # (model time, tokens, kv bytes)
-        self.token: str | None = None
+        self.aborts = Aborts()
+        """Engine legs in flight, cut short when their engine turns unhealthy (then the next one is tried)."""
         self.admission: LinkAdmission | None = None
         self.reload_secrets()
 
     def reload_secrets(self) -> None:
-        gw = self.rt.compiled.config.gateway
-        self.token = read_token(gw.token_file) if gw is not None else None
+        """After a config reload: the link admission (the token is :mod:`.security`'s, reloaded on its own)."""
         self.admission = admission_for(self.rt.compiled.config, self.admission)
 
-    def _authorized(self, request: web.Request) -> bool:
-        if self.token is None:
-            return True
-        got = request.headers.get("Authorization", "")
-        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
-
     async def prefill(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return json_error(401, "missing or wrong bearer token", "authentication_error")
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -69,6 +64,9 @@ class Gateway:
         params = body.get("kv_transfer_params")
         if not isinstance(params, dict) or not params.get("do_remote_decode"):
             return json_error(400, "the gateway serves prefill legs only: kv_transfer_params.do_remote_decode")
+        refused = refused_field(body, request.headers)
+        if refused is not None:
+            return json_error(400, refused)
         rt = self.rt
         c = rt.compiled
         try:
@@ -81,7 +79,7 @@ class Gateway:
         if self.admission is not None:
             self.admission.set_lanes(self.status_model().ready_instances)
             uncached = len(ids) - max(hits.values(), default=0)
-            key = request.headers.get("x-request-id") or f"gw-{id(request)}"
+            key = f"gw-{os.urandom(12).hex()}"  # the gateway's own id: callers sharing an x-request-id stay apart
             prefill_s = c.prfaas.prefill_seconds(float(max(uncached, 1)))
             verdict = self.admission.decide(key, request.headers, c.kv.kv_bytes(len(ids)), prefill_s, rt.model_now())
             if isinstance(verdict, web.Response):
@@ -122,16 +120,22 @@ class Gateway:
             uncached = max(0, len(ids) - hits.get(pick.name, 0))
             with rt.prefill_queued(pick.name, c.prfaas.prefill_seconds(float(uncached))):
                 try:
-                    resp = await self.http.post(
-                        f"{c.by_name[pick.name].url}{request.path}",
-                        json=body,
-                        headers={"x-request-id": request.headers.get("x-request-id", "")},
-                        timeout=httpx.Timeout(
-                            c.config.timeouts.prefill_seconds, connect=c.config.timeouts.connect_seconds
+                    resp = await self.aborts.run(
+                        engine_side(pick.name),
+                        self.http.post(
+                            f"{c.by_name[pick.name].url}{request.path}",
+                            json=body,
+                            headers=forwarded_headers(request.headers),
+                            timeout=httpx.Timeout(
+                                c.config.timeouts.prefill_seconds, connect=c.config.timeouts.connect_seconds
+                            ),
                         ),
                     )
                 except httpx.HTTPError as exc:
                     last_error = f"{pick.name}: {exc.__class__.__name__}"
+                    continue
+                except SideLost as exc:
+                    last_error = f"{pick.name} turned unhealthy mid-prefill ({exc})"
                     continue
             if resp.status_code >= 500:
                 last_error = f"{pick.name} answered {resp.status_code}"

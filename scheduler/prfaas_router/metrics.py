@@ -35,6 +35,12 @@ class RouterMetrics:
             registry=r,
         )
         self.threshold = Gauge(names.METRIC_ROUTER_THRESHOLD_TOKENS, "Routing threshold t in force.", registry=r)
+        self.uncached_tokens = Histogram(
+            names.METRIC_ROUTER_UNCACHED_TOKENS,
+            "Uncached prompt tokens of routed requests (the observed length mix).",
+            buckets=[float(b) for b in names.UNCACHED_TOKEN_BUCKETS],
+            registry=r,
+        )
         self.ttft = Histogram(
             names.METRIC_ROUTER_TTFT_SECONDS,
             "Time to first token, by route: the first streamed chunk, or for a non-streamed answer the end of its "
@@ -62,6 +68,46 @@ class RouterMetrics:
         self.breaker_open = Gauge(
             names.METRIC_ROUTER_BREAKER_OPEN, "1 while a remote's circuit breaker is open.", ["remote"], registry=r
         )
+        self.breaker_transitions = Counter(
+            names.METRIC_ROUTER_BREAKER_TRANSITIONS.removesuffix("_total"),
+            "Breaker mode changes, by remote and the mode entered.",
+            ["remote", "to"],
+            registry=r,
+        )
+        self.prefill_retries = Counter(
+            names.METRIC_ROUTER_PREFILL_RETRIES.removesuffix("_total"),
+            "Failed local prefill legs tried once more, by where (local, remote, none) and outcome.",
+            ["to", "outcome"],
+            registry=r,
+        )
+        self.engine_healthy = Gauge(
+            names.METRIC_ROUTER_ENGINE_HEALTHY, "1 while an engine counts as healthy.", ["engine"], registry=r
+        )
+        self.probe_failures = Counter(
+            names.METRIC_ROUTER_HEALTH_PROBE_FAILURES.removesuffix("_total"),
+            "Failed health probes (an engine's /metrics read), by engine.",
+            ["engine"],
+            registry=r,
+        )
+        self.prefix_queries = Counter(
+            names.METRIC_ROUTER_PREFIX_QUERY_TOKENS.removesuffix("_total"),
+            "Prompt tokens looked up in the prefix indexes, by cluster.",
+            ["cluster"],
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            names.METRIC_ROUTER_PREFIX_HIT_TOKENS.removesuffix("_total"),
+            "Prompt tokens found cached, by cluster (PD: on an instance that can prefill).",
+            ["cluster"],
+            registry=r,
+        )
+        self.abandoned_kv = Counter(
+            names.METRIC_ROUTER_ABANDONED_KV.removesuffix("_total"),
+            "KV handles no decode pulled (the decode leg failed after the prefill), by cluster.",
+            ["cluster"],
+            registry=r,
+        )
+        self.ready = Gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=r)
         self.decision_seconds = Histogram(
             names.METRIC_ROUTER_DECISION_SECONDS,
             "Time of the routing decision (policy call).",

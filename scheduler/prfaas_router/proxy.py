@@ -10,12 +10,10 @@ drop the work and free the KV).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import ssl
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -26,21 +24,24 @@ from aiohttp import web
 
 from prfaas_core.api import RemoteGateway
 from prfaas_core.names import REASON_WAIT_FOR_LINK
+from prfaas_core.openai_params import check_request
 from prfaas_core.tokens import block_hashes
 
 from . import link_wait
-from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, new_session, read_token
+from .aborts import Aborts, SideLost, remote_side
+from .answer import PROMPT_TOKENS_HEADER, ROUTE_HEADER, DecodeLeg, answer_stream, answer_whole, failure_kind
+from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, model_not_found, new_session, read_token
 from .legs import LINK_HEADER, LegError, decode_body, kv_handle, prefill_body, reported_prompt_tokens
-from .metrics import RouterMetrics, judge_ttft
+from .metrics import RouterMetrics
+from .retry import prefill_with_retry
 from .runtime import LocalPlan, Runtime
+from .security import RequestIds, gateway_body
 from .tokenizer import count_prompt
+from .ttft_limit import over_limit, retry_after_s
 
 log = structlog.get_logger("prfaas.router")
 
-ROUTE_HEADER = "x-prfaas-route"
-"""Response header naming the route a request took: local, remote or fallback."""
-PROMPT_TOKENS_HEADER = "x-prfaas-prompt-tokens"
-"""Response header: the prompt's tokens as the router counted them (the model's tokenizer, or the estimate)."""
+__all__ = ["PROMPT_TOKENS_HEADER", "ROUTE_HEADER", "Proxy"]
 
 
 class Proxy:
@@ -56,6 +57,10 @@ class Proxy:
         self.remote_clients: dict[str, httpx.AsyncClient] = {}
         self.remote_tls: dict[str, ssl.SSLContext | bool] = {}
         self.remote_tokens: dict[str, str | None] = {}
+        self.models: frozenset[str] | None = None
+        """The model names requests may name (None: any)."""
+        self.aborts = Aborts()
+        """Remote legs in flight, cut short when their remote turns unready (the refresher calls abort)."""
 
     def open(self) -> None:
         if self.session is None:
@@ -88,7 +93,25 @@ class Proxy:
                 verify=verify, timeout=httpx.Timeout(remote.timeout_seconds, connect=5.0)
             )
             self.remote_tls[remote.name] = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
-            self.remote_tokens[remote.name] = read_token(remote.token_file)
+            self.remote_tokens[remote.name] = None
+        self.refresh_tokens()
+
+    def refresh_tokens(self) -> None:
+        """Re-read the remotes' token files (rotated in place); an unreadable one keeps the last good token."""
+        for remote in self.rt.compiled.remotes:
+            try:
+                token = read_token(remote.token_file)
+            except OSError as exc:
+                log.error(
+                    "remote token file unreadable; keeping the last good token", remote=remote.name, error=str(exc)
+                )
+                continue
+            if token == self.remote_tokens.get(remote.name) and remote.name in self.remote_tokens:
+                continue
+            self.remote_tokens[remote.name] = token
+            client = self.remote_clients.get(remote.name)
+            if client is not None and token:
+                client.headers["Authorization"] = f"Bearer {token}"  # the status reads
 
     # --- entry point ----------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -103,11 +126,15 @@ class Proxy:
         if not isinstance(body, dict):
             return json_error(400, "request body must be a JSON object")
         try:
+            # the whole request, the decode leg's parameters too, before any leg costs engine work
+            check_request(body, is_chat(request.path))
             ids = await count_prompt(body, is_chat(request.path), rt.compiled.tokenizer, len(raw))
         except ValueError as exc:
             return json_error(400, str(exc))
         if "stream" in body and not isinstance(body["stream"], bool):
             return json_error(400, "'stream' must be a boolean")
+        if self.models is not None and body.get("model") not in self.models:
+            return model_not_found(body.get("model"))
         if rt.in_flight >= limits.max_in_flight:
             m.requests.labels("none", "rejected").inc()
             return json_error(
@@ -118,7 +145,8 @@ class Proxy:
             )
         rt.in_flight += 1
         m.in_flight.set(rt.in_flight)
-        request_id = request.headers.get("x-request-id") or f"prfaas-{os.urandom(16).hex()}"
+        # the ledger keys on an id the router makes; the client's x-request-id only travels for tracing
+        request_id = RequestIds(os.urandom(12).hex(), request.headers.get("x-request-id", "")[:200])
         try:
             return await self._serve(request, body, ids, request_id, started)
         finally:
@@ -126,7 +154,7 @@ class Proxy:
             m.in_flight.set(rt.in_flight)
 
     async def _serve(
-        self, request: web.Request, body: dict[str, Any], ids: list[int], request_id: str, started: float
+        self, request: web.Request, body: dict[str, Any], ids: list[int], request_id: RequestIds, started: float
     ) -> web.StreamResponse:
         rt, m = self.rt, self.metrics
         c = rt.compiled
@@ -135,38 +163,88 @@ class Proxy:
         t0 = time.perf_counter()
         routed = rt.route(len(ids), hashes, pd_hits)
         m.decision_seconds.observe(time.perf_counter() - t0)
+        l_pd, l_prfaas = rt.last_prefix
+        m.prefix_queries.labels("pd").inc(len(ids))
+        m.prefix_hits.labels("pd").inc(l_pd)
+        if c.remotes:
+            m.prefix_queries.labels("prfaas").inc(len(ids))
+            m.prefix_hits.labels("prfaas").inc(l_prfaas)
         decision, remote = routed.decision, rt.remote_gateway(routed)
         rt.remember_length(decision.uncached_tokens, rt.model_now())
+        m.uncached_tokens.observe(decision.uncached_tokens)
         route: str = decision.target
         m.decisions.labels(route, decision.kind).inc()
         kv: dict[str, Any] | None = None
         plan = rt.local_plan(routed)
         if plan is None:
             m.requests.labels(route, "unavailable").inc()
-            return json_error(503, "no healthy decode instance", "service_unavailable")
+            why = routed.decode.reason if routed.decode is not None else "no decode instance"
+            return json_error(503, f"cannot serve: {why}", "service_unavailable")
+        if remote is None and plan.no_prefill is not None:
+            m.requests.labels(route, "unavailable").inc()
+            return json_error(503, f"cannot serve: {plan.no_prefill}; {decision.reason}", "service_unavailable")
+        legs = self.aborts.in_flight(remote_side(remote.name)) if remote is not None else 0
+        overloaded = over_limit(rt, routed, remote, legs)
+        if overloaded is not None:
+            if remote is not None:
+                rt.remote_cancelled(remote.name, routed.probe)
+            m.requests.labels(route, "rejected").inc()
+            predicted, limit = overloaded
+            return json_error(
+                429,
+                f"predicted time to first token {predicted:.1f} s on the {route} side exceeds {limit:g} s; retry later",
+                "rate_limit_error",
+                **{"Retry-After": str(retry_after_s(predicted, limit))},
+            )
         if remote is not None:
             try:
-                kv, route = await self._remote_in_window(remote, request.path, body, request_id, decision, len(ids))
+                kv, route = await self._remote_in_window(
+                    remote, request.path, body, request_id, decision, len(ids), routed.probe
+                )
                 if kv is not None:
                     rt.remote_index.insert(hashes, remote.name)
             except LegError as exc:
                 route = "fallback"
-                m.fallbacks.labels(_failure_kind(str(exc))).inc()
+                m.fallbacks.labels(failure_kind(str(exc))).inc()
                 log.warning(
                     "remote prefill failed; prefilling locally",
-                    request_id=request_id,
+                    request_id=request_id.trace,
                     remote=remote.name,
                     error=str(exc),
                 )
+                if plan.no_prefill is not None:
+                    m.requests.labels(route, "unavailable").inc()
+                    return json_error(503, f"cannot serve: {plan.no_prefill}; {exc}", "service_unavailable")
+        if kv is None and plan.no_prefill is not None:  # the remote declined it and nothing local can prefill
+            m.requests.labels(route, "unavailable").inc()
+            return json_error(503, f"cannot serve: {plan.no_prefill}; the remote declined it", "service_unavailable")
         remote_kv = kv is not None
+        plan = self._replan(plan, len(ids), hashes)
         if kv is None and plan.prefill is not None:
             try:
-                kv = await self._local_prefill(plan, request.path, body, request_id, decision.uncached_tokens)
+                done = await prefill_with_retry(
+                    self,
+                    plan,
+                    route,
+                    request.path,
+                    body,
+                    request_id,
+                    decision.uncached_tokens,
+                    len(ids),
+                    hashes,
+                    pd_hits,
+                )
             except LegError as exc:
                 m.requests.labels(route, "error").inc()
                 return json_error(exc.status, f"prefill failed: {exc}", "upstream_error")
-            rt.pd_index.insert(hashes, plan.prefill)
+            kv, plan, route, remote_kv = done.kv, done.plan, done.route, done.remote is not None
+            remote = done.remote or remote
+            if done.remote is not None:
+                rt.remote_index.insert(hashes, done.remote.name)
+            elif plan.prefill is not None:
+                rt.pd_index.insert(hashes, plan.prefill)
         prefilled = time.perf_counter() if kv is not None else None
+        plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
         try:
             response = await self._decode(
                 request, plan, body, kv, request_id, route, started, remote_kv, prefilled, prompt_tokens=len(ids)
@@ -174,16 +252,28 @@ class Proxy:
         except LegError as exc:
             if remote is not None and remote_kv:
                 rt.remote_failed(remote.name, str(exc))
+            if kv is not None:  # the producer holds this KV until its engine's timeout frees it
+                m.abandoned_kv.labels("prfaas" if remote_kv else "pd").inc()
+                log.warning(
+                    "decode failed after prefill; its KV is left to expire",
+                    request_id=request_id.trace,
+                    remote=remote_kv,
+                    error=str(exc),
+                )
             if not (remote_kv and exc.retriable):
                 m.requests.labels(route, "error").inc()
                 return json_error(exc.status, str(exc), "upstream_error")
             # the remote KV could not be used (link cut, handle expired): prefill locally, decode again
             route = "fallback"
             m.fallbacks.labels("decode-kv-pull").inc()
-            log.warning("decode could not use the remote KV; prefilling locally", request_id=request_id, error=str(exc))
+            log.warning(
+                "decode could not use the remote KV; prefilling locally", request_id=request_id.trace, error=str(exc)
+            )
+            plan = self._replan(plan, len(ids), hashes)
             try:
                 kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
                 prefilled = time.perf_counter() if kv is not None else None
+                plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
                 response = await self._decode(
                     request, plan, body, kv, request_id, route, started, False, prefilled, prompt_tokens=len(ids)
                 )
@@ -193,9 +283,36 @@ class Proxy:
         rt.pd_index.insert(hashes, plan.decode)
         return response
 
+    def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes], keep_prefill: bool = False) -> LocalPlan:
+        """A plan made before a long leg (a remote prefill) may name an instance that has since started
+        draining or changed role (a flip in progress, or one the routers learnt of meanwhile): re-pick those
+        from the configuration in force now, keep the others."""
+        c = self.rt.compiled
+
+        def stale(name: str | None, role: str) -> bool:
+            ep = c.by_name.get(name) if name is not None else None
+            return name is not None and (ep is None or name in c.draining or ep.role not in (role, "both"))
+
+        # keep_prefill: the prefill leg has run (its KV is there), only the decode may move
+        bad_prefill = not keep_prefill and stale(plan.prefill, "prefill")
+        bad_decode = stale(plan.decode, "decode")
+        if not (bad_prefill or bad_decode):
+            return plan
+        fresh = self.rt.plan_local(tokens, hashes)
+        if fresh is None:
+            return plan
+        return LocalPlan(fresh.prefill if bad_prefill else plan.prefill, fresh.decode if bad_decode else plan.decode)
+
     # --- legs -------------------------------------------------------------------------------------------
     async def _remote_in_window(
-        self, remote: RemoteGateway, path: str, body: dict[str, Any], request_id: str, decision: Any, total: int
+        self,
+        remote: RemoteGateway,
+        path: str,
+        body: dict[str, Any],
+        request_id: RequestIds,
+        decision: Any,
+        total: int,
+        probe: float | None = None,
     ) -> tuple[dict[str, Any] | None, str]:
         """The remote prefill under the gateway's admission (:mod:`.link_wait`): accept a window up to the
         local alternative's predicted TTFT; on a decline wait (re-submit) or go local, by predicted TTFT."""
@@ -205,7 +322,7 @@ class Proxy:
         cap = c.links[remote.link].cap_gbps
         first = link_wait.max_wait_s(local, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
         try:
-            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, first), "remote"
+            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, first, probe), "remote"
         except link_wait.LinkDeclined as declined:
             wait = link_wait.resubmit_wait_s(declined.decline, local)
             m.link_waits.labels(remote.link, "local" if wait is None else "waited").inc()
@@ -213,22 +330,24 @@ class Proxy:
                 m.decisions.labels("local", REASON_WAIT_FOR_LINK).inc()
                 return None, "local"
             m.decisions.labels("remote", REASON_WAIT_FOR_LINK).inc()
-            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, wait), "remote"
+            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, wait, probe), "remote"
 
     async def _remote_prefill(
         self,
         remote: RemoteGateway,
         path: str,
         body: dict[str, Any],
-        request_id: str,
+        request_id: RequestIds,
         nbytes: float,
         uncached: int,
         max_wait_s: float = float("inf"),
+        probe: float | None = None,
     ) -> dict[str, Any]:
+        """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation)."""
         rt = self.rt
         duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
-        rt.start_transfer(remote.link, request_id, nbytes, duration)
-        headers = {"x-request-id": request_id, LINK_HEADER: remote.link}
+        rt.start_transfer(remote.link, request_id.key, nbytes, duration)
+        headers = {"x-request-id": request_id.trace, LINK_HEADER: remote.link}
         if max_wait_s < float("inf"):
             headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s))
         token = self.remote_tokens.get(remote.name)
@@ -237,28 +356,40 @@ class Proxy:
         headers["Content-Type"] = JSON_CONTENT
         timeout = aiohttp.ClientTimeout(total=remote.timeout_seconds, sock_connect=5.0)
         now = rt.clock()
-        try:
+
+        async def leg() -> tuple[dict[str, Any], Any]:
             async with self.legs.post(
                 f"{remote.url}{path}",
-                data=json_bytes(prefill_body(body)),
+                data=json_bytes(gateway_body(prefill_body(body))),
                 headers=headers,
                 timeout=timeout,
                 ssl=self.remote_tls.get(remote.name, True),
             ) as resp:
                 if resp.status == 429 and (decline := link_wait.parse_decline(429, await resp.read())):
-                    rt.finish_transfer(request_id)
+                    rt.finish_transfer(request_id.key)
                     raise link_wait.LinkDeclined(decline)
                 if resp.status != 200:
                     raise LegError(f"remote prefill answered {resp.status}")
                 answer = orjson.loads(await resp.read())
-                handle = kv_handle(answer)
-        except link_wait.LinkDeclined:
+                return kv_handle(answer), answer
+
+        try:
+            handle, answer = await self.aborts.run(remote_side(remote.name), leg())
+        except link_wait.LinkDeclined:  # no verdict on the remote: a probe's slot is freed
+            rt.remote_cancelled(remote.name, probe)
             raise
-        except (aiohttp.ClientError, TimeoutError, ValueError, LegError) as exc:
-            rt.finish_transfer(request_id)
-            why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
+        except (aiohttp.ClientError, TimeoutError, ValueError, LegError, SideLost) as exc:
+            rt.finish_transfer(request_id.key)
+            if isinstance(exc, SideLost):
+                why = LegError(f"remote prefill cut short: {remote.name} turned unready ({exc})")
+            else:
+                why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
             rt.remote_failed(remote.name, str(why), now)
             raise why from None
+        except BaseException:  # cancelled (the client went away): no verdict, but a probe's slot is freed
+            rt.finish_transfer(request_id.key)
+            rt.remote_cancelled(remote.name, probe)
+            raise
         rt.remote_succeeded(remote.name)
         # the KV now waits in region A for this region's decode to pull it: S_kv of what the engine prefilled
         tokens = reported_prompt_tokens(answer, uncached)
@@ -266,7 +397,7 @@ class Proxy:
         return handle
 
     async def _local_prefill(
-        self, plan: LocalPlan, path: str, body: dict[str, Any], request_id: str, uncached: int
+        self, plan: LocalPlan, path: str, body: dict[str, Any], request_id: RequestIds, uncached: int
     ) -> dict[str, Any]:
         rt = self.rt
         assert plan.prefill is not None
@@ -278,7 +409,7 @@ class Proxy:
                 async with self.legs.post(
                     f"{endpoint.url}{path}",
                     data=json_bytes(prefill_body(body)),
-                    headers={"x-request-id": request_id, "Content-Type": JSON_CONTENT},
+                    headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
                     timeout=aiohttp.ClientTimeout(
                         total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds
                     ),
@@ -302,7 +433,7 @@ class Proxy:
         plan: LocalPlan,
         body: dict[str, Any],
         kv: dict[str, Any] | None,
-        request_id: str,
+        request_id: RequestIds,
         route: str,
         started: float,
         kv_crosses_link: bool = False,
@@ -318,19 +449,19 @@ class Proxy:
                 # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
                 limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
                 chunks, first = await self._open_decode(leg, kv, request_id, limit)
-                rt.finish_transfer(request_id)
+                rt.finish_transfer(request_id.key)
                 if not body.get("stream"):
-                    return await self._answer_whole(leg, chunks, first, prefilled)
-                return await self._answer_stream(leg, chunks, first)
+                    return await answer_whole(self.metrics, leg, chunks, first, prefilled, self.rt.compiled.config.slo)
+                return await answer_stream(self.metrics, leg, chunks, first, self.rt.compiled.config.slo)
         except (asyncio.CancelledError, ConnectionResetError):
             self.metrics.requests.labels(route, "cancelled").inc()
             raise
         finally:
-            rt.finish_transfer(request_id)
+            rt.finish_transfer(request_id.key)
             leg.close()
 
     async def _open_decode(
-        self, leg: DecodeLeg, kv: dict[str, Any] | None, request_id: str, limit: float | None
+        self, leg: DecodeLeg, kv: dict[str, Any] | None, request_id: RequestIds, limit: float | None
     ) -> tuple[AsyncIterator[bytes], bytes]:
         """Post the decode leg and wait for its first bytes (a failure before them may be retried)."""
         timeouts = self.rt.compiled.config.timeouts
@@ -343,7 +474,7 @@ class Proxy:
             return await self.legs.post(
                 f"{endpoint.url}{leg.request.path}",
                 data=json_bytes(decode_body(leg.body, kv)),
-                headers={"x-request-id": request_id, "Content-Type": JSON_CONTENT},
+                headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
                 timeout=timeout,
             )
 
@@ -368,100 +499,3 @@ class Proxy:
                 f"decode on {leg.instance} did not start within {limit:g} s: the KV pull across the link stalled"
             ) from None
         return chunks, first
-
-    async def _answer_whole(
-        self, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes, prefilled: float | None
-    ) -> web.Response:
-        """A non-streamed answer: the decode's body read to its end."""
-        m, route = self.metrics, leg.route
-        try:
-            data = first + b"".join([c async for c in chunks])
-        except aiohttp.ClientError as exc:
-            raise LegError(
-                f"decode on {leg.instance} broke mid-answer: {exc.__class__.__name__}", retriable=False
-            ) from None
-        leg.drained = True
-        if prefilled is not None:
-            judge_ttft(m, self.rt.compiled.config.slo, route, prefilled - leg.started, leg.prompt_tokens)
-        m.e2e.labels(route).observe(time.perf_counter() - leg.started)
-        m.requests.labels(route, "ok").inc()
-        return web.Response(body=data, status=200, content_type="application/json", headers=leg.headers())
-
-    async def _answer_stream(self, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes) -> web.StreamResponse:
-        """A streamed answer: the decode's events passed on as they come; a break ends with an error event."""
-        m, route, request = self.metrics, leg.route, leg.request
-        out = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **leg.headers()}
-        )
-        await out.prepare(request)
-        first_at = last_at = time.perf_counter()
-        judge_ttft(m, self.rt.compiled.config.slo, route, first_at - leg.started, leg.prompt_tokens)
-        events = first.count(b"data: ")
-        try:
-            await out.write(first)
-            async for chunk in chunks:
-                if request.transport is None or request.transport.is_closing():
-                    raise ConnectionResetError("client went away")  # closes the decode leg below
-                await out.write(chunk)
-                events += chunk.count(b"data: ")
-                last_at = time.perf_counter()
-        except aiohttp.ClientError as exc:
-            m.requests.labels(route, "error").inc()
-            err = {
-                "error": {
-                    "message": f"decode stream from {leg.instance} broke: {exc.__class__.__name__}",
-                    "type": "upstream_error",
-                    "code": 502,
-                }
-            }
-            await out.write(f"data: {json.dumps(err)}\n\n".encode())
-            await out.write_eof()
-            return out
-        leg.drained = True
-        await out.write_eof()
-        if events > 2:  # the last event is [DONE]
-            m.tpot.labels(route).observe((last_at - first_at) / (events - 2))
-        m.e2e.labels(route).observe(time.perf_counter() - leg.started)
-        m.requests.labels(route, "ok").inc()
-        return out
-
-
-@dataclass
-class DecodeLeg:
-    """One decode leg's context: whom it answers, where it runs, and its upstream response once open."""
-
-    request: web.Request
-    instance: str
-    body: dict[str, Any]
-    route: str
-    started: float
-    prompt_tokens: int
-    upstream: aiohttp.ClientResponse | None = None
-    drained: bool = False
-    """The upstream was read to its end (it goes back to the pool; any other is closed)."""
-
-    def headers(self) -> dict[str, str]:
-        return {ROUTE_HEADER: self.route, PROMPT_TOKENS_HEADER: str(self.prompt_tokens)}
-
-    def close(self) -> None:
-        """Release a drained upstream to the pool; close any other, so that the engine sees the disconnect,
-        drops the request and frees its KV."""
-        if self.upstream is not None:
-            if self.drained:
-                self.upstream.release()
-            else:
-                self.upstream.close()
-
-
-def _failure_kind(message: str) -> str:
-    """A low-cardinality label for why a remote prefill failed."""
-    for key, kind in (
-        ("Timeout", "timeout"),
-        ("answered 5", "remote-5xx"),
-        ("answered 4", "remote-4xx"),
-        ("Connect", "connect"),
-        ("kv_transfer_params", "no-kv-handle"),
-    ):
-        if key in message:
-            return kind
-    return "other"

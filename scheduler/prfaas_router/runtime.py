@@ -16,7 +16,7 @@ from functools import cached_property
 from prfaas_core.api import RemoteGateway, RouterConfig, RouterEndpoint
 from prfaas_core.hardware import HardwareProfile, builtin_hardware, hardware_from_spec
 from prfaas_core.kv import KvModel, kv_model_from_profile
-from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams
+from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams, Transition
 from prfaas_core.policy.link import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.routing import InstanceView, RouteDecision, RouteRequest
 from prfaas_core.policy.short_term import (
@@ -67,6 +67,11 @@ class Compiled:
     breaker: BreakerParams
 
     @cached_property
+    def prefill_capable(self) -> frozenset[str]:
+        """The instances that prefill (role prefill, or both when there is no prefill tier)."""
+        return frozenset(e.name for e in (self.prefill or self.both))
+
+    @cached_property
     def by_name(self) -> dict[str, RouterEndpoint]:
         """Built once per configuration (the hot path looks endpoints up on every leg)."""
         return {e.name: e for e in self.config.endpoints}
@@ -98,8 +103,18 @@ def compile_config(config: RouterConfig) -> Compiled:
         both=tuple(e for e in config.endpoints if e.role == "both"),
         draining=frozenset(config.draining),
         decode_slots=pd.decode.max_batch_size if pd.decode is not None else 1,
-        breaker=BreakerParams(config.routing.breaker_failure_threshold, config.routing.breaker_open_seconds),
+        breaker=BreakerParams(
+            config.routing.breaker_failure_threshold,
+            config.routing.breaker_open_seconds,
+            config.routing.breaker_probes,
+            # a probe reports back within its leg's timeouts; past them its slot is freed
+            max((r.timeout_seconds for r in config.remotes), default=0.0) + config.timeouts.kv_pull_seconds,
+        ),
     )
+
+
+SLOW_PROBE_S = 0.25
+"""A health probe slower than this (wall seconds) deprioritises the engine by the excess."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,8 @@ class EngineLoad:
     healthy: bool = True
     waiting: float = 0.0
     running: float = 0.0
+    probe_s: float = 0.0
+    """How long its last health probe took (a slow engine is deprioritised by it, not declared dead)."""
 
 
 @dataclass(frozen=True)
@@ -123,8 +140,10 @@ class Snapshot:
 @dataclass(frozen=True)
 class LocalPlan:
     prefill: str | None
-    """Prefill instance (None: one instance does both)."""
+    """Prefill instance (None: one instance does both, or none can: ``no_prefill``)."""
     decode: str
+    no_prefill: str | None = None
+    """Why no local prefill instance can take it (the remote must prefill it), None when one can."""
 
 
 @dataclass
@@ -145,6 +164,8 @@ class Runtime:
     _recent: RecentLengths = field(default_factory=RecentLengths)
     _queued_prefill_s: dict[str, float] = field(default_factory=dict)
     _active_decodes: dict[str, int] = field(default_factory=dict)
+    last_prefix: tuple[int, int] = (0, 0)
+    """The last routed request's prefix hits (tokens): (PD prefill instances, PrFaaS)."""
 
     def __post_init__(self) -> None:
         r = self.compiled.config.routing
@@ -163,7 +184,8 @@ class Runtime:
         self.compiled = compiled
         for name in compiled.links:
             self._ledgers.setdefault(name, EgressLedger())
-        self._breakers.ensure(remote.name for remote in compiled.remotes)
+        # a remote whose address or link changed starts with a closed breaker; the others keep theirs
+        self._breakers.ensure({r.name: (r.url, r.link) for r in compiled.remotes})
         gone = set(self._queued_prefill_s) - set(compiled.by_name)
         self.pd_index.forget(gone)
 
@@ -183,11 +205,34 @@ class Runtime:
         for ledger in self._ledgers.values():
             ledger.finish(key)
 
+    def ledger(self, link: str) -> EgressLedger:
+        """The link's egress ledger (read-only use: status, tests)."""
+        return self._ledgers[link]
+
     def remote_succeeded(self, remote: str) -> None:
         self._breakers.succeeded(remote)
 
+    def remote_cancelled(self, remote: str, ticket: float | None) -> None:
+        """A remote call ended without a verdict (the client went away): a probe's slot is freed."""
+        if ticket is not None:
+            self._breakers.cancelled(remote, ticket)
+
+    def breaker_transitions(self) -> list[Transition]:
+        """The breakers' mode changes since the last call (logged and counted by the refresher)."""
+        return self._breakers.take_transitions()
+
     def remote_failed(self, remote: str, why: str, now: float | None = None) -> None:
         self._breakers.failed(remote, self.clock() if now is None else now, self.compiled.breaker, why)
+
+    def remote_queue_wait_s(self, link: str) -> float | None:
+        """The ledger's predicted wait (model seconds) for a PrFaaS lane behind ``link``."""
+        ledger = self._ledgers.get(link)
+        return ledger.queue_wait_s(self.model_now()) if ledger is not None else None
+
+    def remote_lanes(self, link: str) -> int:
+        """The PrFaaS instances prefilling in parallel behind ``link`` (0 until a status said so)."""
+        ledger = self._ledgers.get(link)
+        return ledger.lanes if ledger is not None else 0
 
     def breaker(self, remote: str) -> Breaker:
         return self._breakers.get(remote)
@@ -244,16 +289,26 @@ class Runtime:
         )
 
     # --- the hot path: pure arithmetic over the snapshot -------------------------------------------------
-    def route(self, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None) -> RoutePlan:
-        """Prefix lookups (PD cluster, remote), then the core's route: decision and local instance picks."""
+    def route(
+        self,
+        total_tokens: int,
+        hashes: list[bytes],
+        pd_hits: dict[str, int] | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> RoutePlan:
+        """Prefix lookups (PD cluster, remote), then the core's route: decision and local instance picks
+        (``exclude``: instances left out, e.g. one whose leg just failed)."""
         c, snap = self.compiled, self.snapshot
         hits = self.pd_index.match(hashes) if pd_hits is None else pd_hits
-        l_pd = max((v for k, v in hits.items() if k not in c.draining), default=0)
+        # the PD prefix that counts is one an instance that can prefill the next turn holds: the decode
+        # instance's copy (it decoded the last turn) saves a prefill instance nothing
+        l_pd = max((v for k, v in hits.items() if k in c.prefill_capable and k not in c.draining), default=0)
         remote_hits = self.remote_index.match(hashes) if c.remotes else {}
+        self.last_prefix = (l_pd, max(remote_hits.values(), default=0))
         remotes = [
             RemoteSide(r.name, r.link, snap.remote_ready.get(r.name), remote_hits.get(r.name, 0)) for r in c.remotes
         ]
-        views = self._views(hits)
+        views = self._views(hits, exclude)
         return route(
             RouteTick(
                 self.model_now(),
@@ -272,6 +327,7 @@ class Runtime:
                 breaker_params=c.breaker,
                 prefill=[views(e) for e in c.prefill] if c.prefill else None,
                 decode=[views(e) for e in (c.decode or c.both)],
+                cache_moves=False,  # the engines' connectors move KV only from a request's prefill to its decode
             ),
             self.policy,
         )
@@ -296,7 +352,9 @@ class Runtime:
         if plan.prefill is None:
             return LocalPlan(None, decode.name)
         if plan.prefill.name is None:
-            return LocalPlan(None, decode.name) if self.compiled.both else None
+            if self.compiled.both:
+                return LocalPlan(None, decode.name)
+            return LocalPlan(None, decode.name, plan.prefill.reason)
         return LocalPlan(plan.prefill.name, decode.name)
 
     def plan_local(
@@ -304,22 +362,28 @@ class Runtime:
     ) -> LocalPlan | None:
         return self.local_plan(self.route(total_tokens, hashes, pd_hits))
 
-    def _views(self, hits: dict[str, int]) -> Callable[[RouterEndpoint], InstanceView]:
+    def _views(
+        self, hits: dict[str, int], exclude: frozenset[str] = frozenset()
+    ) -> Callable[[RouterEndpoint], InstanceView]:
         c, engines = self.compiled, self.snapshot.engines
 
         def view(e: RouterEndpoint) -> InstanceView:
             load = engines.get(e.name, EngineLoad())
             return InstanceView(
                 e.name,
-                queued_prefill_s=self._queued_prefill_s.get(e.name, 0.0),
+                queued_prefill_s=self._queued_prefill_s.get(e.name, 0.0) + self._slowness_s(load),
                 cached_prefix_tokens=hits.get(e.name, 0),
                 active_decodes=self._active_decodes.get(e.name, 0),
                 decode_slots=c.decode_slots,
-                healthy=load.healthy,
+                healthy=load.healthy and e.name not in exclude,
                 draining=e.name in c.draining,
             )
 
         return view
+
+    def _slowness_s(self, load: EngineLoad) -> float:
+        """A slow engine's penalty (model seconds): how much its last probe exceeded ``SLOW_PROBE_S``."""
+        return max(0.0, load.probe_s - SLOW_PROBE_S) * self.compiled.scale.time_scale
 
     def local_wait_s(self) -> float | None:
         """The predicted wait on the least-loaded PD prefill instance (the local alternative's queue)."""

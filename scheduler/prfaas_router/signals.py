@@ -15,8 +15,11 @@ from prfaas_core.api import GatewayStatus
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.short_term import Refreshed
 
+from .aborts import Aborts, engine_side, remote_side
+from .health import HealthBook
 from .metrics import RouterMetrics
 from .prom_text import sample_sum, sample_sums
+from .readiness import not_ready_reason
 from .runtime import EngineLoad, Runtime, Snapshot
 
 log = structlog.get_logger("prfaas.router.signals")
@@ -54,15 +57,31 @@ class Signals:
     metrics: RouterMetrics
     link_rates: dict[str, CounterRate] = field(default_factory=dict)
     remote_failures: dict[str, int] = field(default_factory=dict)
+    health: HealthBook = field(default_factory=HealthBook)
+    not_ready: str | None = "starting"
+    aborts: tuple[Aborts, ...] = ()
+    """Whose legs in flight to cut short when their side turns unready (the proxy's, the gateway's)."""
+
+    def _abort(self, side: str, why: str) -> None:
+        cut = sum(a.abort(side, why) for a in self.aborts)
+        if cut:
+            log.warning("legs in flight cut short", side=side, legs=cut, reason=why)
 
     async def _engine(self, name: str, url: str) -> tuple[str, EngineLoad]:
+        """One health probe (its /metrics read), judged by :class:`HealthBook` over consecutive probes."""
+        routing = self.runtime.compiled.config.routing
+        started = self.runtime.clock()
+        why = ""
         try:
-            resp = await self.http.get(f"{url}/metrics", timeout=2.0)
+            resp = await self.http.get(f"{url}/metrics", timeout=routing.health_probe_seconds)
             if resp.status_code == 200:
-                return name, parse_engine_load(resp.text)
-        except httpx.HTTPError:
-            pass
-        return name, EngineLoad(healthy=False)
+                load = parse_engine_load(resp.text)
+                return name, self.health.probed(name, load, self.runtime.clock() - started)
+            why = f"/metrics answered {resp.status_code}"
+        except httpx.HTTPError as exc:
+            why = f"/metrics {exc.__class__.__name__}"
+        self.metrics.probe_failures.labels(name).inc()
+        return name, self.health.failed(name, why, routing.unhealthy_after_failures)
 
     async def _link(self, name: str, url: str) -> tuple[str, float | None]:
         """(name, its measured egress in model Gbps since the last reading, None when not known)."""
@@ -119,8 +138,14 @@ class Signals:
             rt.set_lanes(link_name, count)
         done = rt.refresh({name: gbps for name, gbps in measured if gbps is not None})
         self._report(done)
+        for name, why in remotes.items():
+            if why != rt.snapshot.remote_ready.get(name):
+                log.warning("remote status changed", remote=name, ready=why is None, reason=why or "ready")
+                if why is not None:
+                    self._abort(remote_side(name), why)
         snap = Snapshot(done.threshold, done.links, engines, remotes)
         rt.snapshot = snap
+        self._readiness()
         return snap
 
     def _report(self, done: Refreshed) -> None:
@@ -142,3 +167,23 @@ class Signals:
             m.ttft_slo_objective.set(c.config.slo.objective_ratio)
         for remote in c.remotes:
             m.breaker_open.labels(remote.name).set(1 if rt.breaker(remote.name).is_open else 0)
+        for t in rt.breaker_transitions():
+            m.breaker_transitions.labels(t.remote, t.after).inc()
+            log.warning("breaker transition", remote=t.remote, before=t.before, after=t.after, reason=t.reason)
+        for name, healthy, why in self.health.take_transitions():
+            log.warning("engine health changed", engine=name, healthy=healthy, reason=why)
+            if not healthy:
+                self._abort(engine_side(name), why)
+        for e in c.config.endpoints:
+            m.engine_healthy.labels(e.name).set(1 if self.health.healthy(e.name) else 0)
+
+    def _readiness(self) -> None:
+        """After the new snapshot: ``prfaas_router_ready`` and one log line per change of readiness."""
+        why = not_ready_reason(self.runtime)
+        self.metrics.ready.set(1 if why is None else 0)
+        if why != self.not_ready:
+            if why is None:
+                log.warning("router ready again", was=self.not_ready)
+            else:
+                log.warning("router not ready", reason=why)
+            self.not_ready = why

@@ -92,11 +92,64 @@ def test_prfaas_up_runs_the_stack_end_to_end(tmp_path: Path) -> None:
     print(f"prfaas up: {req['requests']} requests, {routes}, {wall:.0f} s wall")
 
 
+SHORT = Path(__file__).parent / "data" / "up-short.yaml"
+
+
+@pytest.mark.timeout(400)
+def test_the_phases_show_both_timescales(tmp_path: Path) -> None:
+    """The default scenario's phases, shortened: long prompts flip a PD instance toward prefill and re-optimise
+    t_min; the squeezed link turns scarce and the router raises t while egress settles under the new cap; the
+    recovery brings t back to t_min and the instance back. Every request is answered. Ranges, not values."""
+    work = tmp_path / "up"
+    plots = tmp_path / "plots"
+    result = run_up(work, "--scenario", str(SHORT), "--seed", "2", "--plot-dir", str(plots), timeout_s=380)
+    assert result.returncode == 0, f"exit {result.returncode}\nstderr:\n{result.stderr[-3000:]}"
+    s: dict[str, Any] = json.loads(result.stdout)
+    phases = {p["name"]: p for p in s["phases"]}
+    assert list(phases) == ["steady", "long-prompts", "squeeze", "recovery"]
+    req = s["requests"]
+    assert req["requests"] >= 100 and req["ok"] == req["requests"], s["errors"]
+    assert sum(p["requests"]["requests"] for p in s["phases"]) == req["requests"]
+    assert (plots / "up.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # steady: the planner's split holds, the link is abundant
+    steady = phases["steady"]
+    assert steady["roles_end"] == {"prefill": 2, "decode": 2}
+    assert steady["flips"] == [] and steady["link_scarce_share"] == 0.0
+
+    # long prompts: at least one flip toward prefill, judged by the observed mix, and t_min re-optimised up
+    flips = s["role_flips"]
+    to_prefill = [f for f in flips if f["action"] == "FlipToPrefill"]
+    assert to_prefill, [c["reason"] for c in s["last_decisions"]]
+    first = to_prefill[0]
+    assert first["phase"] == "long-prompts" and "prefill-bound" in first["reason"], first
+    assert first["roles"]["prefill"] == 3 and first["threshold_min_tokens"] > s["plan"]["threshold_tokens"]
+
+    # squeeze: the router raises t above the loop's floor t_min (before the link turns scarce, or because it
+    # did), and egress settles under the new cap
+    squeeze = phases["squeeze"]
+    assert squeeze["link_gbps"] == 3 and squeeze["link_cap_gbps"] == pytest.approx(2.4)
+    assert squeeze["router_threshold_tokens"]["max"] > squeeze["threshold_min_tokens"]["max"], squeeze
+    # the router's admission keeps the mean under the cap (80 % of capacity); a 1-s window may go above the
+    # cap, never above what the reshaped link carries
+    assert 0 < squeeze["egress_mean_gbps"] <= squeeze["link_cap_gbps"]
+    assert squeeze["egress_peak_settled_gbps"] <= squeeze["link_gbps"] * 1.05
+
+    # recovery: abundant again, t back down to t_min, and the instance flips back toward decode
+    rec = phases["recovery"]
+    assert rec["router_threshold_tokens"]["last"] < squeeze["router_threshold_tokens"]["max"]
+    back = [f for f in flips if f["action"] == "FlipToDecode" and f["model_s"] > first["model_s"]]
+    assert back, [c["reason"] for c in s["last_decisions"]]
+    assert "decode-bound" in back[0]["reason"]
+    assert s["final_roles"] == {"prefill": 2, "decode": 2}
+    print(f"phases: flips {[(f['action'], f['model_s']) for f in flips]}, {req['requests']} requests")
+
+
 @pytest.mark.timeout(120)
 def test_prfaas_up_stops_its_processes_when_terminated(tmp_path: Path) -> None:
     """SIGTERM in the middle of the replay: exit non-zero, every process of the stack stopped."""
     work = tmp_path / "up"
-    argv = [*PRFAAS, "up", "--work-dir", str(work), "--duration", "600", "--time-scale", "4"]
+    argv = [*PRFAAS, "up", "--work-dir", str(work), "--duration", "600", "--time-scale", "4", "--prometheus", "off"]
     err = tmp_path / "stderr.txt"
     with open(err, "wb") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL)

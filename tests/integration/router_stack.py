@@ -14,6 +14,8 @@ from testbed_support import PRFAAS, Processes, free_port, http, wait_for
 from prfaas_core.profiles import builtin_model_profiles
 
 TIME_SCALE = 200.0
+TOKEN = "s3cret-token"
+GATEWAY_AUTH = {"Authorization": f"Bearer {TOKEN}"}
 BYTE_SCALE = 1e-3
 
 
@@ -55,7 +57,7 @@ def start_stack(
     st = Stack(procs, tmp, {n: free_port() for n in names})
     p = st.ports
     scale = ["--time-scale", str(TIME_SCALE), "--byte-scale", str(BYTE_SCALE)]
-    (tmp / "token").write_text("s3cret-token\n")
+    (tmp / "token").write_text(TOKEN + "\n")
     procs.start(
         "prf",
         [
@@ -180,7 +182,7 @@ def start_stack(
     def ready() -> bool:
         procs.check_alive()
         status, body = http("GET", st.router + "/ready", timeout_s=2)
-        gw_status, gw = http("GET", st.url("gateway") + "/status", timeout_s=2)
+        gw_status, gw = http("GET", st.url("gateway") + "/status", timeout_s=2, headers=GATEWAY_AUTH)
         return status == 200 and body.get("healthy_engines") == 2 and gw_status == 200 and gw["readyInstances"] == 1
 
     wait_for(ready, 60, "the router stack to be ready")

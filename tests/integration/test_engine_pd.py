@@ -14,6 +14,7 @@ from testbed_support import await_for, free_port, metric_value, serving, sse_pay
 
 from prfaas_core.scale import ScaleSettings
 from prfaas_engine import ENGINE_KEY, EngineConfig, HostPort, create_app
+from prfaas_engine.batching import kv_pull_tokens
 from prfaas_engine.engine import Engine
 
 SCALE = ScaleSettings(time_scale=200, byte_scale=1e-3)
@@ -60,7 +61,8 @@ async def metrics_text(client: aiohttp.ClientSession) -> str:
 
 
 def expected_wire_bytes(engine: Engine, prompt_tokens: int) -> int:
-    return SCALE.wire_bytes(engine.config.kv_model.kv_bytes(prompt_tokens))
+    whole = kv_pull_tokens(prompt_tokens, engine.config.block_size_tokens)  # whole blocks, as vLLM moves them
+    return SCALE.wire_bytes(engine.config.kv_model.kv_bytes(whole))
 
 
 async def test_vllm_protocol_moves_the_kv_and_frees_it(pair: Pair) -> None:

@@ -554,6 +554,8 @@ def parse_call(method: str, path: str, watch: bool) -> Call | None:
     """(verb, group, resource[/sub], namespace, name) of an API call; None for discovery."""
     if DISCOVERY.match(path) and not path.startswith("/api/v1/namespaces"):
         return None
+    if path.rstrip("/") == "/version":  # the start-up check; a non-resource URL every authenticated user may get
+        return None
     parts = path.strip("/").split("/")
     if parts[0] == "api":
         group, rest = "", parts[2:]

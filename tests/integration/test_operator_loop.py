@@ -30,11 +30,9 @@ def test_load_shift_towards_prefill_flips_one_instance_after_persistence_and_dra
     busy = next(n for n, r in sorted(h.roles(ns).items()) if r == "decode")
     h.prom.exporter.running[(ns, busy)] = 3  # work in flight: the drain must pick another instance first
     h.prom.exporter.set_queue(ns, "pd-h20", "prefill", 40)
-    started = time.monotonic()
+    # persistence (2 cycles of 1 s) + one cycle + the drain poll, plus Prometheus' 1 s scrape; ready_roles waits
+    # on the condition (no wall-clock assertion: a loaded machine only makes it slower, not wrong)
     roles = h.ready_roles(ns, 4, 4, 60)
-    elapsed = time.monotonic() - started
-    # persistence (2 cycles of 1 s) + one cycle + the drain poll, plus Prometheus' 1 s scrape: well under 20 s
-    assert elapsed < 20, elapsed
     assert roles[busy] == "decode"
     st = wait_until(lambda: h.status(ns) if flips(h, ns) else None, 20, "the flip recorded")
     flip = flips(h, ns)[-1]

@@ -144,3 +144,23 @@ def test_remote_prefill_cluster_owns_nothing_and_has_no_finalizer(h: Harness) ->
     cm = wait_until(lambda: h.get("ConfigMap", ns, gateway_configmap_name("local-prefill")), 20, "its gateway config")
     assert json.loads(cm["data"][CONFIG_KEY])["endpoints"] == []  # published all the same: pods may come later
     op.stop()
+
+
+def test_a_managed_to_remote_change_removes_the_old_gateway_config(h: Harness) -> None:
+    ns = h.namespace()
+    op = h.start_operator(ns)
+    profile = next(d for d in h.manifests(ns) if d["kind"] == "ModelProfile")
+    h.create(profile)
+    h.create(prefill_pod(ns, 0, ready=True))
+    h.create(managed_prefill_cluster(ns, profile["metadata"]["name"]))
+    wait_until(lambda: gateway_config(h, ns), 30, "the gateway ConfigMap")
+    remote = yaml.safe_load((EXAMPLE / "region-b" / "prefill-cluster-remote.yaml").read_text())
+    h.patch(
+        "PrefillCluster",
+        ns,
+        PFC,
+        {"spec": {"mode": "Remote", "workload": None, "endpoint": remote["spec"]["endpoint"]}},
+    )
+    wait_until(lambda: h.get("ConfigMap", ns, CM) is None, 30, "the old gateway ConfigMap removed")
+    assert h.get("PrefillCluster", ns, PFC) is not None
+    op.stop()

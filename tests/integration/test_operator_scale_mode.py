@@ -238,3 +238,30 @@ def test_steady_load_does_not_scale_then_decode_pressure_scales_decode_up_first(
     assert deleted == ["pd-prefill-0"] and created == ["pd-decode-5"]
     wait_until(lambda: counts(h, ns) == {"prefill": (2, 2, 2), "decode": (6, 6, 6)}, 30, "2/6 reported")
     op.stop()
+
+
+def test_a_flip_interrupted_after_the_retirement_is_resumed_not_lost(h: Harness) -> None:
+    ns = h.namespace()
+    op = h.start_operator(ns)
+    setup_scale(h, ns, 3, 5)
+    wait_until(lambda: counts(h, ns) == {"prefill": (3, 3, 3), "decode": (5, 5, 5)}, 30, "3/5 reported")
+    # the first scale write is refused past the client's retries: the pod is retired, no count is written
+    fault = h.emu.k8s.inject("PATCH", rf"/namespaces/{ns}/deployments/pd-prefill/scale$", 500, count=6)
+    h.prom.exporter.set_queue(ns, PD, "prefill", 40)
+    wait_until(lambda: fault.count == 0, 60, "the scale write refused")
+    # the next reconcile finishes it from the retired pod's marks: the same absolute counts, once
+    wait_until(lambda: replicas(h, ns) == {"prefill": 4, "decode": 4}, 60, "prefill 4 / decode 4 replicas")
+    retired = [p for p in h.list("Pod", ns) if ANNOTATION_LAST_FLIP in (p["metadata"].get("annotations") or {})]
+    assert len(retired) == 1
+    wait_until(
+        lambda: (
+            "prfaas.io/scale-targets"
+            not in (h.get("Pod", ns, retired[0]["metadata"]["name"]) or {}).get("metadata", {}).get("annotations", {})
+        ),
+        30,
+        "the marks removed",
+    )
+    time.sleep(2)  # cycles go by (the cooldown holds): the counts are not written again nor changed
+    assert replicas(h, ns) == {"prefill": 4, "decode": 4}
+    assert len([w for w in workload_writes(h, ns) if w[0] == "PATCH"]) == 2
+    op.stop()

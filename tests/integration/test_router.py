@@ -76,12 +76,27 @@ def test_long_prompt_is_prefilled_remotely_and_its_kv_crosses_the_link(stack: St
     assert moved == pytest.approx(KV.kv_bytes(40_000), rel=0.02, abs=2 / BYTE_SCALE)
 
 
-def test_repeated_long_prompt_hits_the_pd_prefix_and_stays_local(stack: Stack) -> None:
+def test_repeated_prompt_goes_where_its_prefix_is(stack: Stack) -> None:
+    """Prefix truth: a follow-up turn of a remotely prefilled session goes remote again, where its prefix is (the
+    decode instance's copy of it saves the PD prefill instances nothing); one of a locally prefilled session stays
+    local on its PD prefix. The router's prefix-hit counters say which cluster held it."""
     text = prompt(30_000)
-    assert complete(stack, text)[0] == 200
-    before = counter(stack.router, "prfaas_router_route_decisions_total", route="local", reason="threshold")
-    assert complete(stack, text + " and one more question")[0] == 200
-    assert counter(stack.router, "prfaas_router_route_decisions_total", route="local", reason="threshold") == before + 1
+    assert complete(stack, text)[0] == 200  # > t: remote
+    hits = counter(stack.router, "prfaas_router_prefix_hit_tokens_total", cluster="prfaas")
+    status, _ = http(
+        "POST", stack.router + "/v1/completions", {"prompt": text + " and one more", "max_tokens": 2}, timeout_s=30
+    )
+    follow = httpx.post(
+        stack.router + "/v1/completions", json={"prompt": text + " and another one", "max_tokens": 2}, timeout=30
+    )
+    assert status == 200 and follow.status_code == 200 and follow.headers["x-prfaas-route"] == "remote"
+    assert counter(stack.router, "prfaas_router_prefix_hit_tokens_total", cluster="prfaas") >= hits + 2 * 29_000
+    short = prompt(10_000)  # <= t: local
+    assert complete(stack, short)[0] == 200
+    pd_hits = counter(stack.router, "prfaas_router_prefix_hit_tokens_total", cluster="pd")
+    again = httpx.post(stack.router + "/v1/completions", json={"prompt": short + " more", "max_tokens": 2}, timeout=30)
+    assert again.status_code == 200 and again.headers["x-prfaas-route"] == "local"
+    assert counter(stack.router, "prfaas_router_prefix_hit_tokens_total", cluster="pd") >= pd_hits + 9_900
 
 
 def test_ttft_and_tpot_are_recorded_by_route_streamed_or_not(stack: Stack) -> None:

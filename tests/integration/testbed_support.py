@@ -76,10 +76,14 @@ async def serving(app: web.Application) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def http(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+def http(
+    method: str, url: str, body: Any = None, timeout_s: float = 10.0, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     """A blocking JSON request (for tests of subprocesses); returns (status, parsed body or text)."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             status, raw = resp.status, resp.read()

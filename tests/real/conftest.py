@@ -26,8 +26,20 @@ THRESHOLD_TOKENS = 768
 """t_min of the tier's router: prompts above it (uncached) go to the PrFaaS engine."""
 
 
+FIRST = ("test_real_netns.py", "test_real_up.py")
+"""Run before every other module of the tier, in this order: each ends its own engines (2, then 3) before the
+next starts any, and before the loopback set starts (the machine holds one set, not two)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
+    ours = [i for i, item in enumerate(items) if here in Path(str(item.fspath)).parents]
+    if ours:
+        tier = [items[i] for i in ours]
+        rank = {name: i for i, name in enumerate(FIRST)}
+        tier.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(FIRST)))  # stable for the rest
+        for i, item in zip(ours, tier, strict=True):
+            items[i] = item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.real_engine)

@@ -44,6 +44,24 @@ def test_paper_split_with_no_queues_holds_as_balanced() -> None:
     assert d.threshold_min_tokens is not None and 18_000 < d.threshold_min_tokens < 21_000
 
 
+def test_a_model_lean_that_flips_nothing_says_why_in_words_that_match_the_ratio() -> None:
+    """32 output tokens: decode is far from its limit, the ratio is tiny (prefill-bound by the model), but
+    with decode at its one instance there is nothing to flip — the reason says so instead of 'balanced'."""
+    from dataclasses import replace
+
+    short = replace(INPUTS, n_prfaas=2, n_pd=4, output_tokens=32.0)
+    o = RoleObservation(instances(3, 1), arrival_rate_rps=0.9)
+    d = decide_roles(RoleState(), o, PARAMS, short, 29_439, 0.0)
+    assert d.action == "Hold"
+    assert d.ratio is not None and d.ratio < PARAMS.flip_to_prefill_ratio
+    assert "balanced" not in d.reason
+    assert f"= {d.ratio:.2f} < 0.8 leans prefill-bound, but decode is at one instance" in d.reason
+    # with room to flip but no gain, the reason names Λ_max before and after
+    o2 = RoleObservation(instances(2, 2), arrival_rate_rps=0.9)
+    d2 = decide_roles(RoleState(), o2, PARAMS, replace(short, output_tokens=512.0), 23_220, 0.0)
+    assert d2.action == "Hold" and "would lower Λ_max (1.71 -> 1.56 req/s)" in d2.reason, d2.reason
+
+
 def test_decode_queue_drains_then_flips_a_prefill_instance() -> None:
     s = RoleState()
     d1 = decide_roles(s, obs(dq=40), PARAMS, INPUTS, T, 0.0)
@@ -208,3 +226,36 @@ def test_a_queue_does_not_flip_a_stage_below_the_observed_arrival_rate() -> None
     # at 2 req/s it may
     o2 = RoleObservation(instances(4, 4), StageLoad(60), StageLoad(0), arrival_rate_rps=2.0)
     assert decide_roles(RoleState(verdict="prefill-bound", streak=5), o2, PARAMS, INPUTS, T, 0.0).action == "Drain"
+
+
+def test_a_statefulset_drains_its_highest_ordinal_the_pod_its_scale_down_removes() -> None:
+    def sts_obs(busy: dict[str, int]) -> RoleObservation:
+        insts = [InstanceState(f"prefill-{i}", "prefill", busy.get(f"prefill-{i}", 0)) for i in (0, 1, 2, 10)]
+        insts += [InstanceState(f"decode-{i}", "decode") for i in range(5)]
+        return RoleObservation(tuple(insts), decode=StageLoad(40))
+
+    busy = {"prefill-0": 3, "prefill-1": 0, "prefill-2": 1, "prefill-10": 5}
+    s = RoleState(verdict="decode-bound", streak=5)
+    plain = decide_roles(s, sts_obs(busy), PARAMS, INPUTS, T, 0.0)
+    assert plain.drain == ("prefill-1",)  # a Deployment: the least busy (pod-deletion-cost removes it)
+    ordinal = RolePolicyParams(**{**PARAMS.__dict__, "ordinal_roles": frozenset({"prefill"})})
+    d = decide_roles(s, sts_obs(busy), ordinal, INPUTS, T, 0.0)
+    assert d.action == "Drain" and d.drain == ("prefill-10",)  # ordinal 10, not "prefill-2" by name
+
+
+def test_ordinal_roles_come_from_scale_mode_statefulset_workloads() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from prfaas_core.api import PDCluster
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples/01-two-region/region-b/pd-cluster.yaml").read_text())
+    spec = doc["spec"]
+    assert RolePolicyParams.from_spec(PDCluster.model_validate(doc).spec).ordinal_roles == frozenset()
+    spec["roleAssignment"] = {"mode": "Scale"}
+    spec["workloads"] = {
+        "prefill": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "pd-prefill"},
+        "decode": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "pd-decode"},
+    }
+    assert RolePolicyParams.from_spec(PDCluster.model_validate(doc).spec).ordinal_roles == frozenset({"prefill"})

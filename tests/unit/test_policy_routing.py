@@ -145,3 +145,28 @@ def test_decode_pick_least_loaded_and_skips_unhealthy() -> None:
         InstanceView("d2", active_decodes=0, decode_slots=20, healthy=False),
     ]
     assert pick_decode_instance(insts).name == "d1"
+
+
+def test_without_cache_moves_each_cluster_is_priced_by_its_own_prefix() -> None:
+    """A router cannot move a prefix between clusters: a follow-up turn whose prefix PrFaaS holds must not be
+    sent to PD as if it were cached there (it would be recomputed in full)."""
+    from dataclasses import replace as _replace
+
+    from prfaas_core.plan_inputs import case_study_inputs
+    from prfaas_core.policy.link import LinkParams
+    from prfaas_core.policy.routing import RouteRequest, RoutingView, decide_route
+
+    inputs = case_study_inputs()
+    view = RoutingView(19_400, "abundant", 0.0, LinkParams("l", 100.0), True)
+    req = RouteRequest(36_000, pd_cached_tokens=0, prfaas_cached_tokens=35_000)
+    moved = decide_route(req, view, inputs.kv, inputs.prfaas_hardware.prefill_seconds)
+    assert moved.target == "local" and moved.cache_transfer_tokens == 35_000  # the simulator moves it
+    fixed = decide_route(req, _replace(view, cache_moves=False), inputs.kv, inputs.prfaas_hardware.prefill_seconds)
+    assert fixed.target == "remote" and fixed.uncached_tokens == 1_000 and fixed.cache_transfer_tokens == 0
+    local = decide_route(
+        RouteRequest(36_000, 35_000, 0),
+        _replace(view, cache_moves=False),
+        inputs.kv,
+        inputs.prfaas_hardware.prefill_seconds,
+    )
+    assert local.target == "local" and local.uncached_tokens == 1_000

@@ -131,3 +131,41 @@ def test_a_baseline_is_a_parameter() -> None:
     plan = route(route_tick(1_000), baseline)
     assert plan.prefill is not None and plan.prefill.name == "p1"
     assert plan.decode is not None and plan.decode.name == "d1"
+
+
+def _opened_board(params: BreakerParams) -> BreakerBoard:
+    board = BreakerBoard()
+    board.ensure(["prfaas"])
+    board.failed("prfaas", 0.0, params, "boom")
+    return board
+
+
+def test_a_short_request_past_the_open_window_takes_no_probe() -> None:
+    """The stuck-open finding: short requests routed locally must leave the probe to a request that uses it."""
+    params = BreakerParams(failure_threshold=1, open_s=10.0)
+    board = _opened_board(params)
+    for _ in range(5):
+        short = route(route_tick(1_000, breakers=board, breaker_now_s=11.0, breaker_params=params))
+        assert short.decision.target == "local" and short.probe is None
+    assert board.get("prfaas").mode == "open" and board.get("prfaas").probes == ()
+    long = route(route_tick(40_000, breakers=board, breaker_now_s=11.0, breaker_params=params))
+    assert long.decision.target == "remote" and long.probe == 11.0
+    board.succeeded("prfaas")
+    assert board.get("prfaas").mode == "closed"
+
+
+def test_no_decode_instance_takes_no_probe() -> None:
+    params = BreakerParams(failure_threshold=1, open_s=10.0)
+    board = _opened_board(params)
+    down = [InstanceView("d0", healthy=False)]
+    plan = route(route_tick(40_000, decode=down, breakers=board, breaker_now_s=11.0, breaker_params=params))
+    assert plan.remote is None and plan.probe is None and board.get("prfaas").mode == "open"
+
+
+def test_no_local_prefill_instance_sends_even_a_short_request_remote() -> None:
+    """The misleading-503 finding: every local prefill instance draining must not reject what the remote can do."""
+    draining = [InstanceView("p0", draining=True)]
+    plan = route(route_tick(1_000, prefill=draining))
+    assert plan.decision.target == "remote" and plan.decision.kind == "no-local-prefill"
+    assert plan.remote is not None and plan.decode is not None and plan.decode.name == "d0"
+    assert "no healthy, non-draining prefill instance" in plan.decision.reason

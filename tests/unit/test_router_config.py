@@ -47,3 +47,29 @@ def test_watcher_sees_changes_to_either_file_and_skips_bad_versions(tmp_path: Pa
     assert new is not None and new.limits.retry_after_seconds == 4
     c.write_text("{not json")
     assert w.poll() is None and w.last_error is not None and "not valid JSON" in w.last_error
+
+
+def test_a_deleted_config_file_is_reported_once_per_backoff_not_every_poll(tmp_path: Path) -> None:
+    """The finding: a deleted config file was logged every 0.5 s (each refresh). The app logs ``last_error``
+    and clears it; here that is what a poll loop sees."""
+    from prfaas_router.config import REPORT_BACKOFF_S
+
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(BASE))
+    now = [0.0]
+    w = ConfigWatcher(c, clock=lambda: now[0])
+    assert w.poll() is not None
+    c.unlink()
+    reports = 0
+    for _ in range(100):  # 50 s of polls every 0.5 s
+        assert w.poll() is None
+        if w.last_error is not None:
+            assert "cannot read" in w.last_error
+            reports += 1
+            w.last_error = None  # what the app does after logging it
+        now[0] += 0.5
+    assert reports == 2  # at once, then after the first backoff (the next one a doubled backoff later)
+    assert REPORT_BACKOFF_S < 50.0 < 3 * REPORT_BACKOFF_S
+    c.write_text(json.dumps({**BASE, "thresholdMinTokens": 7}))
+    new = w.poll()
+    assert new is not None and new.threshold_min_tokens == 7

@@ -95,10 +95,21 @@ Operator
 {{- $out := dict "apiGroups" $rule.apiGroups "resources" $rule.resources "verbs" $rule.verbs }}
 {{- if eq (default "" $rule.resourceNamesFrom) "lease" }}
 {{- $_ := set $out "resourceNames" (list (include "prfaas.operator.leaseName" .root)) }}
-{{- else if and (eq (default "" $rule.resourceNamesFrom) "secrets") .root.Values.operator.rbac.secretNames }}
-{{- $_ := set $out "resourceNames" .root.Values.operator.rbac.secretNames }}
 {{- end }}
+{{- $omit := false }}
+{{- if eq (default "" $rule.resourceNamesFrom) "secrets" }}
+{{- $rbac := .root.Values.operator.rbac }}
+{{- $names := concat (default list $rbac.secretNames) (default list .root.Values.router.secrets) | uniq | sortAlpha }}
+{{- if $rbac.allSecrets }}
+{{- else if $names }}
+{{- $_ := set $out "resourceNames" $names }}
+{{- else }}
+{{- $omit = true }}
+{{- end }}
+{{- end }}
+{{- if not $omit }}
 {{- list $out | toYaml }}
+{{- end }}
 {{- end }}
 
 {{/* ---------------------------------------------------------------------------------------------------

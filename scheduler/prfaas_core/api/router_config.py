@@ -80,6 +80,14 @@ class RouterLimits(ApiModel):
     max_body_bytes: int = Field(default=8 << 20, ge=1024, le=1 << 30, description="Largest request body.")
     max_in_flight: int = Field(default=2048, ge=1, le=1_000_000, description="Requests in flight at most.")
     retry_after_seconds: int = Field(default=1, ge=1, le=3600, description="Retry-After on a 429.")
+    max_predicted_ttft_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="A request whose predicted time to first token (queued prefill work ahead plus its own "
+        "prefill, on the side it is routed to) exceeds this is answered 429 with Retry-After before any leg. "
+        "Default: the leg's timeout (a request predicted to outlast it would fail anyway).",
+    )
 
 
 class RoutingParams(ApiModel):
@@ -93,6 +101,19 @@ class RoutingParams(ApiModel):
     )
     breaker_failure_threshold: int = Field(default=5, ge=1, le=1000, description="Failures that open a breaker.")
     breaker_open_seconds: float = Field(default=10.0, gt=0, le=3600, description="How long a breaker stays open.")
+    breaker_probes: int = Field(
+        default=1, ge=1, le=64, description="Requests that may probe a half-open breaker at once."
+    )
+    unhealthy_after_failures: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Consecutive failed health probes (an engine's /metrics read) before it counts as unhealthy "
+        "(one slow read does not); one good probe makes it healthy again.",
+    )
+    health_probe_seconds: float = Field(
+        default=2.0, gt=0, le=60, description="Timeout of one health probe (an engine's /metrics read)."
+    )
     prefix_block_tokens: int = Field(default=16, ge=1, le=4096, description="Prefix-index block size, tokens.")
     prefix_index_blocks: int = Field(
         default=262_144, ge=1, le=1 << 26, description="Blocks the prefix index remembers per cluster (LRU)."
@@ -109,6 +130,39 @@ class ScaleConfig(ApiModel):
 
     time_scale: float = Field(default=1.0, gt=0, description="Emulated time runs this many times real time.")
     byte_scale: float = Field(default=1.0, gt=0, description="Real bytes sent per model byte of KV.")
+
+
+class RouterSecurity(ApiModel):
+    """The listener's connection hygiene and credential reloading (router and gateway): bounds no client can
+    stretch (slow or silent connections, oversized headers, connection floods) and live rotation of the token and
+    TLS files kubelet updates in place."""
+
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="A new connection's TLS handshake and first request headers."
+    )
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="Reading a request body.")
+    keepalive_idle_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        le=3600,
+        description="An idle keep-alive connection (or the next request's headers on it) is closed after this.",
+    )
+    max_connections: int = Field(
+        default=4096, ge=1, le=1_000_000, description="Open connections per listener; beyond it new ones are closed."
+    )
+    max_header_bytes: int = Field(
+        default=16384, ge=1024, le=1 << 20, description="Longest request line or header field, bytes."
+    )
+    max_headers: int = Field(default=100, ge=8, le=10_000, description="Header fields per request at most.")
+    credential_poll_seconds: float = Field(
+        default=1.0, gt=0, le=300, description="How often token, certificate and key files are checked for changes."
+    )
+    token_overlap_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=86_400,
+        description="After a token file changes, the previous token is still accepted this long (callers switch).",
+    )
 
 
 class GatewayServing(ApiModel):
@@ -193,4 +247,9 @@ class RouterConfig(ApiModel):
     limits: RouterLimits = Field(default_factory=RouterLimits, description="Limits.", json_schema_extra=obj_default())
     scale: ScaleConfig = Field(
         default_factory=ScaleConfig, description="Emulation scale.", json_schema_extra=obj_default()
+    )
+    security: RouterSecurity = Field(
+        default_factory=RouterSecurity,
+        description="Connection hygiene and credential reloading.",
+        json_schema_extra=obj_default(),
     )

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from ..api.common import DecisionAction
 from ..api.pd_cluster import LongTermPolicySpec, PDClusterSpec
+from ..names import NO_THRESHOLD_TOKENS
 from ..plan_inputs import PlanInputs
 from ..planner import compute_balanced_threshold, evaluate, split_lengths
 from ..workload import LengthDistribution
@@ -56,6 +57,9 @@ class RolePolicyParams:
     """Pinned prefill count: the loop drains and flips toward it, step by step, and decides nothing else."""
     override_threshold: int | None = None
     """Pinned ``t``: published as both bounds, so routers stop adapting it."""
+    ordinal_roles: frozenset[str] = frozenset()
+    """Roles whose workload removes its highest ordinal on a scale-down (a StatefulSet, a LeaderWorkerSet, in
+    Scale mode): the drain picks that instance, since it is the one the scale-down will remove."""
 
     @classmethod
     def from_policy(cls, p: LongTermPolicySpec, **rest: Any) -> RolePolicyParams:
@@ -86,6 +90,11 @@ class RolePolicyParams:
             dry_run=p.dry_run,
             override_prefill=spec.overrides.prefill_instances,
             override_threshold=spec.overrides.threshold_tokens,
+            ordinal_roles=frozenset(
+                role
+                for role, ref in (("prefill", spec.workloads.prefill), ("decode", spec.workloads.decode))
+                if spec.role_assignment.mode == "Scale" and ref is not None and ref.kind in ORDINAL_KINDS
+            ),
         )
 
 
@@ -97,6 +106,8 @@ class InstanceState:
     role: Role
     in_flight: int = 0
     draining: bool = False
+    healthy: bool = True
+    """Answering (its pod Ready, its engine reachable); see :mod:`.emergency`."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +198,8 @@ def classify(
     """The cycle's verdict, its reason, and the model ratio ``r``."""
     n_p, n_d = obs.count("prefill"), obs.count("decode")
     n_prfaas = inputs.n_prfaas
+    if n_prfaas == 0:  # no PrFaaS instance ready (the gateway lost): every request prefills locally
+        threshold_tokens = float(NO_THRESHOLD_TOKENS)
     point = evaluate(inputs, split_lengths(inputs, threshold_tokens), n_prfaas, n_p, n_d)
     producers = point.theta_prfaas + point.theta_pd_p
     ratio = producers / point.theta_pd_d if point.theta_pd_d > 0 else math.inf
@@ -224,21 +237,55 @@ def classify(
     if lam is None:
         return None, f"no standing queue; {model} (arrival rate unknown: the model alone flips nothing)", ratio
     t_now = threshold_tokens
-    if ratio > params.flip_to_decode_ratio and n_p > 1:
+    if ratio > params.flip_to_decode_ratio:
+        lean = f"{model} > {params.flip_to_decode_ratio:g} leans decode-bound"
+        if n_p <= 1:
+            return None, f"no standing queue; {lean}, but prefill is at one instance", ratio
         after = _lambda(inputs, n_p - 1, n_d + 1, _t_min(inputs, n_p - 1, None) or t_now)
         if after > point.throughput_rps and after >= lam:
             return "decode-bound", f"decode-bound by the model: {model} > {params.flip_to_decode_ratio:g}", ratio
-    if ratio < params.flip_to_prefill_ratio and n_d > 1:
-        after = _lambda(inputs, n_p + 1, n_d - 1, _t_min(inputs, n_p + 1, None) or t_now)
-        if after > point.throughput_rps and after >= lam:
+        return None, _not_worth(lean, "prefill", "decode", point.throughput_rps, after, lam), ratio
+    if ratio < params.flip_to_prefill_ratio:
+        lean = f"{model} < {params.flip_to_prefill_ratio:g} leans prefill-bound"
+        if n_d <= 1:
+            return None, f"no standing queue; {lean}, but decode is at one instance", ratio
+        t_after = t_now if n_prfaas == 0 else (_t_min(inputs, n_p + 1, None) or t_now)
+        after = _lambda(inputs, n_p + 1, n_d - 1, t_after)
+        # with the remote lost, a flip that raises what the cluster carries helps even if it cannot carry it all
+        if after > point.throughput_rps and (after >= lam or n_prfaas == 0):
             return "prefill-bound", f"prefill-bound by the model: {model} < {params.flip_to_prefill_ratio:g}", ratio
-    return None, f"balanced: {model}, no standing queue", ratio
+        return None, _not_worth(lean, "decode", "prefill", point.throughput_rps, after, lam), ratio
+    band = f"[{params.flip_to_prefill_ratio:g}, {params.flip_to_decode_ratio:g}]"
+    return None, f"balanced: {model} within {band}, no standing queue", ratio
 
 
-def _pick(obs: RoleObservation, role: Role, k: int) -> tuple[str, ...]:
-    candidates = sorted(
-        (i for i in obs.instances if i.role == role and not i.draining), key=lambda i: (i.in_flight, i.name)
+def _not_worth(lean: str, source: str, target: str, now_rps: float, after_rps: float, lam: float) -> str:
+    """Why the model's lean flips nothing: the flip would not raise Λ_max, or would not carry the load."""
+    why = (
+        f"flipping a {source} instance to {target} would lower Λ_max ({now_rps:.2f} -> {after_rps:.2f} req/s)"
+        if after_rps <= now_rps
+        else f"Λ_max after a flip ({after_rps:.2f} req/s) would not carry the {lam:.2f} req/s arriving"
     )
+    return f"no standing queue; {lean}, but {why}: holding"
+
+
+ORDINAL_KINDS = frozenset({"StatefulSet", "LeaderWorkerSet"})
+
+
+def _ordinal(name: str) -> int:
+    """A StatefulSet (or LeaderWorkerSet leader) pod's ordinal: its name's trailing ``-N`` (-1 if none)."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _pick(obs: RoleObservation, role: Role, k: int, params: RolePolicyParams | None = None) -> tuple[str, ...]:
+    """The ``k`` instances of ``role`` to drain: the least busy, or, where the workload scales down by ordinal,
+    the highest ordinals (the pods the scale-down will remove)."""
+    free = [i for i in obs.instances if i.role == role and not i.draining]
+    if params is not None and role in params.ordinal_roles:
+        candidates = sorted(free, key=lambda i: (-_ordinal(i.name), i.name))
+    else:
+        candidates = sorted(free, key=lambda i: (i.in_flight, i.name))
     return tuple(i.name for i in candidates[:k])
 
 
@@ -285,6 +332,12 @@ def decide_roles(
         return _finish_drain(state, state.pending, obs, params, now_s, decision)
     if params.override_prefill is not None:
         return _toward_override(params.override_prefill, obs, params, now_s, n_p, decision)
+    from .emergency import emergency  # the emergency verdict builds on this module's types
+
+    remote_ok = obs.n_prfaas_ready is not None and obs.n_prfaas_ready > 0
+    urgent = emergency(state, obs, params, now_s, decision, remote_ok)
+    if urgent is not None:
+        return urgent
     return _from_verdict(state, obs, params, inputs, threshold_tokens, now_s, decision)
 
 
@@ -364,7 +417,7 @@ def _from_verdict(
         source, direction, bound = "decode", "FlipToPrefill", "decode at its minimum or prefill at its maximum"
     if k <= 0:
         return decision("Hold", f"{why}; {bound}", held, ratio=ratio)
-    names = _pick(obs, source, k)
+    names = _pick(obs, source, k, params)
     if not names:
         return decision("Hold", f"{why}; no {source} instance free to drain", held, ratio=ratio)
     reason = f"{why} for {streak} cycles"
@@ -392,7 +445,7 @@ def _toward_override(
         return decision("Hold", f"{pinned}; in place", RoleState())
     source: Role = "prefill" if n_p > target_p else "decode"
     k = min(params.step_size, abs(n_p - target_p))
-    names = _pick(obs, source, k)
+    names = _pick(obs, source, k, params)
     if not names:
         return decision("Hold", f"{pinned}; no {source} instance free to drain", RoleState())
     direction: Literal["FlipToDecode", "FlipToPrefill"] = "FlipToDecode" if source == "prefill" else "FlipToPrefill"

@@ -29,9 +29,10 @@ from ..names import GBPS_BITS
 from .link import LinkMode, LinkParams, admit
 
 Target = Literal["local", "remote"]
-DecisionKind = Literal["threshold", "unavailable", "admission", "spill", "wait_for_link"]
+DecisionKind = Literal["threshold", "unavailable", "admission", "spill", "wait_for_link", "no-local-prefill"]
 """Why, in one word (a metric label): the length vs ``t``; the remote side unavailable; the cap's admission; a
-queue surge on the side ``t`` chose; a wait for a later link window (:mod:`.link_calendar`) that beats local."""
+queue surge on the side ``t`` chose; a wait for a later link window (:mod:`.link_calendar`) that beats local; no
+local prefill instance could take it (the remote prefills it)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class RoutingView:
     """Predicted wait before the least-loaded PD prefill instance starts a new request (None: unknown)."""
     remote_wait_s: float | None = None
     """Predicted wait before a PrFaaS instance starts a new request (None: unknown; no spills then)."""
+    cache_moves: bool = True
+    """Whether a cached prefix can be moved between the clusters (the simulator: yes). A router whose engines
+    cannot (vLLM's connectors move a request's KV only from its prefill to its decode) prices each cluster by
+    its own prefix: ``t`` is judged on the PD-uncached length, a remote prefill costs what PrFaaS does not hold."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,13 @@ def decide_route(
         uncached_local = uncached_remote = req.total_tokens - l_pd
         length = uncached_local
         basis = f"scarce: uncached {length} = total {req.total_tokens} - PD prefix {l_pd}"
+        move_to_pd = move_to_prfaas = 0
+    elif not view.cache_moves:
+        uncached_local, uncached_remote = req.total_tokens - l_pd, req.total_tokens - l_prfaas
+        length = uncached_local
+        basis = (
+            f"no cache moves: uncached {length} = total {req.total_tokens} - PD prefix {l_pd} (PrFaaS holds {l_prfaas})"
+        )
         move_to_pd = move_to_prfaas = 0
     else:
         best = max(l_prfaas, l_pd)

@@ -6,7 +6,9 @@
 * :func:`route` (per request): the routing view (``t`` in force, the remote link's mode, the ledger's
   admission estimate and queue wait, the local queue) -> :func:`~.routing.decide_route` -> the prefill and
   decode instances (:func:`~.routing.pick_prefill_instance`, :func:`~.routing.pick_decode_instance`), the
-  remote side chosen among the ready ones whose :class:`~.breaker.BreakerBoard` allows it.
+  remote side chosen among the ready ones whose :class:`~.breaker.BreakerBoard` could allow it; only when
+  the decision sends the request there (and a decode instance takes it) is a probe acquired
+  (:attr:`RoutePlan.probe`), so a short request never takes a half-open breaker's probe.
 
 Which functions decide is a parameter, :class:`ShortTermPolicy` (:data:`PRODUCTION` by default): a baseline
 (fixed ``t``, least-queued instances) is another instance of it, never a monkeypatch. A shell that picks an
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..kv import KvModel
 from .breaker import BreakerBoard, BreakerParams
@@ -183,13 +185,15 @@ class RouteTick:
     wait_from_ledger: bool = True
     """The remote wait is the ledger's (its lanes' queue), as a router predicts it."""
     breakers: BreakerBoard | None = None
-    """Consulted (and updated: an open breaker past its time lets one probe through) per remote; None: none."""
+    """Consulted per remote; acquired (a half-open breaker's probe) only for a request routed there."""
     breaker_now_s: float = 0.0
     breaker_params: BreakerParams = field(default_factory=BreakerParams)
     prefill: Sequence[InstanceView] | None = None
     """The local prefill instances to pick from now (None: the shell picks later)."""
     decode: Sequence[InstanceView] | None = None
     unavailable_reason: str = "remote unavailable"
+    cache_moves: bool = True
+    """Whether prefixes can move between clusters (:attr:`~.routing.RoutingView.cache_moves`)."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,8 @@ class RoutePlan:
     """The remote side that prefills (``decision.target == "remote"``), else None."""
     prefill: InstancePick | None = None
     decode: InstancePick | None = None
+    probe: float | None = None
+    """The breaker ticket of ``remote`` (its outcome must reach the board: success, failure or cancelled)."""
 
 
 def _why_no_remote(tick: RouteTick) -> str:
@@ -217,14 +223,26 @@ def _usable(tick: RouteTick) -> RemoteSide | None:
     for remote in tick.remotes:
         if remote.not_ready is not None:
             continue
-        if tick.breakers is None or tick.breakers.allows(remote.name, tick.breaker_now_s, tick.breaker_params):
+        if tick.breakers is None or tick.breakers.available(remote.name, tick.breaker_now_s, tick.breaker_params):
             return remote
     return None
 
 
 def route(tick: RouteTick, policy: ShortTermPolicy = PRODUCTION) -> RoutePlan:
-    """View -> decision -> instance picks, for one request."""
-    remote = _usable(tick)
+    """View -> decision -> instance picks, for one request; the breaker is acquired only when the request
+    will use the remote (routed there, and a decode instance is there to take it)."""
+    plan = _route(tick, policy, _usable(tick))
+    if plan.remote is None or tick.breakers is None:
+        return plan
+    if plan.decode is not None and plan.decode.name is None:
+        return replace(plan, remote=None)  # nothing can decode it: no remote work, no probe taken
+    ticket = tick.breakers.acquire(plan.remote.name, tick.breaker_now_s, tick.breaker_params)
+    if ticket is None:  # not available after all: decide again without it
+        return _route(tick, policy, None)
+    return replace(plan, probe=ticket)
+
+
+def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) -> RoutePlan:
     req = tick.request
     if remote is None:
         view = RoutingView(
@@ -245,6 +263,7 @@ def route(tick: RouteTick, policy: ShortTermPolicy = PRODUCTION) -> RoutePlan:
             "",
             tick.local_wait_s,
             wait,
+            tick.cache_moves,
         )
         req = RouteRequest(req.total_tokens, req.pd_cached_tokens, remote.cached_tokens)
     decision = policy.route(req, view, tick.kv, tick.prfaas_seconds, tick.pd_seconds)
@@ -252,4 +271,10 @@ def route(tick: RouteTick, policy: ShortTermPolicy = PRODUCTION) -> RoutePlan:
     prefill = None
     if tick.prefill is not None and (decode is None or decode.name is not None):
         prefill = policy.pick_prefill(tick.prefill, req.total_tokens, tick.pd_seconds)
+        if prefill.name is None and decision.target == "local" and remote is not None:
+            # no local prefill instance can take it (all draining or down): the remote, if it admits it,
+            # prefills whatever its length (a threshold below every length)
+            forced = policy.route(req, replace(view, threshold_tokens=-1), tick.kv, tick.prfaas_seconds, None)
+            if forced.target == "remote":
+                decision = replace(forced, reason=f"{prefill.reason}: {forced.reason}", kind="no-local-prefill")
     return RoutePlan(decision, remote if decision.target == "remote" else None, prefill, decode)

@@ -1,0 +1,88 @@
+"""The Grafana dashboard (dashboards/prfaas.json) drawn with matplotlib from a real Prometheus: every panel's
+own expressions run as range queries, drawn in the dashboard's grid layout. Grafana cannot run here; the
+queries are the dashboard's, so the picture and the JSON cannot disagree. Used by ``prfaas up`` (against its
+local Prometheus) and scripts/render_dashboard.py (against the observability stack, with an operator)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .plots import figure
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "prfaas.json"
+"""The dashboard, where this is a source checkout."""
+GRID_UNIT_W, GRID_UNIT_H = 0.62, 0.36  # inches per Grafana grid unit
+LINK_CAP = "0.8"
+"""What the dashboard's ``$link_cap`` constant becomes (the InterDCLink default maxUtilization)."""
+
+QueryRange = Callable[[str, float, float, float], list[dict[str, Any]]]
+"""(expression, start, end, step) -> Prometheus' range-query result."""
+
+
+def substitute(expr: str, rate_interval: str = "1m") -> str:
+    """A dashboard expression as Prometheus runs it (Grafana's macros replaced)."""
+    return expr.replace("$__rate_interval", rate_interval).replace("$link_cap", LINK_CAP)
+
+
+def legend(fmt: str, labels: dict[str, str]) -> str:
+    out = fmt
+    for key in set(re.findall(r"\{\{(\w+)\}\}", fmt)):
+        out = out.replace("{{" + key + "}}", labels.get(key, ""))
+    return " ".join(out.split()) or "value"
+
+
+def render(
+    doc: dict[str, Any],
+    query_range: QueryRange,
+    start_s: float,
+    end_s: float,
+    subtitle: str,
+    rate_interval: str = "1m",
+    no_data: str = "No data",
+    time_unit: str = "wall seconds since start",
+) -> tuple[bytes, int]:
+    """The PNG and how many panels had data."""
+    from .plots import png
+
+    panels = [p for p in doc["panels"] if p["type"] != "row"]
+    rows = sorted({p["gridPos"]["y"] for p in panels})
+    fig = figure(24 * GRID_UNIT_W, len(rows) * 8 * GRID_UNIT_H * 0.6 + 1.0)
+    fig.set_facecolor("#111217")
+    step = max(1.0, (end_s - start_s) / 240)
+    drawn = 0
+    for panel in panels:
+        g = panel["gridPos"]
+        row = rows.index(g["y"])
+        height = (1 - 0.04) / len(rows)
+        top = 1 - 0.03 - row * height
+        ax = fig.add_axes((g["x"] / 24 + 0.035, top - height * 0.8, g["w"] / 24 - 0.05, height * 0.68))
+        ax.set_facecolor("#181b1f")
+        ax.set_title(panel["title"], color="#d8d9da", fontsize=10, loc="left")
+        ax.tick_params(colors="#8e8e8e", labelsize=7)
+        for spine in ax.spines.values():
+            spine.set_color("#2c3235")
+        ax.grid(color="#2c3235", linewidth=0.5)
+        series = 0
+        for target in panel["targets"]:
+            for result in query_range(substitute(target["expr"], rate_interval), start_s, end_s, step):
+                xs = [float(t) - start_s for t, _ in result["values"]]
+                ys = [float(v) for _, v in result["values"]]
+                ys = [y if math.isfinite(y) else float("nan") for y in ys]
+                ax.plot(xs, ys, linewidth=1.2, label=legend(target["legendFormat"], result["metric"])[:40])
+                series += 1
+        if series:
+            ax.legend(fontsize=6, loc="upper left", facecolor="#181b1f", labelcolor="#d8d9da", framealpha=0.6)
+            drawn += 1
+        else:
+            ax.text(0.5, 0.5, no_data, color="#8e8e8e", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        unit = panel["fieldConfig"]["defaults"].get("unit", "")
+        ax.set_xlabel(f"{time_unit}   [{unit}]", color="#8e8e8e", fontsize=7)
+    fig.suptitle(f"{doc['title']} — {subtitle}", color="#d8d9da", fontsize=13, x=0.01, ha="left")
+    return png(fig, dpi=80), drawn
+
+
+__all__ = ["DASHBOARD", "LINK_CAP", "legend", "render", "substitute"]

@@ -1,0 +1,109 @@
+"""A local Prometheus for ``prfaas up`` (Debian's binary, when installed): it scrapes every process of the
+stack every second — the router, the gateway, each link relay, each engine with the labels the chart's
+PodMonitor adds (``pd_cluster``/``prefill_cluster``, ``role``) — with the project's rules
+(alerts/prfaas-rules.yaml) loaded, so the dashboard's queries and a user's own run against real series."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from .stack import LocalStack, free_port, spawn_process, stop_processes
+
+RULES = Path(__file__).resolve().parents[2] / "alerts" / "prfaas-rules.yaml"
+"""The project's rules, where this is a source checkout (an installed wheel has none: no rules then)."""
+
+
+@dataclass
+class LocalPrometheus:
+    url: str
+    proc: subprocess.Popen[bytes]
+    config: Path
+
+    def stop(self) -> None:
+        stop_processes([self.proc])
+
+    def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[dict[str, Any]]:
+        params = {"query": expr, "start": str(start), "end": str(end), "step": str(step_s)}
+        body = httpx.get(f"{self.url}/api/v1/query_range", params=params, timeout=30).json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"Prometheus refused {expr!r}: {body.get('error')}")
+        return list(body["data"]["result"])
+
+
+def scrape_config(stack: LocalStack, rules: Path | None) -> dict[str, Any]:
+    def target(url: str) -> str:
+        return url.removeprefix("http://").rstrip("/")
+
+    engines = []
+    for ep in stack.router_config.endpoints if stack.router_config else []:
+        engines.append({"targets": [target(ep.url)], "labels": {"pd_cluster": "pd-h20", "role": ep.role}})
+    for name, url in stack.urls.items():
+        if name.startswith("prfaas-"):
+            engines.append({"targets": [target(url)], "labels": {"prefill_cluster": "prfaas-h200", "role": "prefill"}})
+    links = [target(u.removesuffix("/metrics")) for u in stack.link_metric_urls]
+    # the gateway's /metrics needs its token like every path but /health and /ready
+    token = stack.work_dir / "gateway-token"
+    gateway_auth: dict[str, Any] = (
+        {"authorization": {"type": "Bearer", "credentials_file": str(token)}} if token.exists() else {}
+    )
+    jobs = [
+        {"job_name": "router", "static_configs": [{"targets": [target(stack.urls["router"])]}]},
+        {"job_name": "gateway", "static_configs": [{"targets": [target(stack.urls["gateway"])]}], **gateway_auth},
+        {"job_name": "link", "static_configs": [{"targets": links}]},
+        {"job_name": "engines", "static_configs": engines},
+    ]
+    out: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": jobs,
+    }
+    if rules is not None:
+        out["rule_files"] = [str(rules)]
+    return out
+
+
+def start_prometheus(stack: LocalStack, work: Path, timeout_s: float = 60.0) -> LocalPrometheus | None:
+    """Start it (None when the binary is not installed); returns once every target was scraped."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        return None
+    port = free_port()
+    shutil.rmtree(work / "prometheus-data", ignore_errors=True)  # a fresh TSDB: this run's series only
+    config = work / "prometheus.yml"
+    rules = RULES if RULES.is_file() else None
+    config.write_text(yaml.safe_dump(scrape_config(stack, rules)))
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={work / 'prometheus-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    proc = spawn_process(argv, work / "logs" / "prometheus.log")
+    prom = LocalPrometheus(f"http://127.0.0.1:{port}", proc, config)
+    jobs = scrape_config(stack, None)["scrape_configs"]
+    n_targets = sum(len(sc["targets"]) for job in jobs for sc in job["static_configs"])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited with {proc.returncode} (log: {work / 'logs' / 'prometheus.log'})")
+        try:
+            body = httpx.get(f"{prom.url}/api/v1/query", params={"query": "sum(up)"}, timeout=2).json()
+            result = body["data"]["result"]
+            if result and float(result[0]["value"][1]) >= n_targets:
+                return prom
+        except (httpx.HTTPError, KeyError, ValueError, IndexError):
+            pass
+        time.sleep(0.5)
+    prom.stop()
+    raise RuntimeError(f"prometheus did not scrape all {n_targets} targets within {timeout_s:.0f} s")
+
+
+__all__ = ["LocalPrometheus", "scrape_config", "start_prometheus"]

@@ -1,0 +1,122 @@
+"""``prfaas up --serve``: the stack stays up for your own client — no built-in load — until Ctrl-C or
+SIGTERM. The router accepts only the served model's name (others get OpenAI's 404 ``model_not_found``), the
+long-term loop keeps running on what your traffic shows, and with Prometheus installed a local one scrapes
+every process (with the project's rules loaded), so your own queries and the dashboard's work against it.
+What to point at is printed and written to ``endpoints.json`` in the work dir."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .stack import LocalStack
+from .up_prom import LocalPrometheus, start_prometheus
+from .up_report import loop_summary, render_plot, summary
+from .up_session import run_session
+from .up_view import LiveView
+
+
+def served_model(stack: LocalStack) -> str:
+    """The model name ``prfaas up --serve`` serves: the model profile's served name, what /v1/models lists
+    (the only one the router accepts)."""
+    from prfaas_core.profiles import builtin_model_profiles
+
+    return builtin_model_profiles()[stack.spec.model_profile].served_model_name or "prfaas"
+
+
+def endpoints(stack: LocalStack, prom: LocalPrometheus | None) -> dict[str, Any]:
+    """What a user points a client, a scraper or a browser at."""
+    router, gateway = stack.urls["router"], stack.urls["gateway"]
+    return {
+        "model": served_model(stack),
+        "openai_base_url": f"{router}/v1",
+        "router_url": router,
+        "router_metrics": f"{router}/metrics",
+        "gateway_metrics": f"{gateway}/metrics",
+        "gateway_token_file": str(stack.work_dir / "gateway-token"),
+        "link_metrics": list(stack.link_metric_urls),
+        "engines": {n: u for n, u in stack.urls.items() if n.startswith(("prfaas-", "pd-"))},
+        "prometheus": prom.url if prom else None,
+        "time_scale": stack.spec.time_scale,
+        "time_note": f"engines, link and router run on model time: 1 wall second = {stack.spec.time_scale:g} "
+        "model seconds; latencies in the stack's metrics are model seconds, a client measures wall seconds",
+    }
+
+
+def _print_endpoints(info: dict[str, Any], work: Path) -> None:
+    lines = [
+        f"serving model {info['model']!r}: OpenAI base URL {info['openai_base_url']}",
+        f"  e.g. OpenAI(base_url={info['openai_base_url']!r}, api_key='none')",
+        f"  router metrics  {info['router_metrics']}",
+        f"  gateway metrics {info['gateway_metrics']} (Authorization: Bearer <{info['gateway_token_file']}>)",
+        "  prometheus      "
+        + (info["prometheus"] or "not started (install Debian's prometheus: scripts/system-deps.sh)"),
+        f"  {info['time_note']}",
+        f"  endpoints.json  {work / 'endpoints.json'}; Ctrl-C stops the stack",
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def serve(args: argparse.Namespace, up: Any, stack: LocalStack, work: Path) -> int:
+    stack = LocalStack(replace(stack.spec, served_models=(served_model(stack),)), stack.work_dir)
+    prom: LocalPrometheus | None = None
+    try:
+        stack.start()
+        if args.prometheus == "auto":
+            prom = start_prometheus(stack, work)
+        info = endpoints(stack, prom)
+        (work / "endpoints.json").write_text(json.dumps(info, indent=2))
+        _print_endpoints(info, work)
+        out = asyncio.run(_serve(args, up, stack))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if prom is not None:
+            prom.stop()
+        stack.stop()
+    png = out.pop("_png")
+    (work / "summary.json").write_text(json.dumps(out, indent=2))
+    if args.plot_dir:
+        Path(args.plot_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.plot_dir) / "up.png").write_bytes(png)
+    if args.output == "json":
+        print(json.dumps(out, indent=2))
+    print(f"stopped; summary: {work / 'summary.json'}", file=sys.stderr)
+    return 0
+
+
+async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[str, Any]:
+    from .load import Slo
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    # one open-ended phase: the scenario's first, as long as the stack stays up
+    phases = [replace(up.phases[0], name="serve", end_s=float("inf"), expect="your own traffic")]
+    view = LiveView(Slo(), 0, serve=True)
+    try:
+        st, cluster = await run_session(
+            stack, [], phases, up.params, up.inputs, args.seed, on_tick=view.update, serve_until=stop
+        )
+    finally:
+        view.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    import time
+
+    out = summary(st, Slo(), time.perf_counter() - st.started)
+    published = json.loads(stack.config_path.read_text())
+    out.update(loop_summary(st, cluster.counts(), cluster.config.threshold_min_tokens, published))
+    out["_png"] = render_plot(st, Slo())
+    return out
+
+
+__all__ = ["endpoints", "serve", "served_model"]

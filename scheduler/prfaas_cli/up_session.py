@@ -1,0 +1,225 @@
+"""One ``prfaas up`` session over a started stack: the long-term loop's driver, the scenario's phases carried
+out (the link reshaped live at a phase's start, its capacity published to the router), the samplers the view,
+the summary and the plot read (link egress, the router's ``t`` and link state), and the replay itself.
+
+The stack is anything with LocalStack's interface (``spec``, ``urls``, ``config_path``, ``router_config``,
+``link_metric_urls``); a stack that shapes its link some other way provides ``reshape_link(gbps)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+
+from prfaas_core.names import (
+    METRIC_ROUTER_LINK_CAP_GBPS,
+    METRIC_ROUTER_LINK_EGRESS_GBPS,
+    METRIC_ROUTER_LINK_SCARCE,
+    METRIC_ROUTER_THRESHOLD_TOKENS,
+)
+from prfaas_core.plan_inputs import PlanInputs
+from prfaas_core.policy.loop import LoopDecision
+from prfaas_core.policy.roles import RolePolicyParams
+from prfaas_core.trace import TraceRecord
+from prfaas_router.prom_text import sample_sum
+
+from .load import Result, prepare_bodies, replay, sample_egress
+from .local_loop import LocalCluster, LocalLoop
+from .scenario import Phase, phase_at
+
+
+@dataclass(frozen=True)
+class RouterSample:
+    """What the router exports about ``t`` and the link, at one model time."""
+
+    model_s: float
+    threshold_tokens: float | None
+    scarce: bool
+    egress_estimate_gbps: float | None
+    cap_gbps: float | None
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One long-term loop cycle as the view and the summary show it."""
+
+    model_s: float
+    phase: str
+    action: str
+    reason: str
+    prefill: int
+    decode: int
+    t_min: int | None
+    t_in_force: int | None
+
+
+@dataclass
+class SessionState:
+    """Everything the session has seen so far (filled in place; the view reads it while it runs)."""
+
+    phases: list[Phase]
+    time_scale: float
+    total: int
+    started: float = field(default_factory=time.perf_counter)
+    results: list[Result] = field(default_factory=list)
+    egress: list[float] = field(default_factory=list)
+    """Model Gbps per 1-s model window, summed over the relays."""
+    egress_stamps: list[float] = field(default_factory=list)
+    """Wall clock (perf_counter) at the end of each egress window."""
+    router: list[RouterSample] = field(default_factory=list)
+    cycles: list[Cycle] = field(default_factory=list)
+    timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
+    """(model s, PD prefill, PD decode, t_min published)."""
+    link_changes: list[tuple[float, str, float]] = field(default_factory=list)
+    """(model s, phase, capacity in Gbps) each time the link was reshaped."""
+    current_phase: str = ""
+    link_gbps: float = 0.0
+    link_max_utilization: float = 0.8
+
+    def egress_series(self) -> list[tuple[float, float]]:
+        """(model s at the window's end, model Gbps) per egress window."""
+        pairs = zip(self.egress_stamps, self.egress, strict=False)
+        return [((t - self.started) * self.time_scale, g) for t, g in pairs]
+
+    def model_now(self) -> float:
+        return (time.perf_counter() - self.started) * self.time_scale
+
+    @property
+    def cap_gbps(self) -> float:
+        return self.link_gbps * self.link_max_utilization
+
+
+def reshape_link(stack: Any, gbps: float, client: httpx.Client) -> None:
+    """The link's capacity becomes ``gbps`` (model): the stack's own way, else every emulator relay its share."""
+    own = getattr(stack, "reshape_link", None)
+    if callable(own):
+        own(gbps)
+        return
+    relays = sorted(name for name in stack.urls if name.startswith("link-"))
+    for name in relays:
+        resp = client.post(f"{stack.urls[name]}/admin/link", json={"capacity_gbps": gbps / len(relays)})
+        resp.raise_for_status()
+
+
+def read_router(url: str, model_s: float, client: httpx.Client) -> RouterSample | None:
+    try:
+        text = client.get(f"{url}/metrics").text
+    except httpx.HTTPError:
+        return None
+    return RouterSample(
+        model_s,
+        sample_sum(text, METRIC_ROUTER_THRESHOLD_TOKENS),
+        bool(sample_sum(text, METRIC_ROUTER_LINK_SCARCE)),
+        sample_sum(text, METRIC_ROUTER_LINK_EGRESS_GBPS),
+        sample_sum(text, METRIC_ROUTER_LINK_CAP_GBPS),
+    )
+
+
+async def run_session(
+    stack: Any,
+    records: list[TraceRecord],
+    phases: list[Phase],
+    params: RolePolicyParams,
+    inputs: PlanInputs,
+    seed: int,
+    on_tick: Callable[[SessionState, LocalCluster], None] | None = None,
+    serve_until: asyncio.Event | None = None,
+) -> tuple[SessionState, LocalCluster]:
+    """Replay ``records`` (or, with ``serve_until``, serve until it is set) while the loop runs and the phases
+    are carried out; ``on_tick`` is called about once a wall second (the live view)."""
+    assert stack.router_config is not None
+    scale = stack.spec.time_scale
+    cluster = LocalCluster(
+        stack.config_path,
+        stack.router_config,
+        stack.urls["gateway"] + "/status",
+        gateway_headers=stack.gateway_headers,
+        router_url=stack.urls["router"],
+        time_scale=scale,
+        declared_lengths=inputs.lengths,
+    )
+    loop = LocalLoop(cluster, params, inputs)
+    bodies = prepare_bodies(records, seed)
+    st = SessionState(phases, scale, len(records))
+    st.link_gbps, st.link_max_utilization = stack.spec.link_gbps, stack.spec.link_max_utilization
+    stop = asyncio.Event()
+    client = httpx.Client(timeout=5.0)
+
+    def cycle(now: float) -> None:
+        decision: LoopDecision = loop.run_once(now)
+        d = decision.roles
+        if d is not None:
+            st.cycles.append(
+                Cycle(
+                    now, st.current_phase, d.action, d.reason, d.prefill_to, d.decode_to,
+                    decision.threshold_min_tokens, decision.threshold_tokens,
+                )
+            )  # fmt: skip
+
+    async def driver() -> None:
+        while not stop.is_set():
+            now = st.model_now()
+            phase = phase_at(phases, now)
+            if phase.name != st.current_phase:
+                st.current_phase = phase.name
+                if phase.link_gbps != st.link_gbps or not st.link_changes:
+                    await asyncio.to_thread(reshape_link, stack, phase.link_gbps, client)
+                    await asyncio.to_thread(cluster.set_link_capacity, phase.link_gbps)
+                    st.link_gbps = phase.link_gbps
+                    st.link_changes.append((now, phase.name, phase.link_gbps))
+            if now >= loop.next_due_s():
+                try:
+                    await asyncio.to_thread(cycle, now)
+                except (httpx.HTTPError, RuntimeError) as exc:
+                    print(f"long-term loop: cycle failed, will retry: {exc}", file=sys.stderr)
+            st.timeline.append((now, *cluster.counts(), cluster.config.threshold_min_tokens))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
+
+    async def router_sampler() -> None:
+        while not stop.is_set():
+            sample = await asyncio.to_thread(read_router, stack.urls["router"], st.model_now(), client)
+            if sample is not None:
+                st.router.append(sample)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0 / scale)
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            if on_tick is not None:
+                on_tick(st, cluster)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    tasks = [
+        asyncio.create_task(driver()),
+        asyncio.create_task(router_sampler()),
+        asyncio.create_task(ticker()),
+        asyncio.create_task(sample_egress(stack.link_metric_urls, scale, stop, st.egress, stamps=st.egress_stamps)),
+    ]
+    try:
+        if serve_until is not None:
+            await serve_until.wait()
+        else:
+            await replay(stack.urls["router"], records, scale, on_result=st.results.append, bodies=bodies)
+    except (aiohttp.ClientError, OSError) as exc:
+        raise RuntimeError(f"the replay failed: {exc}") from exc
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        client.close()
+        cluster.close()
+    if on_tick is not None:
+        on_tick(st, cluster)
+    return st, cluster
+
+
+__all__ = ["Cycle", "RouterSample", "SessionState", "read_router", "reshape_link", "run_session"]

@@ -1,0 +1,155 @@
+"""Connection hygiene of the router's and the gateway's listener: bounds no client can stretch.
+
+aiohttp alone keeps a silent or slow connection open for an hour (its keep-alive default) and accepts any
+number of them. Here (``RouterConfig.security``):
+
+* a new connection must complete its TLS handshake and then its first request's headers within
+  ``headerTimeoutSeconds`` (silent and slow-header connections are closed);
+* a request body must arrive within ``bodyTimeoutSeconds`` (else ``408`` and the connection is closed);
+* an idle keep-alive connection, or one whose next request's headers are still incomplete, is closed after
+  ``keepaliveIdleSeconds`` (aiohttp's keep-alive timer, which runs from the last response);
+* at most ``maxConnections`` connections are open per listener; past it new ones are closed at once;
+* a request line or header field longer than ``maxHeaderBytes``, or more than ``maxHeaders`` fields, is a 4xx.
+
+``prfaas_router_open_connections`` and ``prfaas_router_connections_closed_total{reason}`` show them at work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from prfaas_core import names
+from prfaas_core.api.router_config import RouterSecurity
+
+from .http_util import json_error
+
+log = structlog.get_logger("prfaas.router")
+
+
+class Hygiene:
+    """The connection guard of one listener (one app, one runner, one site)."""
+
+    def __init__(self, settings: RouterSecurity, registry: CollectorRegistry) -> None:
+        self.settings = settings
+        self.open = Gauge(names.METRIC_ROUTER_OPEN_CONNECTIONS, "Client connections open.", registry=registry)
+        self.closed = Counter(
+            names.METRIC_ROUTER_CONNECTIONS_CLOSED.removesuffix("_total"),
+            "Client connections the listener closed on its own, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self._pending: dict[object, asyncio.TimerHandle] = {}
+        """Connections whose first request's headers have not arrived, with their deadline."""
+        self._count = 0
+
+    def configure(self, settings: RouterSecurity) -> None:
+        """A reloaded config: the limits apply to new connections and requests (aiohttp's own limits, set on
+        the runner, keep their start-time values)."""
+        self.settings = settings
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "keepalive_timeout": s.keepalive_idle_seconds,
+            "max_line_size": s.max_header_bytes,
+            "max_field_size": s.max_header_bytes,
+            "max_headers": s.max_headers,
+        }
+
+    # --- the server's connection hooks ---------------------------------------------------------------------
+    def install(self, server: web.Server) -> None:
+        made, lost = server.connection_made, server.connection_lost
+
+        def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+            made(handler, transport)
+            self._count += 1
+            self.open.set(self._count)
+            if self._count > self.settings.max_connections:
+                self.closed.labels("limit").inc()
+                transport.close()
+                return
+            loop = asyncio.get_running_loop()
+            self._pending[handler] = loop.call_later(
+                self.settings.header_timeout_seconds, self._expire, handler, transport
+            )
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            lost(handler, exc)
+            timer = self._pending.pop(handler, None)
+            if timer is not None:
+                timer.cancel()
+            self._count -= 1
+            self.open.set(self._count)
+
+        server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+    def _expire(self, handler: object, transport: asyncio.Transport) -> None:
+        if self._pending.pop(handler, None) is not None and not transport.is_closing():
+            self.closed.labels("header_timeout").inc()
+            transport.close()
+
+    def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
+        @web.middleware
+        async def guard(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            timer = self._pending.pop(request.protocol, None)
+            if timer is not None:
+                timer.cancel()
+            if request.can_read_body:
+                try:
+                    await asyncio.wait_for(request.read(), self.settings.body_timeout_seconds)
+                except TimeoutError:
+                    self.closed.labels("body_timeout").inc()
+                    resp = json_error(408, f"request body not received within {self.settings.body_timeout_seconds:g} s")
+                    resp.force_close()
+                    return resp
+            return await handler(request)
+
+        return guard
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site whose TLS handshakes are bounded by the header timeout too."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, hygiene: Hygiene, **kwargs: Any) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._hygiene = hygiene
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        tls: ssl.SSLContext | None = self._ssl_context
+        self._server = await loop.create_server(
+            server,
+            self._host,
+            self._port,
+            ssl=tls,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self._hygiene.settings.header_timeout_seconds if tls is not None else None,
+        )
+
+
+async def start_listener(
+    app: web.Application, hygiene: Hygiene, host: str, port: int, tls: ssl.SSLContext | None
+) -> tuple[web.AppRunner, GuardedSite]:
+    """The runner and site of one listener, with the guard installed."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **hygiene.runner_kwargs())
+    await runner.setup()
+    assert runner.server is not None
+    hygiene.install(runner.server)
+    site = GuardedSite(runner, host, port, hygiene, ssl_context=tls, backlog=4096)
+    await site.start()
+    return runner, site

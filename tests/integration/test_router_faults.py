@@ -1,0 +1,209 @@
+"""The router's fault findings (issue 15) over real sockets against the emulated engines: an invalid request costs
+no engine work, a failed local prefill is retried once before the client sees an error, every local prefill
+instance draining still serves through the remote, a short engine freeze takes nothing out."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from router_stack import TIME_SCALE, Stack, start_stack
+from testbed_support import http, metric_value, processes, wait_for
+
+from prfaas_core.hardware import builtin_hardware
+
+
+def prompt(tokens: int) -> str:
+    head = uuid.uuid4().hex
+    return head + "x" * (tokens * 4 - len(head))
+
+
+def counter(url: str, name: str, **labels: str) -> float:
+    try:
+        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
+    except KeyError:
+        return 0.0
+
+
+def engine_prompt_tokens(stack: Stack) -> float:
+    """Prompt tokens every engine (PrFaaS, PD prefill, PD decode) has taken in: any engine work shows here."""
+    return sum(counter(stack.url(n), "vllm:prompt_tokens_total") for n in ("prf", "pdp", "pdd"))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("router-faults")
+    with processes(tmp) as procs:
+        yield start_stack(procs, tmp)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"max_tokens": -1}, "'max_tokens' must lie in"),
+        ({"max_tokens": "x"}, "'max_tokens' must be an integer"),
+        ({"max_tokens": 0}, "'max_tokens' must lie in"),
+        ({"max_tokens": 3.5}, "'max_tokens' must be an integer"),
+        ({"temperature": -1}, "'temperature'"),
+        ({"top_p": 0}, "'top_p'"),
+        ({"stream_options": {"include_usage": True}}, "'stream_options' may be set only when 'stream' is true"),
+        ({"min_tokens": 9, "max_tokens": 4}, "'min_tokens' (9) must not exceed"),
+    ],
+)
+def test_an_invalid_long_request_is_rejected_before_any_engine_work(
+    stack: Stack, extra: dict[str, object], needle: str
+) -> None:
+    """The finding: max_tokens -1 on a long prompt ran a whole remote prefill, then the decode rejected it and
+    the KV stayed held. Now: 400 naming the field, and no engine sees the request."""
+    before = engine_prompt_tokens(stack)
+    body = {"model": "m", "prompt": prompt(40_000), "max_tokens": 4, **extra}
+    status, answer = http("POST", stack.router + "/v1/completions", body, timeout_s=30)
+    assert status == 400, answer
+    assert needle in answer["error"]["message"]
+    assert engine_prompt_tokens(stack) == before
+
+
+def test_token_ids_beyond_any_vocabulary_are_a_400_naming_the_field(stack: Stack) -> None:
+    before = engine_prompt_tokens(stack)
+    status, answer = http("POST", stack.router + "/v1/completions", {"prompt": [1, 2, 1 << 32], "max_tokens": 2})
+    assert status == 400 and "'prompt' token ids" in answer["error"]["message"]
+    assert engine_prompt_tokens(stack) == before
+
+
+def test_a_failing_local_prefill_is_retried_once_before_the_client_sees_an_error(stack: Stack) -> None:
+    """The finding: a PD prefill engine answering 500 gave the client a 502. Now the leg is retried once
+    (here the only other prefill path is the remote) and the client gets its answer."""
+    pdp = stack.url("pdp")
+    assert http("POST", pdp + "/admin/faults", {"error_rate": 1.0})[0] == 200
+    try:
+        before = counter(stack.router, "prfaas_router_prefill_retries_total", to="remote", outcome="ok")
+        answers = [
+            httpx.post(stack.router + "/v1/completions", json={"prompt": prompt(2_000), "max_tokens": 3}, timeout=30)
+            for _ in range(4)
+        ]
+        assert [r.status_code for r in answers] == [200] * 4
+        assert {r.headers["x-prfaas-route"] for r in answers} == {"retry"}
+        after = counter(stack.router, "prfaas_router_prefill_retries_total", to="remote", outcome="ok")
+        assert after == before + 4
+        assert "prefill failed; retrying once" in (stack.dir / "router.log").read_text()
+    finally:
+        http("POST", pdp + "/admin/faults", {"error_rate": 0.0})
+
+
+def test_every_local_prefill_draining_still_serves_through_the_remote(stack: Stack) -> None:
+    """The misleading 503: 'no healthy decode instance' although the decode was fine. Now a short request goes
+    to the remote while no local prefill instance can take it, and /ready stays ready (the remote can)."""
+    stack.write_router_config(draining=["pd-0"])
+    try:
+
+        def drained() -> httpx.Response | None:
+            r = httpx.post(stack.router + "/v1/completions", json={"prompt": prompt(500), "max_tokens": 2}, timeout=30)
+            return r if r.headers.get("x-prfaas-route") == "remote" else None
+
+        r = wait_for(drained, 15, "a short request to go remote while pd-0 drains")
+        assert r.status_code == 200
+        assert counter(stack.router, "prfaas_router_route_decisions_total", route="remote", reason="no-local-prefill")
+        assert http("GET", stack.router + "/ready")[0] == 200
+    finally:
+        stack.write_router_config(draining=[])
+
+
+def test_a_short_engine_freeze_marks_nothing_unhealthy(stack: Stack) -> None:
+    """The finding: one slow /metrics read (> 2 s) marked an engine dead, and a 3 s freeze of the decode engine
+    gave immediate 503s. Now it takes unhealthyAfterFailures (3) consecutive failed probes: a request sent
+    while the frozen engine's probe has failed once waits for it and is answered."""
+    pdd = next(p for name, p in stack.procs.procs if name == "pdd")
+    failures = counter(stack.router, "prfaas_router_health_probe_failures_total", engine="pd-1")
+    os.kill(pdd.pid, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: counter(stack.router, "prfaas_router_health_probe_failures_total", engine="pd-1") > failures,
+            15,
+            "a failed probe of the frozen decode engine",
+        )
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            body = {"prompt": prompt(500), "max_tokens": 2}
+            pending = pool.submit(httpx.post, stack.router + "/v1/completions", json=body, timeout=30)
+            os.kill(pdd.pid, signal.SIGCONT)
+            assert pending.result().status_code == 200
+    finally:
+        os.kill(pdd.pid, signal.SIGCONT)
+    assert counter(stack.router, "prfaas_router_engine_healthy", engine="pd-1") == 1
+
+
+def test_a_burst_of_long_requests_gets_429_with_retry_after_instead_of_timing_out(stack: Stack) -> None:
+    """The finding: 100 concurrent 32K-token requests all waited, 7 past the 30 s remote timeout, no
+    backpressure. Now a request predicted to wait past the limit is turned away at once with Retry-After. Here
+    the PrFaaS engine is slowed down so that a burst of remote prefills stays in flight; the limit lets about
+    two of them wait."""
+    one = builtin_hardware("H200").prefill_seconds(40_000.0) / TIME_SCALE  # type: ignore[union-attr]
+    stack.write_router_config(limits={"maxPredictedTtftSeconds": 2.5 * one})
+    assert http("POST", stack.url("prf") + "/admin/faults", {"slow_factor": 20.0})[0] == 200
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"prompt": prompt(40_000), "max_tokens": 2}
+            return list(
+                await asyncio.gather(*(client.post(stack.router + "/v1/completions", json=body) for _ in range(12)))
+            )
+
+    try:
+
+        def rejected() -> list[httpx.Response] | None:
+            answers = asyncio.run(burst())
+            assert {r.status_code for r in answers} <= {200, 429}
+            return answers if any(r.status_code == 429 for r in answers) else None
+
+        answers = wait_for(rejected, 30, "the reloaded limit to turn part of a burst away")
+    finally:
+        http("POST", stack.url("prf") + "/admin/faults", {"slow_factor": 1.0})
+        stack.write_router_config(limits={})
+    turned = [r for r in answers if r.status_code == 429]
+    assert any(r.status_code == 200 for r in answers)
+    assert all(int(r.headers["Retry-After"]) >= 1 for r in turned)
+    assert "predicted time to first token" in turned[0].json()["error"]["message"]
+
+
+def test_a_remote_prefill_to_an_engine_that_freezes_is_cut_short_and_falls_back(stack: Stack) -> None:
+    """The finding: a request already dispatched to a PrFaaS engine that froze (SIGSTOP) hung the full remote
+    timeout before falling back. Now the leg is cut when the engine turns unhealthy (consecutive failed
+    probes) and the request is prefilled locally: answered long before the 120 s remote timeout set here."""
+    remotes = [{**stack.router_config["remotes"][0], "timeoutSeconds": 120}]
+    reloads = (stack.dir / "router.log").read_text().count("configuration reloaded")
+    stack.write_router_config(remotes=remotes)
+    prf = next(p for name, p in stack.procs.procs if name == "prf")
+    try:
+        wait_for(
+            lambda: (stack.dir / "router.log").read_text().count("configuration reloaded") > reloads, 15, "the reload"
+        )
+        os.kill(prf.pid, signal.SIGSTOP)
+        r = httpx.post(stack.router + "/v1/completions", json={"prompt": prompt(40_000), "max_tokens": 2}, timeout=60)
+    finally:
+        os.kill(prf.pid, signal.SIGCONT)
+        stack.write_router_config(remotes=[{**remotes[0], "timeoutSeconds": 10}])
+    assert r.status_code == 200 and r.headers["x-prfaas-route"] == "fallback"
+    logs = (stack.dir / "router.log").read_text() + (stack.dir / "gateway.log").read_text()
+    assert "legs in flight cut short" in logs
+
+
+def test_a_decode_failing_after_the_prefill_accounts_the_abandoned_kv(stack: Stack) -> None:
+    """The decode leg fails after a prefill produced a KV handle: the client gets a clean 502, and the held KV
+    is counted (the producer frees it at its KV timeout; vLLM's NIXL producer does the same)."""
+    pdd = stack.url("pdd")
+    before = counter(stack.router, "prfaas_router_abandoned_kv_handles_total", cluster="pd")
+    assert http("POST", pdd + "/admin/faults", {"error_rate": 1.0})[0] == 200
+    try:
+        status, answer = http(
+            "POST", stack.router + "/v1/completions", {"prompt": prompt(500), "max_tokens": 2}, timeout_s=30
+        )
+    finally:
+        http("POST", pdd + "/admin/faults", {"error_rate": 0.0})
+    assert status == 502 and "decode on pd-1 answered 500" in answer["error"]["message"]
+    assert counter(stack.router, "prfaas_router_abandoned_kv_handles_total", cluster="pd") == before + 1
+    assert "its KV is left to expire" in (stack.dir / "router.log").read_text()

@@ -1,0 +1,32 @@
+"""``prfaas up --engines vllm``'s options: bad input is refused before any engine starts; the emulated default is
+unchanged; the real stack's trace stays inside the tiny model's context."""
+
+from __future__ import annotations
+
+import pytest
+
+from prfaas_cli import real_up
+from prfaas_cli.main import build_parser, main
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [(["--prfaas", "2"], "--prfaas 1"), (["--pd", "0"], "--pd >= 1"), (["--duration", "0"], "positive")],
+)
+def test_bad_real_options_exit_2_and_say_why(extra: list[str], why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["up", "--engines", "vllm", *extra]) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_emulated_is_the_default_and_keeps_its_sizes() -> None:
+    args = build_parser().parse_args(["up"])
+    assert args.engines == "emulated" and not args.netns
+    assert args.prfaas is None and args.pd is None and args.duration is None  # resolved per engine kind
+
+
+def test_real_trace_fits_the_tiny_model() -> None:
+    records = real_up.trace(2.0, 60.0, 16, seed=3)
+    assert 60 < len(records) < 200
+    assert all(128 <= r.input_tokens <= 1900 and r.output_tokens == 16 for r in records)
+    assert [r.arrival_s for r in records] == sorted(r.arrival_s for r in records)
+    assert records[-1].arrival_s <= 60.0
