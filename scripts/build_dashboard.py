@@ -1,8 +1,10 @@
 """Build the SRE's Grafana dashboard (dashboards/prfaas.json) from the panel list below, and copy it into the
 prfaas chart (helm/prfaas/files/prfaas-dashboard.json). ``--check`` exits 1 when the committed JSON is stale.
 
-Every expression uses only metric names our components export (checked against a live scrape by
-tests/integration/test_dashboard.py, which also runs each panel against a real Prometheus). Grafana macro:
+Every expression uses only metric names a real deployment exports: our router, gateway and operator, and vLLM
+(checked against the exporter tags in prfaas_core/names.py, where the link and engine emulators' own series are
+tagged ``emulator`` and may not appear, and against a live scrape by tests/integration/test_dashboard.py, which
+also runs each panel against a real Prometheus). Grafana macro:
 ``$__rate_interval`` (Grafana's own). The link's cap comes from the routers (``prfaas_router_link_cap_gbps``).
 
 Usage: python scripts/build_dashboard.py [--check]
@@ -115,39 +117,53 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         (
             Panel(
                 "Link egress vs cap",
-                "KV egress over each link (model Gbps) as measured on the link and as the routers estimate "
-                "it, against the link's capacity and its cap (capacity x the InterDCLink's maxUtilization, "
-                "as the routers enforce it).",
+                "KV egress over each link (Gbps): the KV bytes this region's routers admitted (S_kv of the "
+                "remote engine's prompt tokens; the InterDCLink's default egress source) and the routers' "
+                "in-flight estimate, against the link's cap (capacity x the InterDCLink's maxUtilization, as "
+                "the routers enforce it).",
                 (
                     _t(
-                        f"sum by (link) (rate(prfaas_link_egress_bytes_total[{RATE}])) * 8 / 1e9",
-                        "{{link}} measured",
+                        f"sum by (link) (rate(prfaas_router_remote_kv_bytes_total[{RATE}])) * 8 / 1e9",
+                        "{{link}} admitted",
                     ),
                     _t("max by (link) (prfaas_router_link_egress_estimate_gbps)", "{{link}} router estimate"),
-                    _t("max by (link) (prfaas_link_capacity_gbps)", "{{link}} capacity"),
                     _t("max by (link) (prfaas_router_link_cap_gbps)", "{{link}} cap"),
                 ),
                 unit="Gbits",
             ),
             Panel(
                 "Link utilisation and scarce state",
-                "Egress over the last second / capacity, and 1 while the routers hold the link scarce "
+                "The routers' egress estimate / the link's cap, and 1 while the routers hold the link scarce "
                 "(t raised, cross-cluster cache moves stopped).",
                 (
-                    _t("max by (link) (prfaas_link_utilization_ratio)", "{{link}} utilisation"),
+                    _t(
+                        "max by (link) (prfaas_router_link_egress_estimate_gbps) "
+                        "/ max by (link) (prfaas_router_link_cap_gbps > 0)",
+                        "{{link}} of cap",
+                    ),
                     _t("max by (link) (prfaas_router_link_scarce)", "{{link}} scarce"),
                 ),
                 unit="percentunit",
             ),
             Panel(
                 "KV transfers",
-                "KV served by prefill engines and pulled by decode engines (model Gbps), and KV caches held "
-                "for decodes that have not pulled them yet.",
+                "KV (Gbps) pulled by the decode engines (vLLM's NixlConnector histogram, whole blocks, every "
+                "source), served by the prefill gateway per link, and admitted by the routers per link.",
                 (
-                    _t(f"sum(rate(prfaas_engine_kv_bytes_sent_total[{RATE}])) * 8 / 1e9", "sent (Gbps)"),
-                    _t(f"sum(rate(prfaas_engine_kv_bytes_received_total[{RATE}])) * 8 / 1e9", "received (Gbps)"),
-                    _t("sum(prfaas_engine_kv_handles)", "held KV handles"),
+                    _t(
+                        f"sum by (pd_cluster) (rate(vllm:nixl_bytes_transferred_sum[{RATE}])) * 8 / 1e9",
+                        "pulled {{pd_cluster}}",
+                    ),
+                    _t(
+                        f"sum by (link) (rate(prfaas_gateway_kv_egress_bytes_total[{RATE}])) * 8 / 1e9",
+                        "gateway served {{link}}",
+                    ),
+                    _t(
+                        f"sum by (link) (rate(prfaas_router_remote_kv_bytes_total[{RATE}])) * 8 / 1e9",
+                        "routers admitted {{link}}",
+                    ),
                 ),
+                unit="Gbits",
             ),
         ),
     ),
@@ -201,14 +217,30 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 ),
             ),
             Panel(
-                "Running batch and KV-cache usage",
-                "Requests in the running batch per stage, and mean KV-cache usage.",
+                "Running batch",
+                "Requests in the running batch per stage.",
                 (
                     _t(
                         "sum by (prefill_cluster, pd_cluster, role) (vllm:num_requests_running)",
                         "running {{prefill_cluster}}{{pd_cluster}} {{role}}",
                     ),
                 ),
+            ),
+            Panel(
+                "KV-cache usage",
+                "Mean and highest KV-cache usage of the engines per stage (vLLM's vllm:kv_cache_usage_perc, "
+                "1 = full): a full decode cache queues new decodes.",
+                (
+                    _t(
+                        "avg by (prefill_cluster, pd_cluster, role) (vllm:kv_cache_usage_perc)",
+                        "mean {{prefill_cluster}}{{pd_cluster}} {{role}}",
+                    ),
+                    _t(
+                        "max by (prefill_cluster, pd_cluster, role) (vllm:kv_cache_usage_perc)",
+                        "max {{prefill_cluster}}{{pd_cluster}} {{role}}",
+                    ),
+                ),
+                unit="percentunit",
             ),
         ),
     ),

@@ -1,6 +1,7 @@
 """Copy the generated files the charts ship into the charts, byte for byte (Helm reads only files inside a
 chart): crds/*.yaml into helm/prfaas-crds/files/, the alert rules and the Grafana dashboard into
-helm/prfaas/files/. ``--check`` changes nothing and exits 1 when a copy is missing, stale or extra (CI).
+helm/prfaas/files/, and the engine-args file (``prfaas engines -o helm-values`` of the examples) into
+helm/prfaas/files/engines.json. ``--check`` changes nothing and exits 1 when a copy is missing, stale or extra (CI).
 
 Usage: python scripts/sync_chart_files.py [--check]
 """
@@ -8,10 +9,24 @@ Usage: python scripts/sync_chart_files.py [--check]
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+ENGINES_FILE = REPO / "helm/prfaas/files/engines.json"
+ENGINES_SOURCES = ("examples/01-two-region", "examples/04-real-engines")
+"""The chart's engine-args file is `prfaas engines -o helm-values` of these (the one engine-flag function)."""
+
+
+def engines_json() -> bytes:
+    """What `prfaas engines EXAMPLES -o helm-values` prints (rendered here, through the same code)."""
+    sys.path.insert(0, str(REPO / "scheduler"))
+    from prfaas_cli.engines_cmd import helm_values
+
+    return (json.dumps(helm_values([str(REPO / p) for p in ENGINES_SOURCES]), indent=2, sort_keys=True) + "\n").encode()
 
 
 def pairs() -> list[tuple[Path, Path]]:
@@ -34,6 +49,10 @@ def problems() -> list[str]:
     for extra in sorted((REPO / "helm/prfaas-crds/files").glob("*.yaml")):
         if extra not in expected:
             found.append(f"extra: {extra.relative_to(REPO)} has no source in crds/")
+    if not ENGINES_FILE.exists() or ENGINES_FILE.read_bytes() != engines_json():
+        found.append(
+            f"stale: {ENGINES_FILE.relative_to(REPO)} differs from prfaas engines {' '.join(ENGINES_SOURCES)} -o helm-values"
+        )
     return found
 
 
@@ -50,6 +69,10 @@ def sync() -> int:
         if extra not in expected:
             extra.unlink()
             changed += 1
+    engines = engines_json()
+    if not ENGINES_FILE.exists() or ENGINES_FILE.read_bytes() != engines:
+        ENGINES_FILE.write_bytes(engines)
+        changed += 1
     return changed
 
 

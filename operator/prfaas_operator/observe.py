@@ -20,7 +20,7 @@ from urllib3.util.retry import Retry
 from prfaas_core.api.link import LinkMeasurementSpec
 from prfaas_core.api.pd_cluster import PDClusterSpec, PrometheusQueries
 from prfaas_core.names import (
-    METRIC_LINK_EGRESS_BYTES,
+    METRIC_ROUTER_REMOTE_BYTES,
     VLLM_KV_CACHE_USAGE,
     VLLM_REQUESTS_RUNNING,
     VLLM_REQUESTS_WAITING,
@@ -39,8 +39,8 @@ PREFILL_FAMILY = f"sum by (namespace, prefill_cluster) ({VLLM_REQUESTS_WAITING})
 # `and` the live counter: a series that stopped (exporter gone) still has a rate for a window, decaying as its
 # last samples age out, which would read as falling egress and flip a scarce link; it must read as no data
 LINK_FAMILY = (
-    f"sum by (link) (rate({METRIC_LINK_EGRESS_BYTES}[1m])) * 8 / 1e9"
-    f" and on (link) group by (link) ({METRIC_LINK_EGRESS_BYTES})"
+    f"sum by (link) (rate({METRIC_ROUTER_REMOTE_BYTES}[1m])) * 8 / 1e9"
+    f" and on (link) group by (link) ({METRIC_ROUTER_REMOTE_BYTES})"
 )
 DEFAULT_QUERIES = PrometheusQueries()
 DEFAULT_EGRESS_QUERY = LinkMeasurementSpec().egress_query

@@ -27,6 +27,8 @@ from prfaas_core.workload import WorkloadSpec
 from . import pods as podlib
 from . import router_config
 from .actuate import KubeActuator
+from .engine_config import CONDITION as ENGINE_CONFIG
+from .engine_config import engine_config
 from .kube import ApiError, JsonDict, KubeApi
 from .link import Published, link_params
 from .logs import logger
@@ -226,7 +228,10 @@ class PDClusterReconciler:
         params = RolePolicyParams.from_spec(entry.model.spec)
         gen = entry.generation
         conds = set_condition(conds, "Ready", True, "Reconciled", "spec valid and references resolved", now_s, gen)
-        c = PDCycle(entry, refs, inputs, snap, status, params, self._pods(entry), now_s, log)
+        pods = self._pods(entry)
+        engines = engine_config(entry.model, refs.profile, pods, refs.links, refs.prefill_clusters)
+        conds = set_condition(conds, ENGINE_CONFIG, engines.status, engines.reason, engines.message, now_s, gen)
+        c = PDCycle(entry, refs, inputs, snap, status, params, pods, now_s, log)
         tick, why = self._gather(c)
         decision = await asyncio.to_thread(step, tick)  # CPU-bound core; keep the event loop free
         rt = self.runtime(entry)

@@ -165,6 +165,7 @@ def build(
         model=model,
         tokenizer_file=model.tokenizer.file if model.tokenizer else None,
         chat_template_file=model.tokenizer.chat_template_file if model.tokenizer else None,
+        slo=pd.spec.slo,
     )
 
 

@@ -12,9 +12,31 @@ from collections.abc import Sequence
 
 from prfaas_core import __version__
 
-from . import crds_cmd, engine_cmd, link_cmd, operator_cmd, plan_cmd, router_cmd, simulate_cmd, up_cmd, validate_cmd
+from . import (
+    crds_cmd,
+    engine_cmd,
+    engines_cmd,
+    link_cmd,
+    operator_cmd,
+    plan_cmd,
+    router_cmd,
+    simulate_cmd,
+    up_cmd,
+    validate_cmd,
+)
 
-COMMANDS = (validate_cmd, crds_cmd, plan_cmd, simulate_cmd, engine_cmd, link_cmd, router_cmd, operator_cmd, up_cmd)
+COMMANDS = (
+    validate_cmd,
+    crds_cmd,
+    plan_cmd,
+    simulate_cmd,
+    engine_cmd,
+    engines_cmd,
+    link_cmd,
+    router_cmd,
+    operator_cmd,
+    up_cmd,
+)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

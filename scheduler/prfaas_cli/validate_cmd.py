@@ -36,6 +36,7 @@ def report_json(checked: list[Checked]) -> dict[str, Any]:
                 "name": c.document.name,
                 "skipped": c.skipped,
                 "issues": [{"path": i.path, "message": i.message, "source": i.source} for i in c.issues],
+                "warnings": [{"path": i.path, "message": i.message, "source": i.source} for i in c.warnings],
             }
             for c in checked
         ],
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"FAIL  {c.document.label}")
                 for issue in c.issues:
                     print(f"        {issue}")
+            for warning in c.warnings:
+                print(f"warn  {c.document.label}: {warning}")
         bad = sum(1 for c in checked if not c.ok)
         total = sum(1 for c in checked if c.skipped is None)
         summary = f"{total - bad} of {total} objects valid"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import random
@@ -25,11 +26,14 @@ from typing import ClassVar
 import httpx
 
 from prfaas_core import names
+from prfaas_core.api import PDCluster
+from prfaas_core.engine_render import engine_specs, runs_engines_here
 from prfaas_core.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
 from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from prfaas_router.tokenizer import load_model_tokenizer
 
+from .engines_cmd import load_clusters
 from .stack import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,6 +48,27 @@ core per agent. Measured here with four engines on 2 cores: 100 us starved the e
 START_TIMEOUT_S = 600.0
 """Four engines starting together take ~1 min on 2 idle cores and several minutes when the cores are busy; the
 deadline only catches a stuck start (the wait itself is on /health)."""
+
+
+EXAMPLE = REPO / "examples" / "04-real-engines"
+"""The real-engine two-region example (NIXL over TCP, TP 1) whose rendered engines the real tier runs."""
+
+
+def example_specs(path: Path = EXAMPLE) -> dict[str, dict[str, EngineSpec]]:
+    """``{cluster: {role: EngineSpec}}`` rendered from the example's resources (what ``prfaas engines`` prints)."""
+    clusters, profiles = load_clusters([str(path)])
+    return {
+        c.metadata.name: {str(r): s for r, s in engine_specs(c, profiles.get(c.spec.model_profile_ref.name)).items()}
+        for c in clusters
+        if runs_engines_here(c)
+    }
+
+
+def example_slo(path: Path = EXAMPLE) -> dict[str, object]:
+    """The example PDCluster's ``slo`` as the operator copies it into RouterConfig."""
+    clusters, _ = load_clusters([str(path)])
+    pd = next(c for c in clusters if isinstance(c, PDCluster))
+    return pd.spec.slo.model_dump(mode="json", by_alias=True)
 
 
 class Prompts:
@@ -189,6 +214,18 @@ class EnginePool:
         }
         defaults.update(changes)
         return EngineSpec(**defaults)  # type: ignore[arg-type]
+
+    def on_this_host(self, spec: EngineSpec, host: str = "127.0.0.1", net_device: str = "lo") -> EngineSpec:
+        """A rendered spec (a cluster's, from :func:`example_specs`) made to run here: the model's path on this
+        machine, free ports, and this host's address and interface. Every other field stays as rendered."""
+        return dataclasses.replace(
+            spec,
+            model=self.env.model,
+            port=free_port(),
+            side_channel_port=free_port(),
+            host=host,
+            net_device=net_device,
+        )
 
     def start(
         self,

@@ -124,6 +124,9 @@ class EngineSpec:
     """Where the connector stages KV: ``cpu`` for the CPU build; ``cuda`` on GPUs."""
     transport: Literal["tcp", "rdma"] = "tcp"
     """tcp across datacenters (ordinary Ethernet); rdma inside one fabric."""
+    ucx_tcp_port_range: tuple[int, int] | None = None
+    """NIXL over TCP: the ports UCX's TCP transport listens on for KV data (``UCX_TCP_PORT_RANGE``), so that a
+    NetworkPolicy or firewall can admit them. None: ephemeral ports the OS picks."""
     max_model_len: int | None = None
     enforce_eager: bool = False
     """Skip graph capture / torch.compile (the CPU build's first start is 2-3x faster with it)."""
@@ -176,6 +179,13 @@ def _check(spec: EngineSpec) -> KvRole:
             raise ValueError(f"{name} must be in [1, 65535], got {port}")
     if spec.side_channel_port is not None and spec.side_channel_port == spec.port:
         raise ValueError("side_channel_port must differ from the HTTP port")
+    if spec.ucx_tcp_port_range is not None:
+        low, high = spec.ucx_tcp_port_range
+        if not 1 <= low <= high <= 65_535:
+            raise ValueError(f"ucx_tcp_port_range must be 1 <= start <= end <= 65535, got {low}-{high}")
+        for name, port in (("port", spec.port), ("side_channel_port", spec.side_channel_port)):
+            if port is not None and low <= port <= high:
+                raise ValueError(f"ucx_tcp_port_range {low}-{high} holds the {name} {port}")
     if spec.max_model_len is not None and spec.max_model_len < 1:
         raise ValueError(f"max_model_len must be >= 1, got {spec.max_model_len}")
     return kv_role
@@ -230,6 +240,8 @@ def engine_launch(spec: EngineSpec) -> EngineLaunch:
         env.append(EnvVar("VLLM_NIXL_SIDE_CHANNEL_PORT", value=str(port)))
         if spec.transport == "tcp":
             env.append(EnvVar("UCX_TLS", value="tcp"))
+            if spec.ucx_tcp_port_range is not None:
+                env.append(EnvVar("UCX_TCP_PORT_RANGE", value="{}-{}".format(*spec.ucx_tcp_port_range)))
         if spec.net_device:
             env.append(EnvVar("UCX_NET_DEVICES", value=spec.net_device))
     else:

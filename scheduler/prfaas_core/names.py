@@ -79,6 +79,18 @@ METRIC_ROUTER_LINK_EGRESS_GBPS: Final = "prfaas_router_link_egress_estimate_gbps
 METRIC_ROUTER_LINK_CAP_GBPS: Final = "prfaas_router_link_cap_gbps"
 METRIC_ROUTER_LINK_SCARCE: Final = "prfaas_router_link_scarce"
 METRIC_ROUTER_REMOTE_BYTES: Final = "prfaas_router_remote_kv_bytes_total"
+"""KV bytes (``S_kv`` of the prompt tokens the remote engine reported) of the remote prefills a router admitted
+and got a KV handle for, by ``link``: region B's default egress source (region B's Prometheus cannot read region
+A's)."""
+METRIC_ROUTER_TTFT_SLO: Final = "prfaas_router_ttft_slo_total"
+"""Requests by ``route`` and ``result`` (``met``/``missed``): TTFT within the request's own objective
+(RouterConfig.slo: base + per-1K-tokens slope x its prompt length). The SLO-burn alerts read its ratio."""
+METRIC_ROUTER_TTFT_SLO_OBJECTIVE: Final = "prfaas_router_ttft_slo_objective_ratio"
+"""The PDCluster's slo.objectiveRatio as the router has it (the burn alerts' error budget is 1 minus it)."""
+TTFT_SLO_RESULTS: Final = ("met", "missed")
+METRIC_GATEWAY_KV_EGRESS_BYTES: Final = "prfaas_gateway_kv_egress_bytes_total"
+"""KV bytes (``S_kv`` of the engine's reported prompt tokens) of the remote prefills a gateway served, by ``link``
+(the router's ``x-prfaas-link`` header); also on the gateway's status endpoint (``kvEgressBytes``)."""
 METRIC_ROUTER_OPEN_CONNECTIONS: Final = "prfaas_router_open_connections"
 """Client connections open on the listener (router and gateway)."""
 METRIC_ROUTER_CONNECTIONS_CLOSED: Final = "prfaas_router_connections_closed_total"
@@ -167,6 +179,110 @@ VLLM_PROMPT_TOKENS_BY_SOURCE: Final = "vllm:prompt_tokens_by_source_total"
 ``external_kv_transfer`` (pulled from a prefill engine by the KV connector) — the ground truth for "the decode side
 did not recompute"."""
 PROMPT_SOURCES: Final = ("local_compute", "local_cache_hit", "external_kv_transfer")
+VLLM_NIXL_BYTES_TRANSFERRED: Final = "vllm:nixl_bytes_transferred"
+"""vLLM's NixlConnector histogram of bytes per KV transfer, on the side that pulls (the decode engine); whole
+blocks, so a prompt of ``l`` tokens moves ``ceil(l / block) * block`` tokens' KV (checked on vLLM 0.32, CPU)."""
+
+# --- Which component exports each metric (a default query, panel or alert must never need the emulators) ---
+Exporter = str
+EXPORTERS: Final[dict[str, Exporter]] = {
+    **{
+        name: "router"
+        for name in (
+            METRIC_ROUTER_REQUESTS,
+            METRIC_ROUTER_ROUTE_DECISIONS,
+            METRIC_ROUTER_THRESHOLD_TOKENS,
+            METRIC_ROUTER_TTFT_SECONDS,
+            METRIC_ROUTER_BREAKER_OPEN,
+            METRIC_ROUTER_E2E_SECONDS,
+            METRIC_ROUTER_TPOT_SECONDS,
+            METRIC_ROUTER_FALLBACKS,
+            METRIC_ROUTER_DECISION_SECONDS,
+            METRIC_ROUTER_IN_FLIGHT,
+            METRIC_ROUTER_LINK_EGRESS_GBPS,
+            METRIC_ROUTER_LINK_CAP_GBPS,
+            METRIC_ROUTER_LINK_SCARCE,
+            METRIC_ROUTER_REMOTE_BYTES,
+            METRIC_ROUTER_TTFT_SLO,
+            METRIC_ROUTER_TTFT_SLO_OBJECTIVE,
+            METRIC_ROUTER_LINK_WAITS,
+            METRIC_ROUTER_OPEN_CONNECTIONS,
+            METRIC_ROUTER_CONNECTIONS_CLOSED,
+            METRIC_ROUTER_CREDENTIAL_RELOADS,
+            METRIC_ROUTER_UNCACHED_TOKENS,
+            METRIC_ROUTER_BREAKER_TRANSITIONS,
+            METRIC_ROUTER_PREFILL_RETRIES,
+            METRIC_ROUTER_ENGINE_HEALTHY,
+            METRIC_ROUTER_HEALTH_PROBE_FAILURES,
+            METRIC_ROUTER_PREFIX_QUERY_TOKENS,
+            METRIC_ROUTER_PREFIX_HIT_TOKENS,
+            METRIC_ROUTER_ABANDONED_KV,
+            METRIC_ROUTER_READY,
+        )
+    },
+    METRIC_GATEWAY_KV_EGRESS_BYTES: "gateway",
+    METRIC_GATEWAY_AUTH_FAILURES: "gateway",
+    METRIC_GATEWAY_INSECURE: "gateway",
+    **{
+        name: "emulator"
+        for name in (
+            METRIC_LINK_EGRESS_BYTES,
+            METRIC_LINK_UTILIZATION,
+            METRIC_LINK_SCARCE,
+            METRIC_LINK_WIRE_BYTES,
+            METRIC_LINK_REVERSE_BYTES,
+            METRIC_LINK_ACTIVE_TRANSFERS,
+            METRIC_LINK_CAPACITY_GBPS,
+            METRIC_LINK_RTT_SECONDS,
+            METRIC_LINK_CONNECTIONS,
+            METRIC_LINK_DROPPED,
+            METRIC_ENGINE_KV_BYTES_SENT,
+            METRIC_ENGINE_KV_BYTES_RECEIVED,
+            METRIC_ENGINE_KV_HANDLES,
+            METRIC_ENGINE_KV_EXPIRED,
+            METRIC_ENGINE_INFO,
+            METRIC_ENGINE_DRAINING,
+        )
+    },
+    **{
+        name: "operator"
+        for name in (
+            METRIC_OPERATOR_DECISIONS,
+            METRIC_OPERATOR_RECONCILE_SECONDS,
+            METRIC_OPERATOR_PROMETHEUS_ERRORS,
+            METRIC_OPERATOR_API_RETRIES,
+            METRIC_OPERATOR_LEADER,
+            METRIC_OPERATOR_CYCLE_SECONDS,
+            METRIC_OPERATOR_PROMETHEUS_QUERIES,
+            METRIC_OPERATOR_ROLE_INSTANCES,
+            METRIC_OPERATOR_RESYNCS,
+            METRIC_OPERATOR_RESYNC_REPAIRS,
+        )
+    },
+    **{
+        name: "vllm"
+        for name in (
+            VLLM_REQUESTS_RUNNING,
+            VLLM_REQUESTS_WAITING,
+            VLLM_KV_CACHE_USAGE,
+            VLLM_PROMPT_TOKENS,
+            VLLM_GENERATION_TOKENS,
+            VLLM_TTFT_SECONDS,
+            VLLM_TPOT_SECONDS,
+            VLLM_QUEUE_TIME_SECONDS,
+            VLLM_PREFIX_CACHE_QUERIES,
+            VLLM_PREFIX_CACHE_HITS,
+            VLLM_E2E_LATENCY_SECONDS,
+            VLLM_REQUEST_SUCCESS,
+            VLLM_PROMPT_TOKENS_BY_SOURCE,
+            VLLM_NIXL_BYTES_TRANSFERRED,
+        )
+    },
+}
+"""Each metric name and the component that exports it: ``router``, ``gateway`` (the router binary in gateway
+mode), ``operator``, ``vllm`` (real engines; our engine emulator speaks them too) or ``emulator`` (only the link and
+engine emulators: nothing a real deployment has). Tests assert no default query, panel or alert reads an
+``emulator`` series."""
 
 KIB: Final = 1024
 MIB: Final = 1024 * 1024

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from .api.base import ApiModel
 from .api.resources import KINDS_BY_NAME
 from .crdgen import crd_schema_by_kind
+from .engine_checks import engine_issues
 from .names import API_GROUP, GROUP_VERSION
 from .schema_check import Issue, check_against_crd, format_path
 
@@ -59,6 +60,8 @@ class Checked:
     issues: list[Issue] = field(default_factory=list)
     model: ApiModel | None = None
     skipped: str | None = None
+    warnings: list[Issue] = field(default_factory=list)
+    """Findings that do not make the object invalid (e.g. a hybrid model's connector limits)."""
 
     @property
     def ok(self) -> bool:
@@ -197,4 +200,9 @@ def validate_documents(docs: Iterable[Document], default_namespace: str = "defau
     checked = [check_document(d) for d in docs]
     for i, extra in cross_object_issues(checked, default_namespace).items():
         checked[i].issues.extend(extra)
+    errors, warnings = engine_issues([c.model for c in checked], default_namespace)
+    for i, extra in errors.items():
+        checked[i].issues.extend(extra)
+    for i, extra in warnings.items():
+        checked[i].warnings.extend(extra)
     return checked

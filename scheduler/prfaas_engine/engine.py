@@ -107,6 +107,7 @@ class Engine:
         timeout_s = self.config.kv_timeout_s + self.config.bootstrap_wait_s
         received = await pull_kv(leg.host, leg.port, request, timeout_s)
         self.metrics.kv_received.inc(self.config.scale.model_bytes(received))
+        self.metrics.nixl_bytes_l.observe(self.config.scale.model_bytes(received))
 
     def _sent(self, held: HeldKv) -> None:
         self.metrics.kv_sent.inc(self.config.scale.model_bytes(held.wire_bytes))

@@ -21,6 +21,7 @@ LATENCY_BUCKETS += (60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 QUEUE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, *LATENCY_BUCKETS)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LABELS = ("model_name", "engine")
+NIXL_BYTES_BUCKETS = tuple(float(1 << k) for k in range(20, 36, 2))
 
 
 class EngineMetrics:
@@ -81,6 +82,14 @@ class EngineMetrics:
         self.success_lv = lv
         self.kv_sent = Counter(names.METRIC_ENGINE_KV_BYTES_SENT, "KV bytes served to decodes.", registry=r)
         self.kv_received = Counter(names.METRIC_ENGINE_KV_BYTES_RECEIVED, "KV bytes pulled.", registry=r)
+        self.nixl_bytes = Histogram(
+            names.VLLM_NIXL_BYTES_TRANSFERRED,
+            "Bytes per KV transfer pulled (model bytes), as vLLM's NixlConnector reports them.",
+            LABELS,
+            buckets=NIXL_BYTES_BUCKETS,
+            registry=r,
+        )
+        self.nixl_bytes_l = self.nixl_bytes.labels(*lv)
         self.kv_handles = Gauge(names.METRIC_ENGINE_KV_HANDLES, "KV held for remote decodes.", registry=r)
         self.kv_expired = Counter(names.METRIC_ENGINE_KV_EXPIRED, "Held KV freed by the timeout.", registry=r)
         self.info = Gauge(

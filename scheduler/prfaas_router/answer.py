@@ -12,8 +12,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from prfaas_core.api.common import SloSpec
+
 from .legs import LegError
-from .metrics import RouterMetrics
+from .metrics import RouterMetrics, judge_ttft
 
 ROUTE_HEADER = "x-prfaas-route"
 """Response header naming the route a request took: local, remote or fallback."""
@@ -63,7 +65,12 @@ def failure_kind(message: str) -> str:
 
 
 async def answer_whole(
-    m: RouterMetrics, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes, prefilled: float | None
+    m: RouterMetrics,
+    leg: DecodeLeg,
+    chunks: AsyncIterator[bytes],
+    first: bytes,
+    prefilled: float | None,
+    slo: SloSpec | None = None,
 ) -> web.Response:
     """A non-streamed answer: the decode's body read to its end."""
     route = leg.route
@@ -75,14 +82,14 @@ async def answer_whole(
         ) from None
     leg.drained = True
     if prefilled is not None:
-        m.ttft.labels(route).observe(prefilled - leg.started)
+        judge_ttft(m, slo, route, prefilled - leg.started, leg.prompt_tokens)
     m.e2e.labels(route).observe(time.perf_counter() - leg.started)
     m.requests.labels(route, "ok").inc()
     return web.Response(body=data, status=200, content_type="application/json", headers=leg.headers())
 
 
 async def answer_stream(
-    m: RouterMetrics, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes
+    m: RouterMetrics, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes, slo: SloSpec | None = None
 ) -> web.StreamResponse:
     """A streamed answer: the decode's events passed on as they come; a break ends with an error event."""
     route, request = leg.route, leg.request
@@ -91,7 +98,7 @@ async def answer_stream(
     )
     await out.prepare(request)
     first_at = last_at = time.perf_counter()
-    m.ttft.labels(route).observe(first_at - leg.started)
+    judge_ttft(m, slo, route, first_at - leg.started, leg.prompt_tokens)
     events = first.count(b"data: ")
     try:
         await out.write(first)

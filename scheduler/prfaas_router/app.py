@@ -74,7 +74,7 @@ def create_app(
     )
     proxy = Proxy(runtime, http, metrics)
     proxy.models = models
-    gateway = Gateway(runtime, http)
+    gateway = Gateway(runtime, http, metrics)
     gateway_mode = config.mode == "gateway"
     security = SecurityMetrics(metrics.registry)
     sec = config.security

@@ -27,6 +27,8 @@ from prfaas_core.tokens import block_hashes
 from .aborts import Aborts, SideLost, engine_side
 from .admission import LinkAdmission, admission_for
 from .http_util import is_chat, json_error
+from .legs import LINK_HEADER, LINK_LABEL, UNKNOWN_LINK, reported_prompt_tokens
+from .metrics import RouterMetrics
 from .runtime import EngineLoad, Runtime
 from .security import forwarded_headers, refused_field
 from .tokenizer import count_prompt
@@ -35,9 +37,12 @@ WINDOW_S = 10.0
 
 
 class Gateway:
-    def __init__(self, runtime: Runtime, http: httpx.AsyncClient) -> None:
+    def __init__(self, runtime: Runtime, http: httpx.AsyncClient, metrics: RouterMetrics | None = None) -> None:
         self.rt = runtime
         self.http = http
+        self.metrics = metrics or RouterMetrics()
+        self.egress_bytes: dict[str, float] = {}
+        """KV bytes served since start, by link (the status endpoint's ``kvEgressBytes``)."""
         self.served: deque[tuple[float, int, float]] = deque()  # (model time, tokens, kv bytes)
         self.aborts = Aborts()
         """Engine legs in flight, cut short when their engine turns unhealthy (then the next one is tried)."""
@@ -138,8 +143,16 @@ class Gateway:
             if resp.status_code == 200:
                 rt.pd_index.insert(hashes, pick.name)
                 self._served(uncached, c.kv.kv_bytes(len(ids)))
+                self._egress(request.headers.get(LINK_HEADER), reported_prompt_tokens(resp.content, len(ids)))
             return web.Response(body=resp.content, status=resp.status_code, content_type="application/json")
         return json_error(503, f"prefill failed on every PrFaaS instance tried: {last_error}", "service_unavailable")
+
+    def _egress(self, link: str | None, prompt_tokens: int) -> None:
+        """Count the KV the served prefill left for region B to pull: ``S_kv`` of the engine's prompt tokens."""
+        name = link if link and LINK_LABEL.fullmatch(link) else UNKNOWN_LINK
+        nbytes = self.rt.compiled.kv.kv_bytes(prompt_tokens)
+        self.metrics.gateway_egress.labels(name).inc(nbytes)
+        self.egress_bytes[name] = self.egress_bytes.get(name, 0.0) + nbytes
 
     def _served(self, tokens: int, kv_bytes: float) -> None:
         now = self.rt.model_now()
@@ -166,6 +179,7 @@ class Gateway:
             egress_gbps=sum(b for _, _, b in window) * 8.0 / WINDOW_S / GBPS_BITS,
             measured_prefill_tokens_per_second=sum(n for _, n, _ in window) / WINDOW_S,
             time=datetime.now(UTC).isoformat(),
+            kv_egress_bytes=dict(self.egress_bytes),
         )
 
     async def status(self, request: web.Request) -> web.Response:

@@ -12,7 +12,11 @@
 from __future__ import annotations
 
 import copy
+import json
+import re
 from typing import Any
+
+from prfaas_core import names
 
 PREFILL_KV_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -52,6 +56,27 @@ def decode_body(body: dict[str, Any], kv_params: dict[str, Any] | None) -> dict[
     else:
         out.pop("kv_transfer_params", None)
     return out
+
+
+LINK_HEADER = names.HEADER_LINK
+"""The link a remote prefill crosses (router -> gateway); the gateway labels its egress with it and never forwards
+it to the engine."""
+LINK_LABEL = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+UNKNOWN_LINK = "unknown"
+"""The gateway's link label for a prefill whose caller named no (valid) link."""
+
+
+def reported_prompt_tokens(response: Any, fallback: int) -> int:
+    """The prompt tokens the engine reported in its answer (``usage.prompt_tokens``; raw bytes or parsed JSON), or
+    ``fallback`` (the caller's own count) when the answer carries none."""
+    if isinstance(response, bytes | str):
+        try:
+            response = json.loads(response)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return fallback
+    usage = response.get("usage") if isinstance(response, dict) else None
+    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else fallback
 
 
 def kv_handle(response_json: Any) -> dict[str, Any]:

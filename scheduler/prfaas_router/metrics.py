@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from prfaas_core import names
+from prfaas_core.api.common import SloSpec
 
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 _TPOT = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
@@ -15,6 +16,8 @@ _DECISION = (2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3)
 
 @dataclass
 class RouterMetrics:
+    """Every series of one router (or gateway) process."""
+
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -130,7 +133,33 @@ class RouterMetrics:
         )
         self.remote_bytes = Counter(
             names.METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"),
-            "Model KV bytes of remote prefills dispatched, by link.",
+            "KV bytes (S_kv of the remote engine's reported prompt tokens) of the remote prefills admitted, by link.",
             ["link"],
             registry=r,
         )
+        self.ttft_slo = Counter(
+            names.METRIC_ROUTER_TTFT_SLO.removesuffix("_total"),
+            "Requests whose TTFT met or missed their own objective (RouterConfig.slo), by route and result.",
+            ["route", "result"],
+            registry=r,
+        )
+        self.ttft_slo_objective = Gauge(
+            names.METRIC_ROUTER_TTFT_SLO_OBJECTIVE,
+            "The SLO's objective ratio (fraction of requests that must meet their TTFT objective).",
+            registry=r,
+        )
+        self.gateway_egress = Counter(
+            names.METRIC_GATEWAY_KV_EGRESS_BYTES.removesuffix("_total"),
+            "Gateway mode: KV bytes (S_kv of the engine's reported prompt tokens) of the remote prefills served, by "
+            "link.",
+            ["link"],
+            registry=r,
+        )
+
+
+def judge_ttft(metrics: RouterMetrics, slo: SloSpec | None, route: str, ttft_s: float, prompt_tokens: int) -> None:
+    """Observe a request's TTFT, and count it against its own objective when the router has the SLO."""
+    metrics.ttft.labels(route).observe(ttft_s)
+    if slo is not None:
+        result = "met" if ttft_s <= slo.ttft_seconds(prompt_tokens) else "missed"
+        metrics.ttft_slo.labels(route, result).inc()

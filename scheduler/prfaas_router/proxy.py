@@ -31,7 +31,7 @@ from . import link_wait
 from .aborts import Aborts, SideLost, remote_side
 from .answer import PROMPT_TOKENS_HEADER, ROUTE_HEADER, DecodeLeg, answer_stream, answer_whole, failure_kind
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, model_not_found, new_session, read_token
-from .legs import LegError, decode_body, kv_handle, prefill_body
+from .legs import LINK_HEADER, LegError, decode_body, kv_handle, prefill_body, reported_prompt_tokens
 from .metrics import RouterMetrics
 from .retry import prefill_with_retry
 from .runtime import LocalPlan, Runtime
@@ -347,8 +347,7 @@ class Proxy:
         rt = self.rt
         duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
         rt.start_transfer(remote.link, request_id.key, nbytes, duration)
-        self.metrics.remote_bytes.labels(remote.link).inc(nbytes)
-        headers = {"x-request-id": request_id.trace}
+        headers = {"x-request-id": request_id.trace, LINK_HEADER: remote.link}
         if max_wait_s < float("inf"):
             headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s))
         token = self.remote_tokens.get(remote.name)
@@ -358,7 +357,7 @@ class Proxy:
         timeout = aiohttp.ClientTimeout(total=remote.timeout_seconds, sock_connect=5.0)
         now = rt.clock()
 
-        async def leg() -> dict[str, Any]:
+        async def leg() -> tuple[dict[str, Any], Any]:
             async with self.legs.post(
                 f"{remote.url}{path}",
                 data=json_bytes(gateway_body(prefill_body(body))),
@@ -371,10 +370,11 @@ class Proxy:
                     raise link_wait.LinkDeclined(decline)
                 if resp.status != 200:
                     raise LegError(f"remote prefill answered {resp.status}")
-                return kv_handle(orjson.loads(await resp.read()))
+                answer = orjson.loads(await resp.read())
+                return kv_handle(answer), answer
 
         try:
-            handle = await self.aborts.run(remote_side(remote.name), leg())
+            handle, answer = await self.aborts.run(remote_side(remote.name), leg())
         except link_wait.LinkDeclined:  # no verdict on the remote: a probe's slot is freed
             rt.remote_cancelled(remote.name, probe)
             raise
@@ -391,6 +391,9 @@ class Proxy:
             rt.remote_cancelled(remote.name, probe)
             raise
         rt.remote_succeeded(remote.name)
+        # the KV now waits in region A for this region's decode to pull it: S_kv of what the engine prefilled
+        tokens = reported_prompt_tokens(answer, uncached)
+        self.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.kv_bytes(tokens))
         return handle
 
     async def _local_prefill(
@@ -448,8 +451,8 @@ class Proxy:
                 chunks, first = await self._open_decode(leg, kv, request_id, limit)
                 rt.finish_transfer(request_id.key)
                 if not body.get("stream"):
-                    return await answer_whole(self.metrics, leg, chunks, first, prefilled)
-                return await answer_stream(self.metrics, leg, chunks, first)
+                    return await answer_whole(self.metrics, leg, chunks, first, prefilled, self.rt.compiled.config.slo)
+                return await answer_stream(self.metrics, leg, chunks, first, self.rt.compiled.config.slo)
         except (asyncio.CancelledError, ConnectionResetError):
             self.metrics.requests.labels(route, "cancelled").inc()
             raise

@@ -163,6 +163,8 @@ class Signals:
         if done.threshold.tokens != rt.snapshot.threshold.tokens:
             log.info("threshold changed", t=done.threshold.tokens, reason=done.threshold.reason)
         m.threshold.set(done.threshold.tokens)
+        if c.config.slo is not None:
+            m.ttft_slo_objective.set(c.config.slo.objective_ratio)
         for remote in c.remotes:
             m.breaker_open.labels(remote.name).set(1 if rt.breaker(remote.name).is_open else 0)
         for t in rt.breaker_transitions():

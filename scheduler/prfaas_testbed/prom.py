@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from prfaas_core.names import (
     LABEL_PD_CLUSTER,
     LABEL_ROLE,
-    METRIC_LINK_EGRESS_BYTES,
+    METRIC_ROUTER_REMOTE_BYTES,
     VLLM_KV_CACHE_USAGE,
     VLLM_REQUESTS_RUNNING,
     VLLM_REQUESTS_WAITING,
@@ -102,7 +102,7 @@ class EngineExporter(Collector):
                 running.add_metric([ns, pd, role, name], flights.get((ns, name), 0.0))
                 kv.add_metric([ns, pd, role, name], 0.5)
         now = time.monotonic()
-        egress = CounterMetricFamily(METRIC_LINK_EGRESS_BYTES.removesuffix("_total"), "egress", labels=["link"])
+        egress = CounterMetricFamily(METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"), "admitted", labels=["link"])
         with self.lock:
             for link, rate in self.egress_rate_bps.items():
                 self.egress_bytes[link] = self.egress_bytes.get(link, 0.0) + rate * (now - self._last_scrape)

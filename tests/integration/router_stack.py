@@ -172,6 +172,7 @@ def start_stack(
         "prfaasHardware": {"accelerator": "H200"},
         "scale": scale_cfg,
         "routing": {"refreshIntervalSeconds": 0.2, "breakerOpenSeconds": 2},
+        "slo": {},  # a PDCluster's default slo, as the operator copies it
         **router_extra,
     }
     st.write_router_config()

@@ -92,3 +92,32 @@ def test_rules_use_only_metric_names_of_the_names_module() -> None:
 def test_the_charts_copy_is_in_sync() -> None:
     copy = REPO / "helm" / "prfaas" / "files" / "prfaas-rules.yaml"
     assert copy.read_bytes() == RULES.read_bytes(), "run: python scripts/sync_chart_files.py"
+
+
+RUNBOOK = REPO / "docs" / "runbook.md"
+RUNBOOK_URL = "https://github.com/prfaas/prfaas/blob/main/docs/runbook.md#"
+
+
+def test_every_alert_links_a_runbook_section_that_exists() -> None:
+    import re
+
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", m.group(1).strip().lower()).replace(" ", "-")
+        for m in re.finditer(r"^## (.+)$", RUNBOOK.read_text(), flags=re.MULTILINE)
+    }
+    for rule in rules():
+        if "alert" not in rule:
+            continue
+        url = rule["annotations"].get("runbook_url", "")
+        assert url.startswith(RUNBOOK_URL), f"{rule['alert']}: runbook_url {url!r}"
+        assert url.removeprefix(RUNBOOK_URL) in anchors, f"{rule['alert']}: no section {url} in docs/runbook.md"
+
+
+def test_ttft_burn_alerts_read_each_requests_own_slo() -> None:
+    """No fixed histogram threshold: the burn alerts read the routers' per-request SLO verdicts."""
+    for rule in rules():
+        if rule.get("alert", "").startswith("PrfaasTTFTSLOBurn"):
+            used = metric_names(rule["expr"])
+            assert names.METRIC_ROUTER_TTFT_SLO in used, rule["alert"]
+            assert names.METRIC_ROUTER_TTFT_SLO_OBJECTIVE in used, rule["alert"]
+            assert "le=" not in rule["expr"]

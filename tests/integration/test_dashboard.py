@@ -88,8 +88,10 @@ def test_dashboard_covers_what_the_sre_watches_and_every_expression_parses() -> 
         "prfaas_operator_decisions_total",
         "prfaas_router_route_decisions_total",
         "prfaas_router_threshold_tokens",
-        "prfaas_link_egress_bytes_total",
-        "prfaas_link_capacity_gbps",
+        "prfaas_router_remote_kv_bytes_total",
+        "prfaas_gateway_kv_egress_bytes_total",
+        "vllm:nixl_bytes_transferred_sum",
+        "vllm:kv_cache_usage_perc",
         "prfaas_router_link_cap_gbps",
         "prfaas_router_ttft_seconds_bucket",
         "vllm:time_per_output_token_seconds_bucket",
@@ -165,8 +167,10 @@ def test_every_panel_returns_a_series_from_prometheus(observed: ObservedStack) -
     # and the series mean what the panels say: both routes seen, the link carried KV, roles assigned
     routes = {r["metric"]["route"] for r in observed.query("sum by (route) (prfaas_router_route_decisions_total)")}
     assert routes == {"local", "remote"}
-    egress = observed.query("sum(prfaas_link_egress_bytes_total)")
+    egress = observed.query("sum(prfaas_router_remote_kv_bytes_total)")
     assert float(egress[0]["value"][1]) > 0
+    served = observed.query("sum(prfaas_gateway_kv_egress_bytes_total)")
+    assert float(served[0]["value"][1]) > 0
     roles = {
         r["metric"]["role"]: float(r["value"][1])
         for r in observed.query("sum by (role) (prfaas_operator_role_instances)")

@@ -34,7 +34,7 @@ VALUES = [
     *sorted(REPO.glob("examples/**/values*.yaml")),
     *sorted((REPO / "tests" / "data" / "helm").glob("values-*.yaml")),
 ]
-CUSTOM_GROUPS = ("monitoring.coreos.com/", "prfaas.io/")
+CUSTOM_GROUPS = ("monitoring.coreos.com/", "prfaas.io/", "leaderworkerset.x-k8s.io/")
 """Kinds kubernetes-validate has no schema for (it only warns on them): checked structurally below."""
 K8S_VERSION = "1.30.0"
 RENDERED_LINT = yamllint_config.YamlLintConfig(
@@ -156,7 +156,7 @@ def test_rendered_manifests_are_valid_kubernetes_and_clean_yaml(helm: str, value
     assert docs
     for doc in docs:
         if doc["apiVersion"].startswith(CUSTOM_GROUPS):
-            assert doc["kind"] in {"ServiceMonitor", "PodMonitor", "PrometheusRule"}, doc["kind"]
+            assert doc["kind"] in {"ServiceMonitor", "PodMonitor", "PrometheusRule", "LeaderWorkerSet"}, doc["kind"]
             assert doc["spec"]
             continue
         try:

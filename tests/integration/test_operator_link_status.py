@@ -1,6 +1,6 @@
 """InterDCLink status end to end: the operator as a real process against the Kubernetes API emulator and a real
-Prometheus scraping the exporter's ``prfaas_link_egress_bytes_total`` counter (what the routers and the link
-emulator export and the operator's observer queries), driven at a rate the test sets.
+Prometheus scraping the exporter's ``prfaas_router_remote_kv_bytes_total`` counter (what the routers export and the
+operator's default egress query reads), driven at a rate the test sets.
 
 Measured egress and utilisation are reported; the state flips to Scarce at the scarce watermark and back to
 Abundant only below the abundant watermark (hysteresis); the bandwidth-feasible lower bound on ``t`` is
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from prfaas_core.names import GBPS_BITS, METRIC_LINK_EGRESS_BYTES
+from prfaas_core.names import GBPS_BITS, METRIC_ROUTER_REMOTE_BYTES
 from prfaas_core.plan_inputs import plan_inputs_from_specs
 from prfaas_core.workload import WorkloadSpec, expect
 from prfaas_operator.registry import parse
@@ -35,8 +35,8 @@ LINK_SPEC: dict[str, Any] = {
     # a 5 s window (the default is 1 m) so a step in the exporter's rate shows within seconds; `and` the live
     # counter, as the default query does, so a vanished series reads as no data rather than a decaying rate
     "measurement": {
-        "egressQuery": f'sum(rate({METRIC_LINK_EGRESS_BYTES}{{link="$link"}}[5s])) * 8 / 1e9'
-        f' and on () count({METRIC_LINK_EGRESS_BYTES}{{link="$link"}})'
+        "egressQuery": f'sum(rate({METRIC_ROUTER_REMOTE_BYTES}{{link="$link"}}[5s])) * 8 / 1e9'
+        f' and on () count({METRIC_ROUTER_REMOTE_BYTES}{{link="$link"}})'
     },
 }
 LOW, MIDDLE, HIGH = 20.0, 56.0, 90.0  # Gbps: below abundant, inside the hysteresis band, above scarce

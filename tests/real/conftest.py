@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
+from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_slo, example_specs
+from prfaas_core.engines import EngineSpec
 from support.real_engines import prepare_or_skip
 
 THRESHOLD_TOKENS = 768
@@ -84,12 +85,21 @@ def vllm_pool(real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="session")
-def engines(vllm_pool: EnginePool) -> Engines:
+def example() -> dict[str, dict[str, EngineSpec]]:
+    """The engines examples/04-real-engines renders (prfaas-cpu: prfaas-prefill; pd-cpu: pd-prefill, pd-decode)."""
+    return example_specs()
+
+
+@pytest.fixture(scope="session")
+def engines(vllm_pool: EnginePool, example: dict[str, dict[str, EngineSpec]]) -> Engines:
+    """The tier's engines, started from the example's rendered specs (the harness substitutes only the model's path,
+    the ports and this host's address and interface: :meth:`EnginePool.on_this_host`)."""
+    prfaas, pd = example["prfaas-cpu"], example["pd-cpu"]
     started = Engines(
-        prfaas=vllm_pool.start("prfaas", vllm_pool.spec("prfaas-prefill")),
-        pdp0=vllm_pool.start("pdp0", vllm_pool.spec("pd-prefill")),
-        pdp1=vllm_pool.start("pdp1", vllm_pool.spec("pd-prefill")),
-        pdd=vllm_pool.start("pdd", vllm_pool.spec("pd-decode")),
+        prfaas=vllm_pool.start("prfaas", vllm_pool.on_this_host(prfaas["prfaas-prefill"])),
+        pdp0=vllm_pool.start("pdp0", vllm_pool.on_this_host(pd["pd-prefill"])),
+        pdp1=vllm_pool.start("pdp1", vllm_pool.on_this_host(pd["pd-prefill"])),
+        pdd=vllm_pool.start("pdd", vllm_pool.on_this_host(pd["pd-decode"])),
     )
     vllm_pool.wait_ready([started.prfaas, started.pdp0, started.pdp1, started.pdd])
     for producer in (started.prfaas, started.pdp0, started.pdp1):
@@ -109,7 +119,8 @@ def stack(engines: Engines, real_env: RealEnv, tmp_path_factory: pytest.TempPath
     try:
         st.start_router("gateway", st.gateway_config(engines.prfaas))
         st.wait_ready("gateway")
-        st.start_router("router", st.router_config(engines.pd_prefill, [engines.pdd], "gateway", THRESHOLD_TOKENS))
+        config = st.router_config(engines.pd_prefill, [engines.pdd], "gateway", THRESHOLD_TOKENS, slo=example_slo())
+        st.start_router("router", config)
         st.wait_ready("router")
         yield st
     finally:

@@ -40,6 +40,22 @@ class GatewayEndpointSpec(ApiModel):
     )
 
 
+class PortRange(ApiModel):
+    """An inclusive TCP port range."""
+
+    __cel_rules__ = (
+        CelRule(
+            rule="self.start <= self.end",
+            message="start must not exceed end",
+            check=lambda r: r.start <= r.end,
+            field_path=".start",
+        ),
+    )
+
+    start: int = Field(ge=1, le=65_535, description="First port.")
+    end: int = Field(ge=1, le=65_535, description="Last port.")
+
+
 class KvTransportSpec(ApiModel):
     """How KV crosses from prefill to decode instances (vLLM/SGLang connector settings)."""
 
@@ -52,6 +68,28 @@ class KvTransportSpec(ApiModel):
     )
     side_channel_port: int | None = Field(
         default=None, ge=1, le=65_535, description="Connector side-channel/bootstrap port on the engines."
+    )
+    kv_role: Literal["kv_producer", "kv_consumer", "kv_both"] | None = Field(
+        default=None,
+        description="vLLM kv_role; default from the role: kv_producer for PrFaaS and Scale-mode prefill, "
+        "kv_consumer for Scale-mode decode, kv_both for Relabel-mode instances (which flip role).",
+    )
+    buffer_device: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="Where the connector stages KV (kv_buffer_device): cpu (host buffers, what UCX's TCP "
+        "transport moves) or cuda.",
+    )
+    data_ports: PortRange | None = Field(
+        default=None,
+        description="NixlConnector over TCP: the ports UCX listens on for KV data (UCX_TCP_PORT_RANGE), so that "
+        "the chart's NetworkPolicy admits only them (and the side channel) from the peer region; default: "
+        "ephemeral ports (the policy then admits every TCP port from the peer CIDRs).",
+    )
+    net_device: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="The network interface the KV transport binds (UCX_NET_DEVICES, e.g. eth0); default: UCX's choice.",
     )
 
 
@@ -90,6 +128,10 @@ class SloSpec(ApiModel):
     objective_ratio: float = Field(
         default=0.95, gt=0, le=1, description="Fraction of requests that must meet the SLO (for burn alerts)."
     )
+
+    def ttft_seconds(self, tokens: float) -> float:
+        """A request's own TTFT objective: ``base + per_1K x tokens / 1024`` seconds."""
+        return self.ttft.base_seconds + self.ttft.seconds_per_k_tokens * tokens / 1024
 
 
 def rfc3339(time_s: float) -> str:

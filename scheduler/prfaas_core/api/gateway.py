@@ -17,3 +17,9 @@ class GatewayStatus(ApiModel):
     egress_gbps: float = Field(ge=0, description="Measured KV egress over the last window, Gbps.")
     measured_prefill_tokens_per_second: float = Field(ge=0, description="Prefill throughput, tokens/s.")
     time: str = Field(description="RFC 3339 time of the snapshot.", json_schema_extra={"format": "date-time"})
+    kv_egress_bytes: dict[str, float] = Field(
+        default_factory=dict,
+        description="KV bytes served since the gateway started, by link (the same count as its "
+        "prfaas_gateway_kv_egress_bytes_total): what region B's routers' prfaas_router_remote_kv_bytes_total is "
+        "checked against.",
+    )

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..names import GROUP_VERSION, KIND_INTER_DC_LINK
+from ..names import GROUP_VERSION, KIND_INTER_DC_LINK, METRIC_ROUTER_REMOTE_BYTES
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta
 
 
@@ -19,18 +19,22 @@ class LinkMeasurementSpec(ApiModel):
     """Where the link's measured egress comes from."""
 
     egress_query: str = Field(
-        default='sum(rate(prfaas_link_egress_bytes_total{link="$link"}[1m])) * 8 / 1e9',
+        default=f'sum(rate({METRIC_ROUTER_REMOTE_BYTES}{{link="$link"}}[1m])) * 8 / 1e9',
         min_length=1,
         max_length=4096,
-        description="PromQL giving the link's egress in Gbps (operator); $link is the link's name.",
+        description="PromQL giving the link's egress in Gbps (operator); $link is the link's name. Default: the KV "
+        "bytes this region's routers admitted over the link (region B's Prometheus cannot read region A's); "
+        "node_exporter's interface counters (rate(node_network_transmit_bytes_total{device=...})) are an "
+        "alternative where the link has a dedicated interface.",
     )
     metrics_url: str | None = Field(
         default=None,
         min_length=1,
         max_length=2048,
         pattern=r"^https?://",
-        description="A Prometheus-format endpoint exporting prfaas_link_egress_bytes_total, read by routers "
-        "about once a second.",
+        description="A Prometheus-format endpoint exporting prfaas_link_egress_bytes_total (the link emulator of "
+        "the local stack), read by routers about once a second; unset in a real deployment, where routers "
+        "estimate the egress from the transfers they admitted.",
     )
 
 

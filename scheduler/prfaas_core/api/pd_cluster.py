@@ -14,7 +14,17 @@ from pydantic import Field
 
 from ..names import GROUP_VERSION, KIND_PD_CLUSTER, NO_THRESHOLD_TOKENS
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
-from .common import DecisionRecord, LoopMemory, PDClusterSummary, Region, RoleRange, RoleStatus, SloSpec
+from .common import (
+    DecisionRecord,
+    KvTransportSpec,
+    LoopMemory,
+    PDClusterSummary,
+    Region,
+    RoleRange,
+    RoleStatus,
+    SloSpec,
+)
+from .engine import EngineSettingsSpec
 from .hardware import HardwareSpec
 
 _SELECTOR = 'namespace="$namespace", pd_cluster="$pd_cluster", role="$role"'
@@ -240,6 +250,16 @@ class PDClusterSpec(ApiModel):
         json_schema_extra={"default": {}},
     )
     workloads: PDWorkloads = Field(description="Workloads holding the instances.")
+    kv_transport: KvTransportSpec = Field(
+        default_factory=KvTransportSpec,
+        description="KV transport of the PD engines: the same connector as the PrefillClusters that send to it.",
+        json_schema_extra={"default": {}},
+    )
+    engine: EngineSettingsSpec = Field(
+        default_factory=EngineSettingsSpec,
+        description="How the engines start (model path, ports, block size); `prfaas engines` renders them.",
+        json_schema_extra={"default": {}},
+    )
     roles: RoleBounds = Field(
         default_factory=RoleBounds, description="Min/max per role.", json_schema_extra={"default": {}}
     )

@@ -15,6 +15,7 @@ from pydantic import Field
 from ..names import GROUP_VERSION, KIND_PREFILL_CLUSTER
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
 from .common import GatewayEndpointSpec, KvTransportSpec, Region
+from .engine import EngineSettingsSpec
 from .hardware import HardwareSpec
 
 
@@ -64,6 +65,11 @@ class PrefillClusterSpec(ApiModel):
     kv_transport: KvTransportSpec = Field(
         default_factory=KvTransportSpec,
         description="KV transport settings.",
+        json_schema_extra={"default": {}},
+    )
+    engine: EngineSettingsSpec = Field(
+        default_factory=EngineSettingsSpec,
+        description="How the engines start (model path, ports, block size); `prfaas engines` renders them.",
         json_schema_extra={"default": {}},
     )
 

@@ -12,7 +12,7 @@ from pydantic import Field
 from ..names import NO_THRESHOLD_TOKENS
 from .admission import GatewayAdmission
 from .base import ApiModel, CelRule, obj_default
-from .common import URL_PATTERN
+from .common import URL_PATTERN, SloSpec
 from .hardware import HardwareSpec
 from .model_profile import ModelProfileSpec
 
@@ -233,6 +233,11 @@ class RouterConfig(ApiModel):
         default=None, description="Hardware of the PrFaaS instances (each remote request's egress rate)."
     )
     gateway: GatewayServing | None = Field(default=None, description="Gateway mode settings.")
+    slo: SloSpec | None = Field(
+        default=None,
+        description="The PDCluster's SLO (copied by the operator): routers judge each request's TTFT against its "
+        "own objective (base + per-1K-tokens slope x the prompt's length) and count prfaas_router_ttft_slo_total.",
+    )
     routing: RoutingParams = Field(
         default_factory=RoutingParams, description="Short-term policy.", json_schema_extra=obj_default()
     )

@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..api.common import SloSpec
-from ..names import K_TOKENS
 
 
 def ttft_slo_s(slo: SloSpec, uncached_tokens: int) -> float:
     """The TTFT objective of a request: ``base + per_1K × uncached / 1024`` seconds."""
-    return slo.ttft.base_seconds + slo.ttft.seconds_per_k_tokens * uncached_tokens / K_TOKENS
+    return slo.ttft_seconds(uncached_tokens)
 
 
 @dataclass

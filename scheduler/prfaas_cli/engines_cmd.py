@@ -1,0 +1,109 @@
+"""``prfaas engines FILES... -o json``: the engine command, args and env per cluster and role, rendered from the
+PrefillClusters, PDClusters and ModelProfiles in FILES through the one engine-flag function (``engine_launch``).
+
+``-o json`` prints ``{cluster: {role: {command, args, env, kvTransferConfig}}}``; ``-o helm-values`` prints
+the chart's engine-args file (``{clusters: {cluster: {kind, roles: {role: {launch, ports}}}}}``; the chart ships
+``helm/prfaas/files/engines.json``, the examples' rendering, kept current by ``scripts/sync_chart_files.py
+--check``; pass your own with ``--set-file engines.launchesJson=FILE``). Remote PrefillClusters run in the
+other region and are skipped.
+Exit 2 when a manifest is invalid or a cluster cannot render (the message names the field and why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from prfaas_core.api import ModelProfile, PDCluster, PrefillCluster
+from prfaas_core.engine_render import Cluster, RenderError, engine_specs, render_all
+from prfaas_core.engines import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT, EngineSpec
+from prfaas_core.validation import validate_documents
+
+from .manifests import InputError, load_documents
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "engines",
+        help="render the engines' command, args and env per cluster and role from the custom resources",
+        description=__doc__,
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="manifest files or directories (YAML)")
+    p.add_argument("--output", "-o", choices=("json", "helm-values"), default="json", help="output format")
+    p.add_argument("--namespace", default="default", help="namespace of objects that name none")
+    p.set_defaults(handler=run)
+
+
+def load_clusters(files: Sequence[str], namespace: str = "default") -> tuple[list[Cluster], dict[str, ModelProfile]]:
+    """The PrefillClusters and PDClusters in ``files`` and the ModelProfiles by name (validated first)."""
+    docs = load_documents(files)
+    checked = validate_documents(docs, default_namespace=namespace)
+    bad = [f"{c.document.label}: {issue}" for c in checked for issue in c.issues]
+    if bad:
+        raise InputError("invalid manifests (see `prfaas validate`):\n  " + "\n  ".join(bad))
+    models = [c.model for c in checked if c.model is not None]
+    profiles = {m.metadata.name: m for m in models if isinstance(m, ModelProfile)}
+    clusters: list[Cluster] = [m for m in models if isinstance(m, PrefillCluster | PDCluster)]
+    if not clusters:
+        raise InputError("no PrefillCluster or PDCluster in the given files")
+    return clusters, profiles
+
+
+def render_files(files: Sequence[str], namespace: str = "default") -> dict[str, dict[str, dict[str, object]]]:
+    """``{cluster: {role: launch}}`` for the manifests in ``files``; InputError on invalid input."""
+    clusters, profiles = load_clusters(files, namespace)
+    try:
+        return render_all(clusters, profiles)
+    except RenderError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _ports(spec: EngineSpec) -> dict[str, Any]:
+    """The ports a pod of ``spec`` listens on, for the chart's container ports, Services and NetworkPolicies."""
+    default = DEFAULT_SIDE_CHANNEL_PORT if spec.connector == "NixlConnector" else DEFAULT_MOONCAKE_BOOTSTRAP_PORT
+    data = spec.ucx_tcp_port_range if spec.connector == "NixlConnector" else None
+    return {
+        "http": spec.port,
+        "sideChannel": spec.side_channel_port or default,
+        "kvData": {"start": data[0], "end": data[1]} if data else None,
+    }
+
+
+def helm_values(files: Sequence[str], namespace: str = "default") -> dict[str, Any]:
+    """The chart's engine-args file: per cluster its kind, and per role the rendered launch (the same JSON as
+    ``-o json``) and the ports the pod listens on. The chart's templates copy these; they compute nothing."""
+    clusters, profiles = load_clusters(files, namespace)
+    try:
+        launches = render_all(clusters, profiles)
+        out: dict[str, Any] = {}
+        for c in clusters:
+            if c.metadata.name not in launches:
+                continue
+            specs = engine_specs(c, profiles.get(c.spec.model_profile_ref.name))
+            out[c.metadata.name] = {
+                "kind": c.kind,
+                "roles": {
+                    role: {"launch": launches[c.metadata.name][role], "ports": _ports(spec)}
+                    for role, spec in specs.items()
+                },
+            }
+    except RenderError as exc:
+        raise InputError(str(exc)) from None
+    return {"generatedBy": "prfaas engines -o helm-values", "clusters": out}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        out = (
+            render_files(args.files, args.namespace)
+            if args.output == "json"
+            else helm_values(args.files, args.namespace)
+        )
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2, sort_keys=True))
+    return 0

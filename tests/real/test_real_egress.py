@@ -1,0 +1,81 @@
+"""The real egress signal on real engines: a long request prefilled remotely moves the router's
+``prfaas_router_remote_kv_bytes_total{link}`` and the gateway's ``prfaas_gateway_kv_egress_bytes_total{link}`` by
+``S_kv`` of the prompt tokens the engine reported (512 B/token for the tiny model: ModelProfile), the gateway's
+status endpoint reports the same, and vLLM's own NIXL histogram on the decode engine moves by that KV rounded up
+to whole blocks (what actually crossed)."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+
+from conftest import THRESHOLD_TOKENS, Engines, Prompts
+from prfaas_cli.real_stack import LINK, RealStack, tiny_model_profile
+from prfaas_cli.vllm_engines import BLOCK_SIZE, RealEnv, example_slo
+from prfaas_core import names
+from prfaas_core.api import ModelProfileSpec, SloSpec
+from prfaas_core.kv import kv_model_from_profile
+from prfaas_router.prom_text import sample_sum
+
+LONG_TOKENS = 1200
+
+
+def _counter(url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    return sample_sum(httpx.get(url + "/metrics", timeout=10).text, name, labels or {}) or 0.0
+
+
+def _status_egress(stack: RealStack) -> float:
+    body = httpx.get(stack.url("gateway") + "/status", timeout=10).json()
+    return float(body["kvEgressBytes"].get(LINK, 0.0))
+
+
+def test_egress_counters_move_by_the_kv_of_the_reported_prompt(
+    stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+) -> None:
+    router, gateway = stack.url("router"), stack.url("gateway")
+    nixl = names.VLLM_NIXL_BYTES_TRANSFERRED + "_sum"
+    router_text = httpx.get(router + "/metrics", timeout=10).text
+    ttft_before = sample_sum(router_text, names.METRIC_ROUTER_TTFT_SECONDS + "_sum", {"route": "remote"}) or 0.0
+    slo_before = {
+        res: sample_sum(router_text, names.METRIC_ROUTER_TTFT_SLO, {"route": "remote", "result": res}) or 0.0
+        for res in names.TTFT_SLO_RESULTS
+    }
+    before = (
+        _counter(router, names.METRIC_ROUTER_REMOTE_BYTES, {"link": LINK}),
+        _counter(gateway, names.METRIC_GATEWAY_KV_EGRESS_BYTES, {"link": LINK}),
+        _status_egress(stack),
+        sample_sum(engines.pdd.metrics_text(), nixl, {}) or 0.0,
+    )
+    body = {"model": real_env.served_model_name, "prompt": prompts.text(LONG_TOKENS), "max_tokens": 4}
+    r = httpx.post(router + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-prfaas-route"] == "remote"
+    n = r.json()["usage"]["prompt_tokens"]
+    assert n > THRESHOLD_TOKENS
+    s_kv = kv_model_from_profile(ModelProfileSpec.model_validate(tiny_model_profile(real_env))).kv_bytes(n)
+    assert s_kv == 512 * n
+    after = (
+        _counter(router, names.METRIC_ROUTER_REMOTE_BYTES, {"link": LINK}),
+        _counter(gateway, names.METRIC_GATEWAY_KV_EGRESS_BYTES, {"link": LINK}),
+        _status_egress(stack),
+        sample_sum(engines.pdd.metrics_text(), nixl, {}) or 0.0,
+    )
+    moved = [a - b for a, b in zip(after, before, strict=True)]
+    assert moved[0] == s_kv  # the router: what it admitted over the link
+    assert moved[1] == s_kv  # the gateway: what it served, labelled with the router's link
+    assert moved[2] == s_kv  # and its status endpoint, which region B reads, says the same
+    # vLLM's own count of what crossed: whole blocks of the full prompt (the decode pulls every block)
+    assert moved[3] == math.ceil(n / BLOCK_SIZE) * BLOCK_SIZE * 512
+    # the router judged the request against its own TTFT objective (the example PDCluster's slo for n tokens)
+    router_text = httpx.get(router + "/metrics", timeout=10).text
+    ttft = (
+        sample_sum(router_text, names.METRIC_ROUTER_TTFT_SECONDS + "_sum", {"route": "remote"}) or 0.0
+    ) - ttft_before
+    slo_moved = {
+        res: (sample_sum(router_text, names.METRIC_ROUTER_TTFT_SLO, {"route": "remote", "result": res}) or 0.0)
+        - slo_before[res]
+        for res in names.TTFT_SLO_RESULTS
+    }
+    objective = SloSpec.model_validate(example_slo()).ttft_seconds(n)
+    assert slo_moved == ({"met": 1.0, "missed": 0.0} if ttft <= objective else {"met": 0.0, "missed": 1.0})

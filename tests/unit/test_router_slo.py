@@ -1,0 +1,52 @@
+"""Routers judge each request's TTFT against its own objective (RouterConfig.slo)."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from prfaas_core import names
+from prfaas_core.api import RouterConfig, SloSpec
+from prfaas_router.metrics import RouterMetrics, judge_ttft
+from prfaas_router.prom_text import sample_sum
+
+
+def _count(m: RouterMetrics, route: str, result: str) -> float:
+    text = generate_latest(m.registry).decode()
+    return sample_sum(text, names.METRIC_ROUTER_TTFT_SLO, {"route": route, "result": result}) or 0.0
+
+
+def test_the_objective_grows_with_the_prompt() -> None:
+    slo = SloSpec.model_validate({"ttft": {"baseSeconds": 2.0, "secondsPerKTokens": 0.5}})
+    assert slo.ttft_seconds(0) == 2.0
+    assert slo.ttft_seconds(4096) == 4.0
+
+
+def test_each_request_is_judged_against_its_own_length() -> None:
+    m = RouterMetrics()
+    slo = SloSpec.model_validate({"ttft": {"baseSeconds": 2.0, "secondsPerKTokens": 0.5}})
+    judge_ttft(m, slo, "remote", 3.0, 4096)  # 3 s for 4K tokens: within its 4 s
+    judge_ttft(m, slo, "local", 3.0, 1024)  # 3 s for 1K tokens: over its 2.5 s
+    judge_ttft(m, slo, "local", 2.4, 1024)
+    assert _count(m, "remote", "met") == 1
+    assert _count(m, "local", "missed") == 1
+    assert _count(m, "local", "met") == 1
+
+
+def test_without_an_slo_only_the_histogram_moves() -> None:
+    m = RouterMetrics()
+    judge_ttft(m, None, "local", 30.0, 10)
+    assert _count(m, "local", "missed") == 0
+    text = generate_latest(m.registry).decode()
+    assert sample_sum(text, names.METRIC_ROUTER_TTFT_SECONDS + "_count", {"route": "local"}) == 1
+
+
+def test_router_config_carries_the_slo() -> None:
+    config = RouterConfig.model_validate(
+        {
+            "pdCluster": "pd",
+            "thresholdMinTokens": 0,
+            "model": {"measured": {"points": [{"lengthTokens": 1, "kvMiB": 1}, {"lengthTokens": 2, "kvMiB": 2}]}},
+            "slo": {"ttft": {"baseSeconds": 1.5}, "objectiveRatio": 0.99},
+        }
+    )
+    assert config.slo is not None and config.slo.ttft.base_seconds == 1.5 and config.slo.objective_ratio == 0.99
