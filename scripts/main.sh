@@ -2,7 +2,7 @@
 # The main job on the embedded default, no cluster needed: set up, then `prfaas up` — the two-datacenter system
 # on this machine (2 emulated H200 PrFaaS engines behind the gateway, 4 emulated H20 PD engines, the shaped
 # link their KV really crosses, the router, the core's long-term loop) running the default scenario in phases
-# (steady, long prompts, a link squeeze, recovery: examples/04-up/phases.yaml) with a live view; prints a
+# (steady, long prompts, a link squeeze, recovery: examples/05-up/phases.yaml) with a live view; prints a
 # summary per phase and writes out/up/up.png and, with Prometheus, out/up/dashboard.png (the Grafana
 # dashboard's panels from a local Prometheus's series). Extra arguments go to `prfaas up` (e.g. -o json,
 # --scenario FILE, --serve).

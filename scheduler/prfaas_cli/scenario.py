@@ -7,7 +7,7 @@ emulator is reshaped live and the capacity published to the router, as the opera
 InterDCLink). A field a phase leaves out keeps the previous phase's value. ``expect`` is prose: what the
 phase should show (printed with the phase, asserted by tests/e2e/test_up.py for the default).
 
-The default scenario (``DEFAULT_SCENARIO``, also examples/04-up/phases.yaml) runs steady traffic, a shift to
+The default scenario (``DEFAULT_SCENARIO``, also examples/05-up/phases.yaml) runs steady traffic, a shift to
 long prompts, a link squeeze and a recovery.
 """
 

@@ -57,7 +57,7 @@ def register(sub: Any) -> None:
         "--scenario",
         metavar="FILE",
         help=f"phases of traffic and link conditions (YAML; default {DEFAULT_SCENARIO.name}, the same file as "
-        "examples/04-up/phases.yaml)",
+        "examples/05-up/phases.yaml)",
     )
     p.add_argument(
         "--load",

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_default_scenario_is_the_example_and_has_the_four_phases() -> None:
-    assert (REPO / "examples" / "04-up" / "phases.yaml").read_text() == DEFAULT_SCENARIO.read_text()
+    assert (REPO / "examples" / "05-up" / "phases.yaml").read_text() == DEFAULT_SCENARIO.read_text()
     spec = load_scenario(DEFAULT_SCENARIO)
     phases = resolve(spec, case_study_inputs().lengths)
     assert [p.name for p in phases] == ["steady", "long-prompts", "squeeze", "recovery"]
