@@ -123,6 +123,21 @@ def read_router(url: str, model_s: float, client: httpx.Client) -> RouterSample 
     )
 
 
+def _settled_router(
+    url: str, st: SessionState, cluster: LocalCluster, client: httpx.Client, timeout_s: float = 5.0
+) -> RouterSample | None:
+    """The router's sample once its ``t`` gauge reflects the published ``t_min`` (the gauge follows a reload at
+    the router's next signals refresh), or the last one read when ``timeout_s`` passes first."""
+    want = cluster.config.threshold_min_tokens
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sample = read_router(url, st.model_now(), client)
+        done = sample is None or (sample.threshold_tokens or 0) >= want
+        if done or time.monotonic() >= deadline:
+            return sample
+        time.sleep(0.1)
+
+
 async def run_session(
     stack: Any,
     records: list[TraceRecord],
@@ -215,6 +230,12 @@ async def run_session(
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # the last cycle may have published a t_min the router has not reloaded yet: wait until it has, then
+        # read the router's t once more, so that the summary compares what was published with what is in force
+        if await asyncio.to_thread(cluster.wait_applied):
+            last = await asyncio.to_thread(_settled_router, stack.urls["router"], st, cluster, client)
+            if last is not None:
+                st.router.append(last)
         client.close()
         cluster.close()
     if on_tick is not None:

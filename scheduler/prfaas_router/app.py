@@ -187,7 +187,15 @@ async def _ready(request: web.Request) -> web.Response:
     # the digest of the configuration file in force (sha256 of its bytes, NUL, the settings file's bytes):
     # a writer of the file can wait until the router has applied what it wrote
     digest = watcher.digest if watcher is not None else None
-    return web.json_response({"status": "ready", "healthy_engines": len(healthy), "config_digest": digest})
+    # each remote PrFaaS cluster as the router sees it now: "ready", why not, or "unknown" before its first poll
+    snap = rt.snapshot
+    remotes = {
+        r.name: (snap.remote_ready[r.name] or "ready") if r.name in snap.remote_ready else "unknown"
+        for r in rt.compiled.remotes
+    }
+    return web.json_response(
+        {"status": "ready", "healthy_engines": len(healthy), "config_digest": digest, "remotes": remotes}
+    )
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import yaml
-from router_stack import Stack, start_stack
+from router_stack import GATEWAY_AUTH, Stack, start_stack
 from testbed_support import Processes, http
 
 from prfaas_testbed.operator_harness import Harness, OperatorProcess
@@ -60,8 +60,10 @@ class ObservedStack:
         return f"http://127.0.0.1:{self.prom_port}"
 
     def scrape(self, job: str) -> str:
-        """The component's /metrics, fetched like a plain client (classic text format)."""
-        return httpx.get(f"http://{self.targets[job]}/metrics", timeout=5).text
+        """The component's /metrics, fetched like a plain client (classic text format; the gateway's with its
+        bearer token)."""
+        headers = GATEWAY_AUTH if job == "gateway" else None
+        return httpx.get(f"http://{self.targets[job]}/metrics", headers=headers, timeout=5).text
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         resp = httpx.get(f"{self.prom_url}/api/v1/query", params={"query": substitute(expr)}, timeout=10)

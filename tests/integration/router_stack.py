@@ -183,7 +183,11 @@ def start_stack(
         procs.check_alive()
         status, body = http("GET", st.router + "/ready", timeout_s=2)
         gw_status, gw = http("GET", st.url("gateway") + "/status", timeout_s=2, headers=GATEWAY_AUTH)
-        return status == 200 and body.get("healthy_engines") == 2 and gw_status == 200 and gw["readyInstances"] == 1
+        if not (status == 200 and body.get("healthy_engines") == 2 and gw_status == 200):
+            return False
+        # the gateway has its engine, and the router has seen that (its own status poll), so the first long
+        # request may go remote
+        return bool(gw["readyInstances"] == 1 and body.get("remotes") and set(body["remotes"].values()) == {"ready"})
 
     wait_for(ready, 60, "the router stack to be ready")
     return st

@@ -11,7 +11,7 @@ import math
 import httpx
 
 from conftest import THRESHOLD_TOKENS, Engines, Prompts
-from prfaas_cli.real_stack import LINK, RealStack, tiny_model_profile
+from prfaas_cli.real_stack import LINK, TOKEN, RealStack, tiny_model_profile
 from prfaas_cli.vllm_engines import BLOCK_SIZE, RealEnv, example_slo
 from prfaas_core import names
 from prfaas_core.api import ModelProfileSpec, SloSpec
@@ -21,12 +21,15 @@ from prfaas_router.prom_text import sample_sum
 LONG_TOKENS = 1200
 
 
+AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the gateway's /metrics and /status need its token
+
+
 def _counter(url: str, name: str, labels: dict[str, str] | None = None) -> float:
-    return sample_sum(httpx.get(url + "/metrics", timeout=10).text, name, labels or {}) or 0.0
+    return sample_sum(httpx.get(url + "/metrics", headers=AUTH, timeout=10).text, name, labels or {}) or 0.0
 
 
 def _status_egress(stack: RealStack) -> float:
-    body = httpx.get(stack.url("gateway") + "/status", timeout=10).json()
+    body = httpx.get(stack.url("gateway") + "/status", headers=AUTH, timeout=10).json()
     return float(body["kvEgressBytes"].get(LINK, 0.0))
 
 
