@@ -32,9 +32,9 @@ class LinkMeasurementSpec(ApiModel):
         min_length=1,
         max_length=2048,
         pattern=r"^https?://",
-        description="A Prometheus-format endpoint exporting prfaas_link_egress_bytes_total (the link emulator of "
-        "the local stack), read by routers about once a second; unset in a real deployment, where routers "
-        "estimate the egress from the transfers they admitted.",
+        description="Optional: the /metrics of a link emulator (the local stack only), read by routers about once "
+        "a second; unset in a real deployment, where routers estimate the egress from the transfers they "
+        "admitted.",
     )
 
 
