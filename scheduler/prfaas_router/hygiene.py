@@ -11,6 +11,8 @@ number of them. Here (``RouterConfig.security``):
 * at most ``maxConnections`` connections are open per listener; past it new ones are closed at once;
 * a request line or header field longer than ``maxHeaderBytes``, or more than ``maxHeaders`` fields, is a 4xx.
 
+A reloaded config changes every limit for the connections made after the reload (:meth:`Hygiene.configure`).
+
 ``prfaas_router_open_connections`` and ``prfaas_router_connections_closed_total{reason}`` show them at work.
 """
 
@@ -48,11 +50,20 @@ class Hygiene:
         self._pending: dict[object, asyncio.TimerHandle] = {}
         """Connections whose first request's headers have not arrived, with their deadline."""
         self._count = 0
+        self._server: web.Server | None = None
+        """The listener's server, once installed (its handler arguments follow a reload)."""
 
     def configure(self, settings: RouterSecurity) -> None:
-        """A reloaded config: the limits apply to new connections and requests (aiohttp's own limits, set on
-        the runner, keep their start-time values)."""
+        """A reloaded config: every limit applies to the connections (and requests) that start after it.
+
+        aiohttp's own limits (keep-alive, request line, header size and count) are handed to each connection's
+        handler when the connection is made, from the server's handler arguments: those are replaced here, so
+        connections already open keep the limits they were accepted with (their parser is built). The one
+        exception is the TLS handshake's bound, which asyncio fixes when the listening socket is created: it
+        keeps the start-time ``headerTimeoutSeconds`` (the first request's headers follow the new one)."""
         self.settings = settings
+        if self._server is not None:
+            self._server._kwargs.update(self.runner_kwargs())
 
     def runner_kwargs(self) -> dict[str, Any]:
         s = self.settings
@@ -65,6 +76,7 @@ class Hygiene:
 
     # --- the server's connection hooks ---------------------------------------------------------------------
     def install(self, server: web.Server) -> None:
+        self._server = server
         made, lost = server.connection_made, server.connection_lost
 
         def connection_made(handler: Any, transport: asyncio.Transport) -> None:

@@ -50,9 +50,13 @@ def start_stack(
     tmp: Path,
     threshold_min_tokens: int = 19_634,
     gateway_admission: dict[str, Any] | None = None,
+    gateway_extra: dict[str, Any] | None = None,
+    wait_ready: bool = True,
     **router_extra: Any,
 ) -> Stack:
-    """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link."""
+    """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
+    ``gateway_extra``: more top-level fields of the gateway's config; ``wait_ready=False``: return as soon as
+    the processes are started (the caller waits for what it needs)."""
     names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", "gateway", "router")
     st = Stack(procs, tmp, {n: free_port() for n in names})
     p = st.ports
@@ -148,6 +152,7 @@ def start_stack(
         adm = dict(gateway_admission)
         gateway["links"] = [{"name": "a-to-b", "capacityGbps": adm.pop("capacityGbps")}]
         gateway["gateway"]["admission"] = {"link": "a-to-b", **adm}  # type: ignore[index]
+    gateway.update(gateway_extra or {})
     (tmp / "gateway.json").write_text(json.dumps(gateway))
     st.router_config = {
         "pdCluster": "pd-h20",
@@ -178,6 +183,8 @@ def start_stack(
     st.write_router_config()
     procs.start("gateway", [*PRFAAS, "router", "--config", str(tmp / "gateway.json"), "--port", str(p["gateway"])])
     procs.start("router", [*PRFAAS, "router", "--config", str(tmp / "router.json"), "--port", str(p["router"])])
+    if not wait_ready:
+        return st
 
     def ready() -> bool:
         procs.check_alive()

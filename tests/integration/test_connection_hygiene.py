@@ -185,6 +185,30 @@ def test_oversized_headers_are_refused(router: Router) -> None:
     assert httpx.get(router.url + "/health", timeout=5).status_code == 200
 
 
+def test_header_limits_follow_a_live_config_reload(tmp_path: Path) -> None:
+    """aiohttp's limits (header size here) are fixed per connection when it is made: after a reload that
+    lowers ``maxHeaderBytes``, new connections refuse a header the old limit accepted (and the reverse)."""
+    with processes(tmp_path) as procs:
+        r = start_router(procs, tmp_path)
+        header = {"x-mid": "a" * 1500}
+        assert httpx.get(r.url + "/health", headers=header, timeout=5).status_code == 200
+        config = json.loads((tmp_path / "router.json").read_text())
+
+        def reload(**security: object) -> None:
+            config["security"] = {**config["security"], **security}
+            (tmp_path / "router.json.tmp").write_text(json.dumps(config))
+            (tmp_path / "router.json.tmp").replace(tmp_path / "router.json")
+
+        reload(maxHeaderBytes=1024)
+        wait_for(lambda: httpx.get(r.url + "/health", headers=header, timeout=5).status_code in (400, 431), 30,
+                 "the lower header limit to apply to new connections")  # fmt: skip
+        assert httpx.get(r.url + "/health", timeout=5).status_code == 200
+        reload(maxHeaderBytes=4096)
+        big = {"x-big": "a" * 3000}
+        wait_for(lambda: httpx.get(r.url + "/health", headers=big, timeout=5).status_code == 200, 30,
+                 "the higher header limit to apply to new connections")  # fmt: skip
+
+
 def test_connections_past_the_cap_are_closed_at_once_and_service_resumes(tmp_path: Path) -> None:
     with processes(tmp_path) as procs:
         r = start_router(procs, tmp_path, maxConnections=50, headerTimeoutSeconds=30)

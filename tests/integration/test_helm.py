@@ -9,8 +9,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +20,17 @@ import yaml
 from yamllint import config as yamllint_config
 from yamllint import linter
 
-from prfaas_testbed.operator_harness import Harness
-from prfaas_testbed.prom import wait_until
+from prfaas_testbed.rbac_log import (
+    README,
+    RULES_FILE,
+    Call,
+    allowed,
+    grants_of,
+    load_rules,
+    rbac_table,
+    readme_table,
+    record_operator_calls,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "prfaas"
@@ -545,111 +552,13 @@ def test_the_wheel_the_dockerfile_installs_serves_every_entrypoint(wheel: Path) 
 
 # --- RBAC against a real operator run ---------------------------------------------------------------------------
 
-Call = tuple[str, str, str, str | None, str | None]
-"""(verb, group, resource[/sub], namespace, name) of one API call."""
-DISCOVERY = re.compile(r"^/(api|apis)(/[^/]+(/[^/]+)?)?/?$")
-
-
-def parse_call(method: str, path: str, watch: bool) -> Call | None:
-    """(verb, group, resource[/sub], namespace, name) of an API call; None for discovery."""
-    if DISCOVERY.match(path) and not path.startswith("/api/v1/namespaces"):
-        return None
-    if path.rstrip("/") == "/version":  # the start-up check; a non-resource URL every authenticated user may get
-        return None
-    parts = path.strip("/").split("/")
-    if parts[0] == "api":
-        group, rest = "", parts[2:]
-    else:
-        group, rest = parts[1], parts[3:]
-    namespace = None
-    if rest[0] == "namespaces" and len(rest) > 2:
-        namespace, rest = rest[1], rest[2:]
-    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
-    if name is None:
-        verb = {"GET": "watch" if watch else "list", "POST": "create", "DELETE": "deletecollection"}[method]
-    else:
-        verb = {"GET": "get", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
-    return verb, group, resource + (f"/{sub}" if sub else ""), namespace, name
-
-
-def allowed(call: Call, grants: list[tuple[str | None, dict[str, Any]]]) -> bool:
-    verb, group, resource, namespace, name = call
-    for scope, rule in grants:
-        if scope is not None and scope != namespace:
-            continue
-        if group not in rule["apiGroups"] or resource not in rule["resources"] or verb not in rule["verbs"]:
-            continue
-        names = rule.get("resourceNames")
-        if names and (name is None or name not in names):
-            continue
-        return True
-    return False
-
-
-def grants_of(docs: list[dict[str, Any]], sa: str) -> list[tuple[str | None, dict[str, Any]]]:
-    """Rules granted to the ServiceAccount: (None, rule) cluster-wide, (namespace, rule) by a RoleBinding."""
-    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs}
-    out: list[tuple[str | None, dict[str, Any]]] = []
-    for b in docs:
-        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
-            continue
-        if not any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in b["subjects"]):
-            continue
-        ref = b["roleRef"]
-        ns = b["metadata"].get("namespace") if b["kind"] == "RoleBinding" else None
-        role = roles[(ref["kind"], ns if ref["kind"] == "Role" else None, ref["name"])]
-        out += [(ns, rule) for rule in role["rules"]]
-    return out
-
 
 @pytest.fixture(scope="module")
 def operator_calls(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[Call], str]:
     """Every Kubernetes API call a real operator process made (the emulator's request log, the operator's
     bearer token only) while it assigned roles, flipped one instance after a drain, synced a Remote and a
     Managed PrefillCluster, published the router and gateway configs and cleaned up a deleted PDCluster."""
-    tmp = Path(tmp_path_factory.mktemp("rbac"))
-    h = Harness(tmp)
-    seen: set[tuple[str, str, bool]] = set()
-    stop = threading.Event()
-
-    def collect() -> None:
-        while True:
-            for r in list(h.emu.k8s._requests):  # kmock's log (it trims old entries in long runs: poll often)
-                if r.headers.get("Authorization") == "Bearer emulator-token":
-                    seen.add((str(r.method).rsplit(".", 1)[-1].upper(), r.url.path, bool(r.params.get("watch"))))
-            if stop.is_set():
-                return
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=collect, daemon=True)
-    thread.start()
-    try:
-        ns = h.namespace()
-        op = h.start_operator(ns)
-        meta = {"name": "prefill-engines", "namespace": ns}
-        h.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-                  "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "p"}}},
-                  "status": {"readyReplicas": 1}})  # fmt: skip
-        h.setup(ns)
-        managed = next(d for d in h.manifests(ns) if d["kind"] == "PrefillCluster")
-        managed["metadata"]["name"] = "local-prefill"
-        managed["spec"] = {**{k: v for k, v in managed["spec"].items() if k != "endpoint"}, "mode": "Managed",
-                           "workload": {"kind": "Deployment", "name": "prefill-engines"}}  # fmt: skip
-        h.create(managed)
-        h.ready_roles(ns, 3, 5, 40)
-        h.prom.exporter.set_queue(ns, "pd-h20", "prefill", 40)
-        h.ready_roles(ns, 4, 4, 60)
-        wait_until(lambda: h.condition(ns, "Ready", "local-prefill", "PrefillCluster").get("status"), 30, "managed")
-        wait_until(lambda: h.get("ConfigMap", ns, "local-prefill-gateway-config"), 30, "the gateway config")
-        h.delete("PDCluster", ns, "pd-h20")
-        wait_until(lambda: h.get("ConfigMap", ns, "pd-h20-router-config") is None, 30, "the finalizer's cleanup")
-        op.stop()
-    finally:
-        stop.set()
-        thread.join(10)
-        h.close()
-    calls = {c for c in (parse_call(m, p, w) for m, p, w in seen) if c is not None}
-    return calls, ns
+    return record_operator_calls(Path(tmp_path_factory.mktemp("rbac")))
 
 
 def test_rbac_allows_every_call_of_the_operator_and_explains_every_other_rule(
@@ -664,7 +573,7 @@ def test_rbac_allows_every_call_of_the_operator_and_explains_every_other_rule(
     assert not denied, f"calls the rendered RBAC would deny: {denied}"
     # every (resource, verb) the chart grants but the run did not call must be explained in the rules file
     used = {(group, resource, verb) for verb, group, resource, _, _ in calls}
-    spec = yaml.safe_load((CHART / "files" / "operator-rbac.yaml").read_text())
+    spec = load_rules(RULES_FILE)
     for section in ("namespaced", "lease", "cluster"):
         for rule in spec[section]:
             assert rule.get("why"), rule
@@ -681,6 +590,15 @@ def test_rbac_allows_every_call_of_the_operator_and_explains_every_other_rule(
     for _, rule in grants:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
         assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "patch", "delete"}
+
+
+def test_the_readme_rbac_table_is_the_one_the_run_generates(operator_calls: tuple[set[Call], str]) -> None:
+    """operator/README.md's table is regenerated from the request log (scripts/rbac_table.py), never edited."""
+    calls, _ = operator_calls
+    expected = rbac_table(calls, load_rules(RULES_FILE))
+    assert readme_table(README.read_text()) == expected, (
+        f"operator/README.md's RBAC table is not the run's: run `.venv/bin/python scripts/rbac_table.py`\n{expected}"
+    )
 
 
 def test_the_tokenizer_volume_is_mounted_into_routers_and_gateways(helm: str, tmp_path: Path) -> None:
