@@ -72,9 +72,10 @@ def one_first_request(run: int, counts: collections.Counter[str]) -> None:
                 t.join()
             for kind, (status, route, head) in out.items():
                 counts[f"{kind} {status} {route}"] += 1
-                if status != 200:
-                    print(f"run {run}: {kind} -> {status} {head}", flush=True)
-                    print(procs.log("router")[-2000:], flush=True)
+                if status != 200 or route == "fallback":
+                    print(f"run {run}: {kind} -> {status} {route} {head}", flush=True)
+                    lines = procs.log("router").splitlines()
+                    print("\n".join(line for line in lines if "warn" in line.lower() or "error" in line.lower()))
             print(f"run {run}: {out}", flush=True)
         finally:
             procs.stop_all()

@@ -57,6 +57,10 @@ class Signals:
     metrics: RouterMetrics
     link_rates: dict[str, CounterRate] = field(default_factory=dict)
     remote_failures: dict[str, int] = field(default_factory=dict)
+    """Consecutive failed status polls of each remote that answered once (two are ridden over)."""
+    remote_answered: set[str] = field(default_factory=set)
+    """Remotes whose status endpoint has answered since the start: a remote that never answered is not
+    usable (a fresh stack's first request went to a gateway that was not listening yet)."""
     health: HealthBook = field(default_factory=HealthBook)
     not_ready: str | None = "starting"
     aborts: tuple[Aborts, ...] = ()
@@ -112,8 +116,11 @@ class Signals:
             status = GatewayStatus.model_validate_json(resp.content)
         except (httpx.HTTPError, ValueError) as exc:
             fails = self.remote_failures[name] = self.remote_failures.get(name, 0) + 1
+            if name not in self.remote_answered:
+                return name, f"status endpoint not answered yet ({exc.__class__.__name__})", None
             return name, (f"status endpoint unreachable ({exc.__class__.__name__})" if fails >= 3 else None), None
         self.remote_failures[name] = 0
+        self.remote_answered.add(name)
         ready = status.ready_instances
         return name, None if ready > 0 else "no ready PrFaaS instance", ready
 
