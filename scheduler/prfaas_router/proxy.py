@@ -30,7 +30,7 @@ from prfaas_core.tokens import block_hashes
 from . import link_wait
 from .aborts import Aborts, SideLost, remote_side
 from .answer import PROMPT_TOKENS_HEADER, ROUTE_HEADER, DecodeLeg, answer_stream, answer_whole, failure_kind
-from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error, model_not_found, new_session, read_token
+from .http_util import JSON_CONTENT, LegSession, is_chat, json_bytes, json_error, model_not_found, read_token
 from .legs import LINK_HEADER, LegError, decode_body, kv_handle, prefill_body, reported_prompt_tokens
 from .metrics import RouterMetrics
 from .retry import prefill_with_retry
@@ -52,7 +52,7 @@ class Proxy:
         self.http = http
         """Off the hot path: remote status reads (signals)."""
         self.metrics = metrics
-        self.session: aiohttp.ClientSession | None = None
+        self.session: LegSession | None = None
         """The legs (prefill, decode); opened with the app (needs a running loop)."""
         self.remote_clients: dict[str, httpx.AsyncClient] = {}
         self.remote_tls: dict[str, ssl.SSLContext | bool] = {}
@@ -64,10 +64,10 @@ class Proxy:
 
     def open(self) -> None:
         if self.session is None:
-            self.session = new_session()
+            self.session = LegSession.open()
 
     @property
-    def legs(self) -> aiohttp.ClientSession:
+    def legs(self) -> LegSession:
         if self.session is None:
             raise RuntimeError("the proxy's HTTP session is not open")
         return self.session

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import yaml
 
-from prfaas_core.names import LABEL_PD_CLUSTER
+from prfaas_core.names import LABEL_PD_CLUSTER, METRIC_OPERATOR_CYCLE_SECONDS
 
 from .k8s_emulator import EmulatorThread
 from .prom import PrometheusStack, free_port, wait_until
@@ -37,6 +37,7 @@ PLURALS = {
     "ModelProfile": "modelprofiles",
 }
 GATEWAY_TOKEN = "s3cret-gateway-token"
+CYCLE_COUNT = METRIC_OPERATOR_CYCLE_SECONDS + "_count"
 
 
 class Gateway:
@@ -137,6 +138,17 @@ class OperatorProcess:
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2).text
+
+    def cycles(self) -> int:
+        """The cycles the operator has run (its cycle-duration histogram's count; one per tick with work due)."""
+        line = next((x for x in self.metrics().splitlines() if x.startswith(CYCLE_COUNT + " ")), None)
+        return int(float(line.split()[-1])) if line else 0
+
+    def wait_cycles(self, n: int, timeout_s: float = 60) -> None:
+        """Until ``n`` more cycles have run: a test that checks that nothing happens lets cycles go by, not
+        seconds (the deadline only bounds a hang)."""
+        target = self.cycles() + n
+        wait_until(lambda: self.cycles() >= target, timeout_s, f"{n} more operator cycles")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:

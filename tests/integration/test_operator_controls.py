@@ -87,7 +87,7 @@ def test_dry_run_records_decisions_but_acts_on_nothing(h: Harness) -> None:
         lambda: [d for d in h.status(ns).get("decisions") or [] if d["action"] == "Drain"], 20, "a dry-run decision"
     )[0]
     assert rec["reason"].startswith("dry-run, not acted on: decode-bound")
-    time.sleep(3)
+    op.wait_cycles(3)
     pods = h.list("Pod", ns)
     assert not any((p["metadata"].get("labels") or {}).get("prfaas.io/draining") for p in pods)
     assert sorted(h.roles(ns).values()).count("prefill") == 3

@@ -57,7 +57,7 @@ def test_load_shift_towards_prefill_flips_one_instance_after_persistence_and_dra
     op.stop()
     op2 = h.start_operator(ns)
     wait_until(lambda: op2.metrics().count("prfaas_operator_decisions_total{") >= 1, 30, "cycles after restart")
-    time.sleep(4)  # a few 1 s periods with the queue still standing: the 3600 s cooldown must hold
+    op2.wait_cycles(3)  # a few 1 s periods with the queue still standing: the 3600 s cooldown must hold
     assert len(flips(h, ns)) == 1
     assert sorted(h.roles(ns).values()).count("prefill") == 4
     assert "cooldown" in h.status(ns)["lastDecision"]["reason"]
@@ -70,7 +70,7 @@ def test_steady_load_does_not_flip(h: Harness) -> None:
     h.setup(ns)
     h.ready_roles(ns, 3, 5, 30)
     wait_until(lambda: len(decisions(h, ns)) >= 2, 30, "a few cycles")
-    time.sleep(5)
+    op.wait_cycles(4)
     assert flips(h, ns) == []
     assert sorted(h.roles(ns).values()).count("prefill") == 3
     last = h.status(ns)["lastDecision"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import itertools
-import time
 from typing import Any
 
 import pytest
@@ -178,7 +177,7 @@ def test_shift_towards_prefill_drains_then_scales_prefill_up_before_decode_down(
     # desired follows the replica counts written, cycle after cycle (not the pods that happen to exist)
     assert counts(h, ns) == {"prefill": (3, 4, 3), "decode": (4, 4, 4)}
     wait_until(lambda: h.status(ns)["lastDecision"]["action"] != "FlipToPrefill", 20, "a cycle after the flip")
-    time.sleep(2.5)
+    op.wait_cycles(2)
     assert counts(h, ns) == {"prefill": (3, 4, 3), "decode": (4, 4, 4)}
     assert st["summary"]["prefill"] == "3/4"
 
@@ -203,7 +202,7 @@ def test_shift_towards_prefill_drains_then_scales_prefill_up_before_decode_down(
     assert {"Drain", "FlipToPrefill"} <= {e["reason"] for e in h.events(ns)}
 
     # the queue still stands, but the cooldown holds: no more scale writes, one writer, one write each
-    time.sleep(2)
+    op.wait_cycles(2)
     assert len(workload_writes(h, ns)) == 2 and len(flips(h, ns)) == 1
     assert replicas(h, ns) == {"prefill": 4, "decode": 4}
     assert "cooldown" in h.status(ns)["lastDecision"]["reason"]
@@ -217,7 +216,7 @@ def test_steady_load_does_not_scale_then_decode_pressure_scales_decode_up_first(
     setup_scale(h, ns, 3, 5)
     wait_until(lambda: len(decisions(h, ns)) >= 1 and h.status(ns)["loop"], 30, "a first cycle")
     wait_until(lambda: h.condition(ns, "Degraded").get("status") == "False", 30, "metrics flowing")
-    time.sleep(3)  # several 1 s periods of steady load
+    op.wait_cycles(3)  # several 1 s periods of steady load
     assert workload_writes(h, ns) == [] and flips(h, ns) == []
     assert replicas(h, ns) == {"prefill": 3, "decode": 5}
     assert not any(p["metadata"]["labels"].get(LABEL_DRAINING) for p in h.list("Pod", ns))
@@ -261,7 +260,7 @@ def test_a_flip_interrupted_after_the_retirement_is_resumed_not_lost(h: Harness)
         30,
         "the marks removed",
     )
-    time.sleep(2)  # cycles go by (the cooldown holds): the counts are not written again nor changed
+    op.wait_cycles(2)  # cycles go by (the cooldown holds): the counts are not written again nor changed
     assert replicas(h, ns) == {"prefill": 4, "decode": 4}
     assert len([w for w in workload_writes(h, ns) if w[0] == "PATCH"]) == 2
     op.stop()
