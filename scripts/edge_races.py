@@ -93,24 +93,35 @@ def metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
 
-def legs(n: int, gap_min: float, gap_max: float, server_keepalive: float | None) -> None:
+def legs(n: int, gap_min: float, gap_max: float, server_keepalive: float | None, workers: int) -> None:
     extra = {} if server_keepalive is None else {"security": {"keepaliveIdleSeconds": server_keepalive}}
     with tempfile.TemporaryDirectory() as tmp:
         procs = Processes(Path(tmp))
         try:
             st: Stack = start_stack(procs, Path(tmp), gateway_extra=extra, **extra)
             answers: collections.Counter[str] = collections.Counter()
-            rng = random.Random(19)
             started = time.monotonic()
-            for i in range(n):
-                time.sleep(rng.uniform(gap_min, gap_max))  # the idle gap under study, not a synchronisation
-                status, route, _ = post(st.router + "/v1/completions", LONG)
-                answers[f"{status} {route}"] += 1
-                if (i + 1) % 50 == 0:
-                    print(f"{i + 1} legs, {time.monotonic() - started:.0f} s: {dict(answers)}", flush=True)
+            lock = threading.Lock()
+
+            def worker(seed: int) -> None:
+                rng = random.Random(seed)
+                for _ in range(n // workers):
+                    time.sleep(rng.uniform(gap_min, gap_max))  # the idle gap under study, not a synchronisation
+                    status, route, _ = post(st.router + "/v1/completions", LONG)
+                    with lock:
+                        answers[f"{status} {route}"] += 1
+                        done = sum(answers.values())
+                    if done % 100 == 0:
+                        print(f"{done} legs, {time.monotonic() - started:.0f} s: {dict(answers)}", flush=True)
+
+            threads = [threading.Thread(target=worker, args=(19 + w,)) for w in range(workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
             _, text = http("GET", st.router + "/metrics")
             text = text if isinstance(text, str) else ""
-            print("answers (status route):", dict(answers))
+            print(f"answers (status route) in {time.monotonic() - started:.0f} s:", dict(answers))
             for name in ("prfaas_router_fallbacks_total", "prfaas_router_prefill_retries_total"):
                 print(name, metric(text, name))
             for proc in ("router", "gateway"):
@@ -130,11 +141,12 @@ def main() -> None:
     g.add_argument("--gap-min", type=float, default=0.0)
     g.add_argument("--gap-max", type=float, default=0.2)
     g.add_argument("--server-keepalive", type=float, default=None)
+    g.add_argument("--workers", type=int, default=1, help="concurrent clients (legs are split among them)")
     a = ap.parse_args()
     if a.what == "first":
         first_requests(a.runs)
     else:
-        legs(a.legs, a.gap_min, a.gap_max, a.server_keepalive)
+        legs(a.legs, a.gap_min, a.gap_max, a.server_keepalive, a.workers)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ async def test_die_stops_answering(engine: Client) -> None:
     client, eng = engine
     status, _ = await post(client, "/admin/faults", {"die": True})
     assert status == 200
-    await await_for(lambda: eng.state.dead, 5, "the engine dead")
+    await await_for(lambda: eng.state.dead, 30, "the engine dead")
     with pytest.raises(aiohttp.ClientError):
         async with client.get("/health") as resp:
             await resp.read()
