@@ -1,37 +1,66 @@
 """A fresh stack's first request (issue 19): a router whose remote gateway has never answered its status poll
 does not count it usable. Before, a status poll that failed was ridden over (two in a row) even when the
 gateway had never answered: a fresh router, ready as soon as its local engines were, sent the first long
-request to a gateway that was not listening yet (``scripts/edge_races.py first``: 1 of 11 fresh stacks'
-first long request fell back after ``ClientConnectorError``; a 502 when the fallback failed too)."""
+request to a gateway that was not listening yet (``scripts/edge_races.py first``: 2 of 13 fresh stacks' first
+long request fell back after ``ClientConnectorError``; a 502 had the fallback failed too)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from router_stack import start_stack
+from router_stack import BYTE_SCALE, TIME_SCALE, model_profile_json
 from testbed_support import PRFAAS, free_port, http, metric_value, processes, wait_for
 
 
 def test_a_remote_that_never_answered_its_status_poll_takes_no_request(tmp_path: Path) -> None:
     with processes(tmp_path) as procs:
-        st = start_stack(procs, tmp_path)
-        dead = f"http://127.0.0.1:{free_port()}"  # a gateway that is not listening (yet)
-        config = json.loads(json.dumps(st.router_config))
-        config["remotes"][0].update(url=dead, statusUrl=dead + "/status")
-        # one refresh before the first request: the first poll's failure is all the router knows
-        config["routing"] = {**config["routing"], "refreshIntervalSeconds": 60}
-        (tmp_path / "fresh.json").write_text(json.dumps(config))
-        port = free_port()
-        procs.start("fresh", [*PRFAAS, "router", "--config", str(tmp_path / "fresh.json"), "--port", str(port)])
-        url = f"http://127.0.0.1:{port}"
+        ports = {n: free_port() for n in ("pdp", "pdd", "router", "dead")}
+        scale = ["--time-scale", str(TIME_SCALE), "--byte-scale", str(BYTE_SCALE)]
+        for name, role in (("pdp", "prefill"), ("pdd", "decode")):
+            procs.start(name, [*PRFAAS, "engine", "--role", role, "--hardware", "H20", "--port", str(ports[name]),
+                               "--kv-listen", f"127.0.0.1:{free_port()}", "--engine-id", name, *scale])  # fmt: skip
+        dead = f"http://127.0.0.1:{ports['dead']}"  # a gateway that is not listening (yet)
+        (tmp_path / "token").write_text("t\n")
+        config = {
+            "pdCluster": "pd-h20",
+            "thresholdMinTokens": 19_634,
+            "model": model_profile_json(),
+            "endpoints": [
+                {"name": "pd-0", "url": f"http://127.0.0.1:{ports['pdp']}", "role": "prefill"},
+                {"name": "pd-1", "url": f"http://127.0.0.1:{ports['pdd']}", "role": "decode"},
+            ],
+            "remotes": [
+                {
+                    "name": "prfaas-h200",
+                    "url": dead,
+                    "statusUrl": dead + "/status",
+                    "tokenFile": str(tmp_path / "token"),
+                    "link": "a-to-b",
+                }
+            ],
+            "links": [{"name": "a-to-b", "capacityGbps": 100}],
+            "pdHardware": {"accelerator": "H20"},
+            "prfaasHardware": {"accelerator": "H200"},
+            "scale": {"timeScale": TIME_SCALE, "byteScale": BYTE_SCALE},
+            # a slow refresh: what the router knows when the first request comes is its first polls' answers
+            "routing": {"refreshIntervalSeconds": 60},
+        }
+        (tmp_path / "router.json").write_text(json.dumps(config))
+        url = f"http://127.0.0.1:{ports['router']}"
 
         def ready() -> dict[str, object] | None:
             procs.check_alive()
             status, body = http("GET", url + "/ready", timeout_s=2)
             return body if status == 200 else None
 
-        body = wait_for(ready, 60, "the fresh router's /ready")
+        # the engines must answer the router's first probe: start it once they do
+        for name in ("pdp", "pdd"):
+            health = f"http://127.0.0.1:{ports[name]}/health"
+            wait_for(lambda h=health: http("GET", h, timeout_s=2)[0] == 200, 60, f"{name}'s health")
+        procs.start("router", [*PRFAAS, "router", "--config", str(tmp_path / "router.json"), "--port",
+                               str(ports["router"])])  # fmt: skip
+        body = wait_for(ready, 60, "the router's /ready")
         assert body["remotes"] == {"prfaas-h200": "status endpoint not answered yet (ConnectError)"}, body
         status, answer = http("POST", url + "/v1/completions", {"model": "m", "prompt": [1] * 40_000, "max_tokens": 2})
         assert status == 200, answer
