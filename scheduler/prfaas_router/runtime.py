@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from prfaas_core.api import RemoteGateway, RouterConfig, RouterEndpoint
@@ -214,7 +214,7 @@ class Runtime:
         pull = self._pulls.pop(key, None)
         if pulled and pull is not None:
             link, p = pull
-            self._estimators[link].stream(StreamSample(p.start_s, self.model_now(), p.bytes))
+            self._estimators[link].stream(StreamSample(p.start_s, self.clock(), p.bytes))
         for ledger in self._ledgers.values():
             ledger.finish(key)
 
@@ -276,7 +276,7 @@ class Runtime:
         for name, ledger in self._ledgers.items() if pull_key is not None else ():
             booked = ledger.get(pull_key)  # type: ignore[arg-type]
             if booked is not None and pull_key is not None:
-                self._pulls[pull_key] = (name, Pull(self.model_now(), booked.bytes))
+                self._pulls[pull_key] = (name, Pull(self.clock(), booked.bytes))
         a = self._active_decodes
         a[instance] = a.get(instance, 0) + 1
         try:
@@ -296,12 +296,19 @@ class Runtime:
         self._ledgers[link].set_lanes(lanes)
 
     def estimate_links(self, measured_gbps: dict[str, float]) -> None:
-        """Each link's available bandwidth from its pulls (finished and in flight) and its measured egress."""
-        now = self.model_now()
+        """Each link's available bandwidth from its pulls (finished and in flight) and its measured egress.
+
+        The estimator runs on the refresher's clock (wall seconds: its window, stall and probe rate are about
+        the control loop, which runs in wall time in a time-scaled stack too) over model bytes, so its rates are
+        ``time_scale`` x model Gbps; the estimate is converted back to model Gbps."""
+        now, ts = self.clock(), self.compiled.scale.time_scale
         for name, params in self.compiled.links.items():
             pulls = [p for link, p in self._pulls.values() if link == name]
-            est = self._estimators[name]
-            self.available[name] = est.update(now, params.capacity_gbps, pulls, measured_gbps.get(name))
+            measured = measured_gbps.get(name)
+            got = self._estimators[name].update(
+                now, params.capacity_gbps * ts, pulls, None if measured is None else measured * ts
+            )
+            self.available[name] = got if got.gbps is None else replace(got, gbps=got.gbps / ts)
 
     def refresh(self, measured_gbps: dict[str, float]) -> Refreshed:
         """The core's refresh over this router's links (bounded by their available bandwidth), ledgers and

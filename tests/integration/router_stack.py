@@ -50,9 +50,11 @@ def start_stack(
     tmp: Path,
     threshold_min_tokens: int = 19_634,
     gateway_admission: dict[str, Any] | None = None,
+    link_gbps: float = 100.0,
     **router_extra: Any,
 ) -> Stack:
-    """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link."""
+    """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
+    ``link_gbps``: the link emulator's capacity (and the routers' configured one)."""
     names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", "gateway", "router")
     st = Stack(procs, tmp, {n: free_port() for n in names})
     p = st.ports
@@ -88,7 +90,7 @@ def start_stack(
             "--target",
             f"127.0.0.1:{p['prf_kv']}",
             "--capacity-gbps",
-            "100",
+            str(link_gbps),
             "--name",
             "a-to-b",
             "--metrics-port",
@@ -167,7 +169,7 @@ def start_stack(
                 "timeoutSeconds": 10,
             }
         ],
-        "links": [{"name": "a-to-b", "capacityGbps": 100, "metricsUrl": st.url("link_admin") + "/metrics"}],
+        "links": [{"name": "a-to-b", "capacityGbps": link_gbps, "metricsUrl": st.url("link_admin") + "/metrics"}],
         "pdHardware": {"accelerator": "H20"},
         "prfaasHardware": {"accelerator": "H200"},
         "scale": scale_cfg,

@@ -4,6 +4,8 @@ restored link is probed back up to the configured capacity."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from prfaas_core.policy.link import LinkParams
@@ -61,7 +63,7 @@ def test_a_cut_is_seen_from_a_stalled_pull_then_probed_back_up() -> None:
     # the stalled pull gave up (its timeout): probing starts at the floor and grows until the bound lifts
     seen = [est.update(12.5 + k, 100.0).gbps for k in range(1, 20)]
     assert seen[0] == pytest.approx(5.0 * 1.5)
-    assert all(a is None or (b is None or b >= a) for a, b in zip(seen, seen[1:], strict=False))
+    assert all(a is None or (b is None or b >= a) for a, b in itertools.pairwise(seen))
     assert seen[-1] is None and est.current.source == "configured"
 
 

@@ -4,28 +4,32 @@ A real inter-DC link shares its capacity with other traffic, and an operator can
 capacity is an upper bound. :class:`LinkEstimator` turns what the KV streams achieved into a bound:
 
 * **Samples**: each finished KV stream's bytes and its transfer time (:meth:`LinkEstimator.stream`, from the
-  puller's own timing: the router times the decode leg's pull, the simulator its fluid link), its *expected*
-  duration when known (what it would take on an uncontended link; default: its bytes at the best per-stream rate
-  seen in the last ``history_s``), and the link's measured egress when a reading exists.
-* **Link-bound** when the recent streams ran slower than expected (byte-weighted, by more than
-  ``1/slowdown``): the link delivered all it could, so the bound is the larger of the streams' *busy-period
-  rate* (their bytes over the union of their transfer intervals) and the measured egress (which also counts
-  other routers' streams). Or when a pull in flight is overdue (``stall_s`` past twice its expected time): the
-  pulls in flight have moved at most their bytes in the oldest one's age. Source ``streams``.
-* **Stalled** (a cut): a pull in flight overdue by ``stall_s`` with no stream finished meanwhile and (when a
-  measurement exists) nothing delivered: the bound is 0 until a stream finishes. Source ``stalled``. A cut is
-  thus seen within ``stall_s`` plus the pull's expected time, not after the KV-pull timeout.
+  puller's own timing: the router times the decode leg's pull, the simulator its fluid link). A stream is
+  *expected* to take its bytes at the best per-stream rate of the last ``history_s`` (or at the bound in force,
+  when lower: streams on time at the bound do not lower it further), never less than its own floor (a layer-wise
+  stream's production, a paced one's pace). The link's measured egress counts too when a reading exists.
+* **Squeezed** when the recent streams ran late (byte-weighted, slower than ``slowdown`` of the expected rate,
+  and by ``min_excess_s`` a stream on average: a pull's fixed overhead is not the link's doing) while the busy
+  link delivered less than ``slowdown`` of the capacity in force (more is a loaded link, not a squeezed one; a
+  loss smaller than that is not seen). The bound is then what the link delivered: the larger of the streams'
+  *busy-period rate* (their bytes over the union of their transfer intervals) and the measured egress (which
+  also counts other routers' streams). A pull in flight ``stall_s`` past twice its expected time (*overdue*)
+  bounds it too: the pulls in flight have moved at most their bytes in the oldest one's age. Source ``streams``.
+* **Stalled** (a cut): a pull overdue with no stream finished for ``stall_s`` and (when a measurement exists)
+  nothing delivered: the bound is 0 until a stream finishes. Source ``stalled``. A cut is thus seen within
+  ``stall_s`` plus twice the pull's expected time, not after the KV-pull timeout.
 * Otherwise the bound **probes** back up by ``probe_per_s`` a second (from at least ``probe_floor`` of the
   capacity) until it reaches the configured capacity, where it lifts (source ``configured``): a restored link is
   found again, since a squeezed bound admits less and would otherwise never see more.
 
 :meth:`Available.bound` applies a bound to :class:`~.link.LinkParams` (the capacity; the cap, the watermarks and
 ``t_bw`` follow), which the router's link states, the gateway's calendar and the simulator all use. Pure: time
-(model seconds) and bytes (model bytes) are parameters.
+and bytes are parameters (the router passes wall seconds, see ``Runtime.estimate_links``).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -46,6 +50,9 @@ class EstimateParams:
     """Streams that finished this recently are the evidence."""
     slowdown: float = 0.5
     """Streams that achieved less than this fraction of their expected rate were held back by the link."""
+    min_excess_s: float = 0.25
+    """...and by at least this much each on average (a pull's fixed overhead, its decode's queue and the timer's
+    noise are not the link's doing)."""
     stall_s: float = 3.0
     """A pull this much past its expected end is overdue (with nothing finished meanwhile: stalled)."""
     probe_per_s: float = 0.2
@@ -58,7 +65,7 @@ class EstimateParams:
     def __post_init__(self) -> None:
         if not 0 < self.slowdown < 1:
             raise ValueError("slowdown must be in (0, 1)")
-        if self.window_s <= 0 or self.stall_s <= 0 or self.history_s <= 0:
+        if self.window_s <= 0 or self.stall_s <= 0 or self.history_s <= 0 or self.min_excess_s < 0:
             raise ValueError("window_s, stall_s and history_s must be positive")
         if self.probe_per_s <= 0 or not 0 < self.probe_floor <= 1:
             raise ValueError("probe_per_s must be positive and probe_floor in (0, 1]")
@@ -70,7 +77,8 @@ class StreamSample:
     end_s: float
     bytes: float
     expected_s: float | None = None
-    """How long it would take on an uncontended link (None: at the best per-stream rate seen)."""
+    """The least time it could take whatever the link (its production or pacing; None: no floor). Beyond it a
+    stream is expected to run at the best per-stream rate seen, or the bound in force when that is lower."""
 
     @property
     def seconds(self) -> float:
@@ -83,10 +91,12 @@ class StreamSample:
 
 @dataclass(frozen=True)
 class Pull:
-    """A KV stream in flight: when it started and its bytes."""
+    """A KV stream in flight: when it started, its bytes and the least time it takes (its production, when it
+    streams layer-wise with its prefill)."""
 
     start_s: float
     bytes: float
+    least_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -171,7 +181,7 @@ class LinkEstimator:
         in_flight = sum(x.bytes for x in pulls) * 8.0 / GBPS_BITS
         expected_s = in_flight / max(rate_now, MIN_CAPACITY_GBPS)
         oldest = max((now_s - x.start_s for x in pulls), default=0.0)
-        overdue = bool(pulls) and oldest > 2.0 * expected_s + p.stall_s
+        overdue = any(now_s - x.start_s > 2.0 * max(expected_s, x.least_s) + p.stall_s for x in pulls)
         finished_lately = any(s.end_s >= now_s - p.stall_s for s in recent)
         delivered_nothing = measured_gbps is None or measured_gbps <= 0.01 * capacity_gbps
         if overdue and not finished_lately and delivered_nothing:
@@ -181,17 +191,18 @@ class LinkEstimator:
             return self.current
         slowed = False
         if recent:
-            expected = sum(
-                s.expected_s if s.expected_s is not None else s.bytes * 8.0 / GBPS_BITS / (best or s.gbps)
-                for s in recent
-            )
+            # a stream's expected time: its own floor (production, pacing), or its bytes at the best per-stream
+            # rate seen, bounded by the bound in force (streams at the bound are on time: no ratchet down)
+            rate = min(best or math.inf, rate_now)
+            expected = sum(max(s.expected_s or 0.0, s.bytes * 8.0 / GBPS_BITS / rate) for s in recent)
             actual = sum(s.seconds for s in recent)
-            slowed = expected < p.slowdown * actual
+            slowed = expected < p.slowdown * actual and actual - expected > p.min_excess_s * len(recent)
         if slowed or overdue:
             # overdue: the pulls in flight have moved at most their bytes in the oldest one's age
             seen = in_flight / max(oldest, 1e-9) if overdue else busy_gbps(recent)
             delivered = max(seen, measured_gbps or 0.0)
-            if delivered > 0:
+            # a busy link that still delivered most of the capacity in force is loaded, not squeezed
+            if 0 < delivered < p.slowdown * rate_now or (overdue and delivered > 0):
                 self._bound = min(delivered, capacity_gbps)
                 why = "a KV pull is overdue" if overdue else "recent KV streams ran slower than expected"
                 self.current = Available(
