@@ -191,5 +191,5 @@ def start_stack(
         # request may go remote
         return bool(gw["readyInstances"] == 1 and body.get("remotes") and set(body["remotes"].values()) == {"ready"})
 
-    wait_for(ready, 60, "the router stack to be ready")
+    wait_for(ready, 180, "the router stack to be ready")  # only bounds a hang: a loaded machine starts slowly
     return st
