@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from prfaas_core.api import RemoteGateway, RouterConfig, RouterEndpoint
@@ -190,7 +190,9 @@ class Runtime:
         self.compiled = compiled
         for name in compiled.links:
             self._ledgers.setdefault(name, EgressLedger())
-            self._estimators.setdefault(name, LinkEstimator())
+            est = self._estimators.get(name)
+            if est is None or est.time_scale != compiled.scale.time_scale:
+                self._estimators[name] = LinkEstimator(time_scale=compiled.scale.time_scale)
             self.available.setdefault(name, Available())
         # a remote whose address or link changed starts with a closed breaker; the others keep theirs
         self._breakers.ensure({r.name: (r.url, r.link) for r in compiled.remotes})
@@ -299,16 +301,12 @@ class Runtime:
         """Each link's available bandwidth from its pulls (finished and in flight) and its measured egress.
 
         The estimator runs on the refresher's clock (wall seconds: its window, stall and probe rate are about
-        the control loop, which runs in wall time in a time-scaled stack too) over model bytes, so its rates are
-        ``time_scale`` x model Gbps; the estimate is converted back to model Gbps."""
-        now, ts = self.clock(), self.compiled.scale.time_scale
+        the control loop, which runs in wall time in a time-scaled stack too); its rates are model Gbps."""
+        now = self.clock()
         for name, params in self.compiled.links.items():
             pulls = [p for link, p in self._pulls.values() if link == name]
-            measured = measured_gbps.get(name)
-            got = self._estimators[name].update(
-                now, params.capacity_gbps * ts, pulls, None if measured is None else measured * ts
-            )
-            self.available[name] = got if got.gbps is None else replace(got, gbps=got.gbps / ts)
+            got = self._estimators[name].update(now, params.capacity_gbps, pulls, measured_gbps.get(name))
+            self.available[name] = got
 
     def refresh(self, measured_gbps: dict[str, float]) -> Refreshed:
         """The core's refresh over this router's links (bounded by their available bandwidth), ledgers and

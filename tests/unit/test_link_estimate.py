@@ -90,3 +90,15 @@ def test_available_without_a_bound_keeps_the_params() -> None:
 def test_bad_params_are_refused(field: str) -> None:
     with pytest.raises(ValueError, match=field):
         EstimateParams(**{field: 0.0})
+
+
+def test_a_time_scaled_clock_gives_model_rates() -> None:
+    """The router's clock is wall time; in a stack running 200x, a stream of 8 model Gbit in 0.01 wall s ran at
+    4 model Gbps."""
+    est = LinkEstimator(time_scale=200.0)
+    est.stream(StreamSample(-10.0, -9.9995, 8 * GBIT))  # 80 model Gbps, before the window
+    est.stream(StreamSample(1.0, 1.5, 8 * GBIT))
+    est.stream(StreamSample(1.0, 1.5, 8 * GBIT))  # two together in 0.5 wall s = 100 model s: 0.16 model Gbps
+    got = est.update(2.0, 100.0)
+    assert got.source == "streams" and got.gbps == pytest.approx(0.16)
+    assert "0.16 Gbps" in got.reason

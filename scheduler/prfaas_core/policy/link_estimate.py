@@ -24,7 +24,8 @@ capacity is an upper bound. :class:`LinkEstimator` turns what the KV streams ach
 
 :meth:`Available.bound` applies a bound to :class:`~.link.LinkParams` (the capacity; the cap, the watermarks and
 ``t_bw`` follow), which the router's link states, the gateway's calendar and the simulator all use. Pure: time
-and bytes are parameters (the router passes wall seconds, see ``Runtime.estimate_links``).
+and bytes are parameters; times are on the caller's clock, rates in model Gbps (``time_scale``: the router
+passes its refresher's wall clock, whose window, stall and probe rate are about the control loop).
 """
 
 from __future__ import annotations
@@ -136,8 +137,12 @@ def busy_gbps(samples: Sequence[StreamSample]) -> float:
 class LinkEstimator:
     """One link's available-bandwidth estimate (a small state machine; see the module docstring)."""
 
-    def __init__(self, params: EstimateParams | None = None) -> None:
+    def __init__(self, params: EstimateParams | None = None, time_scale: float = 1.0) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
         self.params = params or EstimateParams()
+        self.time_scale = time_scale
+        """Model seconds per second of the clock the caller passes (rates in and out are model Gbps)."""
         self._samples: deque[StreamSample] = deque()
         self._best: deque[tuple[float, float]] = deque()  # (end_s, gbps), decreasing gbps
         self._bound: float | None = None
@@ -149,7 +154,7 @@ class LinkEstimator:
         if sample.bytes <= 0 or sample.end_s < sample.start_s:
             return
         self._samples.append(sample)
-        g = sample.gbps
+        g = sample.gbps / self.time_scale
         while self._best and self._best[-1][1] <= g:
             self._best.pop()
         self._best.append((sample.end_s, g))
@@ -179,7 +184,8 @@ class LinkEstimator:
         best = self.best_stream_gbps(now_s)
         rate_now = self._bound if self._bound is not None else capacity_gbps
         in_flight = sum(x.bytes for x in pulls) * 8.0 / GBPS_BITS
-        expected_s = in_flight / max(rate_now, MIN_CAPACITY_GBPS)
+        ts = self.time_scale
+        expected_s = in_flight / max(rate_now, MIN_CAPACITY_GBPS) / ts
         oldest = max((now_s - x.start_s for x in pulls), default=0.0)
         overdue = any(now_s - x.start_s > 2.0 * max(expected_s, x.least_s) + p.stall_s for x in pulls)
         finished_lately = any(s.end_s >= now_s - p.stall_s for s in recent)
@@ -194,12 +200,12 @@ class LinkEstimator:
             # a stream's expected time: its own floor (production, pacing), or its bytes at the best per-stream
             # rate seen, bounded by the bound in force (streams at the bound are on time: no ratchet down)
             rate = min(best or math.inf, rate_now)
-            expected = sum(max(s.expected_s or 0.0, s.bytes * 8.0 / GBPS_BITS / rate) for s in recent)
+            expected = sum(max(s.expected_s or 0.0, s.bytes * 8.0 / GBPS_BITS / rate / ts) for s in recent)
             actual = sum(s.seconds for s in recent)
             slowed = expected < p.slowdown * actual and actual - expected > p.min_excess_s * len(recent)
         if slowed or overdue:
             # overdue: the pulls in flight have moved at most their bytes in the oldest one's age
-            seen = in_flight / max(oldest, 1e-9) if overdue else busy_gbps(recent)
+            seen = (in_flight / max(oldest, 1e-9) if overdue else busy_gbps(recent)) / ts
             delivered = max(seen, measured_gbps or 0.0)
             # a busy link that still delivered most of the capacity in force is loaded, not squeezed
             if 0 < delivered < p.slowdown * rate_now or (overdue and delivered > 0):
