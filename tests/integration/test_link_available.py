@@ -19,7 +19,8 @@ from prfaas_core import names
 
 LINK = {"link": "a-to-b"}
 LINK_GBPS = 4.0
-SQUEEZED_GBPS = 0.2  # 5 %: a 60K-token pull then takes ~0.25 s of wall time, well above a loaded stack's noise
+SQUEEZED_GBPS = 0.2  # 5 %: a 120K-token pull then takes ~0.5 s of wall time, above a loaded stack's noise
+PROMPT_TOKENS = 120_000
 BURST = 0.10
 """Allowed over the capacity in a 1-s window: the pacer's 10 ms look-ahead, a chunk in flight, read jitter."""
 
@@ -47,12 +48,12 @@ def test_a_squeezed_link_lowers_the_cap_and_raises_t_within_seconds(tmp_path: Pa
 
         def client() -> None:
             while not stop.is_set():
-                body = {"model": "m", "prompt": prompt(60_000), "max_tokens": 2}
+                body = {"model": "m", "prompt": prompt(PROMPT_TOKENS), "max_tokens": 2}
                 statuses.append(http("POST", router + "/v1/completions", body, timeout_s=60)[0])
 
         # unsqueezed: a few pulls give the estimator the uncontended per-stream rate
         for _ in range(3):
-            client_body = {"model": "m", "prompt": prompt(60_000), "max_tokens": 2}
+            client_body = {"model": "m", "prompt": prompt(PROMPT_TOKENS), "max_tokens": 2}
             assert http("POST", router + "/v1/completions", client_body, timeout_s=60)[0] == 200
         assert metric(router, names.METRIC_ROUTER_LINK_AVAILABLE_SOURCE, **LINK, source="configured") == 1
         t_before = metric(router, names.METRIC_ROUTER_THRESHOLD_TOKENS)
