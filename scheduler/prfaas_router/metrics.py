@@ -121,7 +121,7 @@ class RouterMetrics:
         )
         self.link_cap = Gauge(
             names.METRIC_ROUTER_LINK_CAP_GBPS,
-            "The link's cap: capacity x maxUtilization (model Gbps).",
+            "The link's cap: capacity (bounded by the available bandwidth measured) x maxUtilization (model Gbps).",
             ["link"],
             registry=r,
         )
