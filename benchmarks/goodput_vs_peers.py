@@ -151,19 +151,32 @@ class Bench:
         self._wait_serving(url)
         return url
 
-    def _wait_serving(self, url: str, timeout_s: float = 90.0) -> None:
+    def _wait_serving(self, url: str, timeout_s: float | None = None) -> None:
+        """Until ``url`` answers a completion; the deadline (90 s) stretches with the machine's load and only
+        bounds a hang; progress every 10 s."""
+        if timeout_s is None:
+            timeout_s = min(600.0, 90.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
         body = {"model": "prfaas", "prompt": [1, 2, 3, 4], "max_tokens": 1}
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline, next_note, last = started + timeout_s, started + 10.0, "no answer yet"
         with httpx.Client(timeout=10.0) as client:
             while time.monotonic() < deadline:
                 self.stack.check_alive()
                 try:
-                    if client.post(f"{url}/v1/completions", json=body).status_code == 200:
+                    status = client.post(f"{url}/v1/completions", json=body).status_code
+                    if status == 200:
                         return
-                except httpx.HTTPError:
-                    pass
+                    last = f"answered {status}"
+                except httpx.HTTPError as exc:
+                    last = exc.__class__.__name__
+                if time.monotonic() >= next_note:
+                    print(
+                        f"waiting for {url}: {time.monotonic() - started:.0f}/{timeout_s:.0f} s, {last}",
+                        file=sys.stderr,
+                    )
+                    next_note += 10.0
                 time.sleep(0.5)
-        raise RuntimeError(f"{url} did not serve within {timeout_s:.0f} s")
+        raise RuntimeError(f"{url} did not serve within {timeout_s:.0f} s (last: {last})")
 
     def stop_system(self, name: str) -> None:
         if name != "prfaas_pd":

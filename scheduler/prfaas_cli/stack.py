@@ -259,24 +259,38 @@ class LocalStack:
                 log = (self.work_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"{name} exited with status {proc.returncode}:\n{log}")
 
-    def wait_ready(self, timeout_s: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout_s
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Until the router sees every PD engine healthy and the gateway every PrFaaS instance ready. The
+        deadline (default 90 s) stretches with the machine's load (a loaded 2-core machine starts ~12 processes
+        slowly) and only bounds a hang; what is still missing is printed every 10 s."""
+        if timeout_s is None:
+            timeout_s = min(600.0, 90.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+        started = time.monotonic()
+        deadline, next_note = started + timeout_s, started + 10.0
+        missing = "nothing answered yet"
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 self.check_alive()
                 try:
                     r = client.get(self.urls["router"] + "/ready")
                     g = client.get(self.urls["gateway"] + "/status", headers=self.gateway_headers)
-                    if (
-                        r.status_code == 200
-                        and r.json()["healthy_engines"] == self.spec.n_pd
-                        and g.json()["readyInstances"] == self.spec.n_prfaas
-                    ):
+                    healthy, ready = r.json().get("healthy_engines", 0), g.json().get("readyInstances", 0)
+                    if r.status_code == 200 and healthy == self.spec.n_pd and ready == self.spec.n_prfaas:
                         return
-                except (httpx.HTTPError, KeyError, ValueError):
-                    pass
+                    missing = (
+                        f"router {r.status_code}, {healthy}/{self.spec.n_pd} PD engines healthy, "
+                        f"{ready}/{self.spec.n_prfaas} PrFaaS instances ready"
+                    )
+                except (httpx.HTTPError, KeyError, ValueError, AttributeError) as exc:
+                    missing = f"not answering ({exc.__class__.__name__})"
+                if time.monotonic() >= next_note:
+                    waited = time.monotonic() - started
+                    print(f"stack: waiting {waited:.0f}/{timeout_s:.0f} s: {missing}", file=sys.stderr)
+                    next_note += 10.0
                 time.sleep(0.2)
-        raise RuntimeError(f"the stack was not ready after {timeout_s:.0f} s (logs in {self.work_dir / 'logs'})")
+        raise RuntimeError(
+            f"the stack was not ready after {timeout_s:.0f} s: {missing} (logs in {self.work_dir / 'logs'})"
+        )
 
     def stop(self) -> None:
         stop_processes([proc for _, proc in self.procs])

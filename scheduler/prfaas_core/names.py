@@ -59,7 +59,10 @@ HEADER_MAX_WAIT_MS: Final = "x-prfaas-max-wait-ms"
 """The longest wait for a link window the router accepts, ms (from its local alternative's predicted TTFT)."""
 HEADER_LINK: Final = "x-prfaas-link"
 """The link the stream crosses."""
-ADMISSION_HEADERS: Final = (HEADER_KV_BYTES, HEADER_MAX_WAIT_MS, HEADER_LINK)
+HEADER_LINK_AVAILABLE_GBPS: Final = "x-prfaas-link-available-gbps"
+"""The link's available bandwidth as the sending router estimates it (model Gbps; sent only while the estimate
+bounds the configured capacity): the gateway's calendar books under the lowest fresh report."""
+ADMISSION_HEADERS: Final = (HEADER_KV_BYTES, HEADER_MAX_WAIT_MS, HEADER_LINK, HEADER_LINK_AVAILABLE_GBPS)
 """Stripped by the gateway before the engine (its forwarding allow-list passes them to it, no further)."""
 REASON_WAIT_FOR_LINK: Final = "wait_for_link"
 """The routing decision kind of a request that waited for a later link window."""
@@ -126,6 +129,21 @@ METRIC_ROUTER_READY: Final = "prfaas_router_ready"
 """1 while the router can serve (a decode instance and a prefill path), 0 while its /ready says why not."""
 METRIC_ROUTER_LINK_WAITS: Final = "prfaas_router_link_waits_total"
 """(router) Gateway declines by ``link`` and what the router did: ``result`` = waited or local."""
+METRIC_ROUTER_LINK_WAIT_SECONDS: Final = "prfaas_router_link_wait_seconds"
+"""(router) Histogram of the link-window waits a router accepted (model seconds) on a gateway's decline, by ``link``."""
+METRIC_ROUTER_LINK_AVAILABLE_GBPS: Final = "prfaas_router_link_available_gbps"
+"""(router) The link's available bandwidth as estimated from its KV pulls' timing (model Gbps; the configured
+capacity when nothing bounds it), by ``link``: the capacity its cap, watermarks and ``t`` use now."""
+METRIC_ROUTER_LINK_AVAILABLE_SOURCE: Final = "prfaas_router_link_available_source"
+"""(router) 1 for the estimate's current ``source`` (configured, streams, stalled), 0 for the others, by ``link``."""
+METRIC_GATEWAY_ADMISSIONS: Final = "prfaas_gateway_admissions_total"
+"""(gateway) Remote prefills the link calendar answered, by ``link`` and ``result``: booked, or the decline's reason
+(link_window, overloaded)."""
+METRIC_GATEWAY_ADMISSION_WAIT_SECONDS: Final = "prfaas_gateway_admission_wait_seconds"
+"""(gateway) Histogram of the booked windows' waits (model seconds) before their prefill starts, by ``link``."""
+METRIC_GATEWAY_LINK_AVAILABLE_GBPS: Final = "prfaas_gateway_link_available_gbps"
+"""(gateway) The available bandwidth the calendar books under (model Gbps; its replica's share of the capacity when
+nothing bounds it), by ``link`` and ``source`` (configured, or the routers' reports: reported)."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
 METRIC_LINK_UTILIZATION: Final = "prfaas_link_utilization_ratio"
 METRIC_LINK_SCARCE: Final = "prfaas_link_scarce"
@@ -206,6 +224,9 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_TTFT_SLO,
             METRIC_ROUTER_TTFT_SLO_OBJECTIVE,
             METRIC_ROUTER_LINK_WAITS,
+            METRIC_ROUTER_LINK_WAIT_SECONDS,
+            METRIC_ROUTER_LINK_AVAILABLE_GBPS,
+            METRIC_ROUTER_LINK_AVAILABLE_SOURCE,
             METRIC_ROUTER_OPEN_CONNECTIONS,
             METRIC_ROUTER_CONNECTIONS_CLOSED,
             METRIC_ROUTER_CREDENTIAL_RELOADS,
@@ -223,6 +244,9 @@ EXPORTERS: Final[dict[str, Exporter]] = {
     METRIC_GATEWAY_KV_EGRESS_BYTES: "gateway",
     METRIC_GATEWAY_AUTH_FAILURES: "gateway",
     METRIC_GATEWAY_INSECURE: "gateway",
+    METRIC_GATEWAY_ADMISSIONS: "gateway",
+    METRIC_GATEWAY_ADMISSION_WAIT_SECONDS: "gateway",
+    METRIC_GATEWAY_LINK_AVAILABLE_GBPS: "gateway",
     **{
         name: "emulator"
         for name in (

@@ -9,6 +9,13 @@ caller accepts is declined at once: 429, ``Retry-After`` and an :class:`~prfaas_
 (``link_window`` with the earliest start and the predicted TTFT; ``overloaded`` when ``maxWaiting`` prefills
 already wait). The headers never reach the engine (the gateway forwards only ``x-request-id``).
 
+**Available bandwidth.** The routers measure what the link delivers (:mod:`prfaas_core.policy.link_estimate`,
+from their pulls' timing) and send it along while it bounds the configured capacity
+(:data:`~prfaas_core.names.HEADER_LINK_AVAILABLE_GBPS`); the calendar books under the lowest report of the last
+``REPORT_MAX_AGE_S`` (model seconds), this replica's share of it. Exported as
+``prfaas_gateway_link_available_gbps{link,source}`` next to ``prfaas_gateway_admissions_total{link,result}`` and
+``prfaas_gateway_admission_wait_seconds{link}``.
+
 **Gateway replicas.** Each of N replicas books ``cap / N`` (``gateway.admission.replicas``): no Lease and no
 forwarding on the hot path, and the replicas' bookings can never sum past the cap; the price is that one
 replica cannot borrow another's idle share (a Lease-holding owner of the whole calendar would, at the cost of a
@@ -28,8 +35,13 @@ from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
 from prfaas_core.policy.link import EgressLedger, LinkParams, Transfer
 from prfaas_core.policy.link_calendar import Window, booked_gbps, earliest_window
+from prfaas_core.policy.link_estimate import Available
 
 from .http_util import json_error
+from .metrics import RouterMetrics
+
+REPORT_MAX_AGE_S = 10.0
+"""A router's available-bandwidth report counts this long (model seconds); after it the capacity stands again."""
 
 
 @dataclass
@@ -41,10 +53,15 @@ class Booking:
 class LinkAdmission:
     """One gateway replica's share of its link's calendar."""
 
-    def __init__(self, spec: GatewayAdmission, link: RouterLink, time_scale: float) -> None:
+    def __init__(
+        self, spec: GatewayAdmission, link: RouterLink, time_scale: float, metrics: RouterMetrics | None = None
+    ) -> None:
         self.spec = spec
         self.time_scale = time_scale
-        share = 1.0 / spec.replicas
+        self.metrics = metrics
+        self._reports: dict[float, float] = {}
+        """Routers' available-bandwidth reports: model time -> Gbps (the whole link's)."""
+        share = self.share = 1.0 / spec.replicas
         self.params = LinkParams(
             link.name,
             link.capacity_gbps * share,
@@ -66,6 +83,25 @@ class LinkAdmission:
     def booked_gbps(self, now_s: float) -> float:
         return booked_gbps(self.ledger.transfers(now_s), now_s)
 
+    def report(self, headers: Mapping[str, str], now_s: float) -> None:
+        """A router's available-bandwidth header (already checked a non-negative number by the allow-list)."""
+        value = headers.get(names.HEADER_LINK_AVAILABLE_GBPS)
+        if value is not None:
+            self._reports[now_s] = float(value)
+
+    def available(self, now_s: float) -> Available:
+        """The lowest fresh report (this replica books its share of it), or no bound."""
+        for t in [t for t in self._reports if now_s - t > REPORT_MAX_AGE_S]:
+            del self._reports[t]
+        if not self._reports:
+            return Available()
+        low = min(self._reports.values())
+        return Available(low * self.share, "streams", f"routers report {low:.3g} Gbps available")
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.gateway_admissions.labels(self.link, result).inc()
+
     def decide(
         self, key: str, headers: Mapping[str, str], kv_bytes: float, prefill_s: float, now_s: float
     ) -> Booking | web.Response:
@@ -82,12 +118,21 @@ class LinkAdmission:
         link = headers.get(names.HEADER_LINK)
         if link is not None and link != self.link:
             return json_error(400, f"{names.HEADER_LINK}: this gateway schedules link {self.link!r}, not {link!r}")
+        self.report(headers, now_s)
+        avail = self.available(now_s)
+        params = avail.bound(self.params)
+        if self.metrics is not None:
+            source = "configured" if avail.gbps is None else "reported"
+            for s in ("configured", "reported"):
+                self.metrics.gateway_link_available.labels(self.link, s).set(
+                    params.capacity_gbps if s == source else 0.0
+                )
         window = earliest_window(
             self.ledger,
             now_s,
             nbytes,
             prefill_s,
-            self.params,
+            params,
             self.spec.stream_timing,
             pull_gbps=self.spec.pull_gbps,
         )
@@ -98,9 +143,13 @@ class LinkAdmission:
         if window.wait_s > 0 and self.waiting >= self.spec.max_waiting:
             return self._decline("overloaded", window, f"{self.waiting} prefills already wait for a window")
         self.ledger.reserve(key, window.transfer())
+        self._count("booked")
+        if self.metrics is not None:
+            self.metrics.gateway_admission_wait.labels(self.link).observe(window.wait_s)
         return Booking(key, window)
 
     def _decline(self, reason: str, window: Window | None, why: str) -> web.Response:
+        self._count(reason)
         body = AdmissionDecline.model_validate(
             {
                 "reason": reason,
@@ -145,7 +194,9 @@ class LinkAdmission:
         self.ledger.finish(key)
 
 
-def admission_for(config: RouterConfig, current: LinkAdmission | None) -> LinkAdmission | None:
+def admission_for(
+    config: RouterConfig, current: LinkAdmission | None, metrics: RouterMetrics | None = None
+) -> LinkAdmission | None:
     """The gateway's admission for ``config`` (None: not configured); the current one (and its calendar) is
     kept while its spec, link and scale are unchanged."""
     gw = config.gateway
@@ -156,7 +207,7 @@ def admission_for(config: RouterConfig, current: LinkAdmission | None) -> LinkAd
     if spec.link not in links:
         raise ValueError(f"gateway.admission.link: {spec.link!r} is not one of links[].name")
     link = links[spec.link]
-    fresh = LinkAdmission(spec, link, config.scale.time_scale)
+    fresh = LinkAdmission(spec, link, config.scale.time_scale, metrics)
     if current is not None and current.spec == spec and current.params == fresh.params:
         return current
     return fresh

@@ -51,7 +51,7 @@ class Gateway:
 
     def reload_secrets(self) -> None:
         """After a config reload: the link admission (the token is :mod:`.security`'s, reloaded on its own)."""
-        self.admission = admission_for(self.rt.compiled.config, self.admission)
+        self.admission = admission_for(self.rt.compiled.config, self.admission, self.metrics)
 
     async def prefill(self, request: web.Request) -> web.Response:
         raw = await request.read()

@@ -11,6 +11,7 @@ from prfaas_core.api.common import SloSpec
 
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 _TPOT = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+_WAIT = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 300.0)
 _DECISION = (2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3)
 
 
@@ -120,7 +121,7 @@ class RouterMetrics:
         )
         self.link_cap = Gauge(
             names.METRIC_ROUTER_LINK_CAP_GBPS,
-            "The link's cap: capacity x maxUtilization (model Gbps).",
+            "The link's cap: capacity (bounded by the available bandwidth measured) x maxUtilization (model Gbps).",
             ["link"],
             registry=r,
         )
@@ -129,6 +130,45 @@ class RouterMetrics:
             names.METRIC_ROUTER_LINK_WAITS.removesuffix("_total"),
             "Gateway link-window declines, by link and what the router did (waited, local).",
             ["link", "result"],
+            registry=r,
+        )
+        self.link_wait_seconds = Histogram(
+            names.METRIC_ROUTER_LINK_WAIT_SECONDS,
+            "Link-window waits accepted on a gateway's decline (model seconds), by link.",
+            ["link"],
+            buckets=_WAIT,
+            registry=r,
+        )
+        self.link_available = Gauge(
+            names.METRIC_ROUTER_LINK_AVAILABLE_GBPS,
+            "The link's available bandwidth, estimated from its KV pulls' timing (model Gbps), by link.",
+            ["link"],
+            registry=r,
+        )
+        self.link_available_source = Gauge(
+            names.METRIC_ROUTER_LINK_AVAILABLE_SOURCE,
+            "1 for the available-bandwidth estimate's current source (configured, streams, stalled), by link.",
+            ["link", "source"],
+            registry=r,
+        )
+        self.gateway_admissions = Counter(
+            names.METRIC_GATEWAY_ADMISSIONS.removesuffix("_total"),
+            "Gateway mode: remote prefills the link calendar answered, by link and result (booked, or the decline's "
+            "reason).",
+            ["link", "result"],
+            registry=r,
+        )
+        self.gateway_admission_wait = Histogram(
+            names.METRIC_GATEWAY_ADMISSION_WAIT_SECONDS,
+            "Gateway mode: booked windows' waits before their prefill starts (model seconds), by link.",
+            ["link"],
+            buckets=_WAIT,
+            registry=r,
+        )
+        self.gateway_link_available = Gauge(
+            names.METRIC_GATEWAY_LINK_AVAILABLE_GBPS,
+            "Gateway mode: the available bandwidth the link calendar books under (model Gbps), by link and source.",
+            ["link", "source"],
             registry=r,
         )
         self.remote_bytes = Counter(

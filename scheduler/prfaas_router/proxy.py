@@ -23,7 +23,6 @@ import structlog
 from aiohttp import web
 
 from prfaas_core.api import RemoteGateway
-from prfaas_core.names import REASON_WAIT_FOR_LINK
 from prfaas_core.openai_params import check_request
 from prfaas_core.tokens import block_hashes
 
@@ -198,8 +197,8 @@ class Proxy:
             )
         if remote is not None:
             try:
-                kv, route = await self._remote_in_window(
-                    remote, request.path, body, request_id, decision, len(ids), routed.probe
+                kv, route = await link_wait.remote_in_window(
+                    self, remote, request.path, body, request_id, decision, len(ids), routed.probe
                 )
                 if kv is not None:
                     rt.remote_index.insert(hashes, remote.name)
@@ -304,34 +303,6 @@ class Proxy:
         return LocalPlan(fresh.prefill if bad_prefill else plan.prefill, fresh.decode if bad_decode else plan.decode)
 
     # --- legs -------------------------------------------------------------------------------------------
-    async def _remote_in_window(
-        self,
-        remote: RemoteGateway,
-        path: str,
-        body: dict[str, Any],
-        request_id: RequestIds,
-        decision: Any,
-        total: int,
-        probe: float | None = None,
-    ) -> tuple[dict[str, Any] | None, str]:
-        """The remote prefill under the gateway's admission (:mod:`.link_wait`): accept a window up to the
-        local alternative's predicted TTFT; on a decline wait (re-submit) or go local, by predicted TTFT."""
-        rt, m, c = self.rt, self.metrics, self.rt.compiled
-        nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
-        local = link_wait.local_ttft_s(rt.local_wait_s(), c.pd.prefill_seconds(float(total)))
-        cap = c.links[remote.link].cap_gbps
-        first = link_wait.max_wait_s(local, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
-        try:
-            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, first, probe), "remote"
-        except link_wait.LinkDeclined as declined:
-            wait = link_wait.resubmit_wait_s(declined.decline, local)
-            m.link_waits.labels(remote.link, "local" if wait is None else "waited").inc()
-            if wait is None:
-                m.decisions.labels("local", REASON_WAIT_FOR_LINK).inc()
-                return None, "local"
-            m.decisions.labels("remote", REASON_WAIT_FOR_LINK).inc()
-            return await self._remote_prefill(remote, path, body, request_id, nbytes, uncached, wait, probe), "remote"
-
     async def _remote_prefill(
         self,
         remote: RemoteGateway,
@@ -349,7 +320,7 @@ class Proxy:
         rt.start_transfer(remote.link, request_id.key, nbytes, duration)
         headers = {"x-request-id": request_id.trace, LINK_HEADER: remote.link}
         if max_wait_s < float("inf"):
-            headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s))
+            headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s, rt.available.get(remote.link)))
         token = self.remote_tokens.get(remote.name)
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -444,12 +415,12 @@ class Proxy:
         rt = self.rt
         leg = DecodeLeg(request, plan.decode, body, route, started, prompt_tokens)
         try:
-            with rt.decoding(plan.decode):
+            with rt.decoding(plan.decode, request_id.key if kv_crosses_link else None):
                 # the decode has *started* once its first byte arrives: until then a failure may be retried
                 # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
                 limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
                 chunks, first = await self._open_decode(leg, kv, request_id, limit)
-                rt.finish_transfer(request_id.key)
+                rt.finish_transfer(request_id.key, pulled=kv_crosses_link)
                 if not body.get("stream"):
                     return await answer_whole(self.metrics, leg, chunks, first, prefilled, self.rt.compiled.config.slo)
                 return await answer_stream(self.metrics, leg, chunks, first, self.rt.compiled.config.slo)

@@ -18,6 +18,7 @@ from prfaas_core.hardware import HardwareProfile, builtin_hardware, hardware_fro
 from prfaas_core.kv import KvModel, kv_model_from_profile
 from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams, Transition
 from prfaas_core.policy.link import EgressLedger, LinkParams, LinkState
+from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.routing import InstanceView, RouteDecision, RouteRequest
 from prfaas_core.policy.short_term import (
     PRODUCTION,
@@ -164,6 +165,11 @@ class Runtime:
     _recent: RecentLengths = field(default_factory=RecentLengths)
     _queued_prefill_s: dict[str, float] = field(default_factory=dict)
     _active_decodes: dict[str, int] = field(default_factory=dict)
+    _estimators: dict[str, LinkEstimator] = field(default_factory=dict)
+    _pulls: dict[str, tuple[str, Pull]] = field(default_factory=dict)
+    """KV pulls across a link in flight: key -> (link, pull), timed for the link's estimator."""
+    available: dict[str, Available] = field(default_factory=dict)
+    """Each link's available bandwidth as last estimated (:mod:`prfaas_core.policy.link_estimate`)."""
     last_prefix: tuple[int, int] = (0, 0)
     """The last routed request's prefix hits (tokens): (PD prefill instances, PrFaaS)."""
 
@@ -184,6 +190,10 @@ class Runtime:
         self.compiled = compiled
         for name in compiled.links:
             self._ledgers.setdefault(name, EgressLedger())
+            est = self._estimators.get(name)
+            if est is None or est.time_scale != compiled.scale.time_scale:
+                self._estimators[name] = LinkEstimator(time_scale=compiled.scale.time_scale)
+            self.available.setdefault(name, Available())
         # a remote whose address or link changed starts with a closed breaker; the others keep theirs
         self._breakers.ensure({r.name: (r.url, r.link) for r in compiled.remotes})
         gone = set(self._queued_prefill_s) - set(compiled.by_name)
@@ -200,10 +210,24 @@ class Runtime:
         """A remote prefill's KV starts streaming over ``link`` (the ledger admits the next ones around it)."""
         self._ledgers[link].start(key, nbytes, self.model_now(), duration_s)
 
-    def finish_transfer(self, key: str) -> None:
-        """The stream ``key`` is over (its decode answered, or it failed), on whichever link it was."""
+    def finish_transfer(self, key: str, pulled: bool = False) -> None:
+        """The stream ``key`` is over (its decode answered, or it failed), on whichever link it was;
+        ``pulled``: its KV arrived (the decode's first byte), so its pull's timing is a sample of the link."""
+        pull = self._pulls.pop(key, None)
+        if pulled and pull is not None:
+            link, p = pull
+            self._estimators[link].stream(StreamSample(p.start_s, self.clock(), p.bytes))
         for ledger in self._ledgers.values():
             ledger.finish(key)
+
+    def link_params(self, link: str) -> LinkParams:
+        """The link's parameters with its capacity bounded by the available bandwidth last estimated."""
+        params = self.compiled.links[link]
+        avail = self.available.get(link)
+        return avail.bound(params) if avail is not None else params
+
+    def bounded_links(self) -> dict[str, LinkParams]:
+        return {name: self.link_params(name) for name in self.compiled.links}
 
     def ledger(self, link: str) -> EgressLedger:
         """The link's egress ledger (read-only use: status, tests)."""
@@ -248,8 +272,13 @@ class Runtime:
             q[instance] = max(0.0, q.get(instance, 0.0) - seconds)
 
     @contextmanager
-    def decoding(self, instance: str) -> Iterator[None]:
-        """One decode stream active on ``instance`` while the block runs."""
+    def decoding(self, instance: str, pull_key: str | None = None) -> Iterator[None]:
+        """One decode stream active on ``instance`` while the block runs; ``pull_key``: its KV crosses a link
+        (the stream the ledger holds under that key), pulled from now on."""
+        for name, ledger in self._ledgers.items() if pull_key is not None else ():
+            booked = ledger.get(pull_key)  # type: ignore[arg-type]
+            if booked is not None and pull_key is not None:
+                self._pulls[pull_key] = (name, Pull(self.clock(), booked.bytes))
         a = self._active_decodes
         a[instance] = a.get(instance, 0) + 1
         try:
@@ -268,14 +297,27 @@ class Runtime:
         """The PrFaaS instances prefilling in parallel behind ``link`` (the ledger's lanes)."""
         self._ledgers[link].set_lanes(lanes)
 
+    def estimate_links(self, measured_gbps: dict[str, float]) -> None:
+        """Each link's available bandwidth from its pulls (finished and in flight) and its measured egress.
+
+        The estimator runs on the refresher's clock (wall seconds: its window, stall and probe rate are about
+        the control loop, which runs in wall time in a time-scaled stack too); its rates are model Gbps."""
+        now = self.clock()
+        for name, params in self.compiled.links.items():
+            pulls = [p for link, p in self._pulls.values() if link == name]
+            got = self._estimators[name].update(now, params.capacity_gbps, pulls, measured_gbps.get(name))
+            self.available[name] = got
+
     def refresh(self, measured_gbps: dict[str, float]) -> Refreshed:
-        """The core's refresh over this router's links, ledgers and recent lengths."""
+        """The core's refresh over this router's links (bounded by their available bandwidth), ledgers and
+        recent lengths."""
+        self.estimate_links(measured_gbps)
         c, now = self.compiled, self.model_now()
         window = c.config.routing.threshold_window_seconds
         return refresh(
             RefreshTick(
                 now,
-                c.links,
+                self.bounded_links(),
                 self._ledgers,
                 self.snapshot.links,
                 c.bounds,
@@ -317,7 +359,7 @@ class Runtime:
                 c.kv,
                 c.prfaas.prefill_seconds,
                 c.pd.prefill_seconds,
-                c.links,
+                self.bounded_links(),
                 snap.links,
                 self._ledgers,
                 remotes,

@@ -13,6 +13,7 @@ import structlog
 from prfaas_core import names
 from prfaas_core.api import GatewayStatus
 from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.link_estimate import ESTIMATE_SOURCES
 from prfaas_core.policy.short_term import Refreshed
 
 from .aborts import Aborts, engine_side, remote_side
@@ -63,6 +64,7 @@ class Signals:
     usable (a fresh stack's first request went to a gateway that was not listening yet)."""
     health: HealthBook = field(default_factory=HealthBook)
     not_ready: str | None = "starting"
+    available_source: dict[str, str] = field(default_factory=dict)
     aborts: tuple[Aborts, ...] = ()
     """Whose legs in flight to cut short when their side turns unready (the proxy's, the gateway's)."""
 
@@ -162,11 +164,17 @@ class Signals:
         for name in done.changed_links:
             state = done.links[name]
             log.info("link state changed", link=name, mode=state.mode, reason=state.reason)
-        for name, params in c.links.items():
-            state = done.links[name]
+        for name in c.links:
+            state, params, avail = done.links[name], rt.link_params(name), rt.available[name]
             m.link_egress.labels(name).set(state.egress_gbps)
             m.link_cap.labels(name).set(params.cap_gbps)
             m.link_scarce.labels(name).set(1 if state.scarce else 0)
+            m.link_available.labels(name).set(params.capacity_gbps)
+            for source in ESTIMATE_SOURCES:
+                m.link_available_source.labels(name, source).set(1 if source == avail.source else 0)
+            if avail.source != self.available_source.get(name, "configured"):
+                log.warning("link available bandwidth", link=name, source=avail.source, reason=avail.reason)
+            self.available_source[name] = avail.source
         if done.threshold.tokens != rt.snapshot.threshold.tokens:
             log.info("threshold changed", t=done.threshold.tokens, reason=done.threshold.reason)
         m.threshold.set(done.threshold.tokens)

@@ -52,11 +52,13 @@ def start_stack(
     gateway_admission: dict[str, Any] | None = None,
     gateway_extra: dict[str, Any] | None = None,
     wait_ready: bool = True,
+    link_gbps: float = 100.0,
     **router_extra: Any,
 ) -> Stack:
     """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
     ``gateway_extra``: more top-level fields of the gateway's config; ``wait_ready=False``: return as soon as
-    the processes are started (the caller waits for what it needs)."""
+    the processes are started (the caller waits for what it needs); ``link_gbps``: the link emulator's capacity
+    (and the routers' configured one)."""
     names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", "gateway", "router")
     st = Stack(procs, tmp, {n: free_port() for n in names})
     p = st.ports
@@ -92,7 +94,7 @@ def start_stack(
             "--target",
             f"127.0.0.1:{p['prf_kv']}",
             "--capacity-gbps",
-            "100",
+            str(link_gbps),
             "--name",
             "a-to-b",
             "--metrics-port",
@@ -172,7 +174,7 @@ def start_stack(
                 "timeoutSeconds": 10,
             }
         ],
-        "links": [{"name": "a-to-b", "capacityGbps": 100, "metricsUrl": st.url("link_admin") + "/metrics"}],
+        "links": [{"name": "a-to-b", "capacityGbps": link_gbps, "metricsUrl": st.url("link_admin") + "/metrics"}],
         "pdHardware": {"accelerator": "H20"},
         "prfaasHardware": {"accelerator": "H200"},
         "scale": scale_cfg,
@@ -196,5 +198,5 @@ def start_stack(
         # request may go remote
         return bool(gw["readyInstances"] == 1 and body.get("remotes") and set(body["remotes"].values()) == {"ready"})
 
-    wait_for(ready, 60, "the router stack to be ready")
+    wait_for(ready, 180, "the router stack to be ready")  # only bounds a hang: a loaded machine starts slowly
     return st

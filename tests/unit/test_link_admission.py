@@ -66,3 +66,47 @@ def test_bad_headers_are_400_naming_them() -> None:
         resp = adm.decide("k", headers, 1.0, 1.0, 0.0)
         assert not isinstance(resp, Booking) and resp.status == 400
         assert resp.body is not None and "x-prfaas" in bytes(resp.body).decode()  # type: ignore[arg-type]
+
+
+def test_a_router_report_of_available_bandwidth_bounds_the_calendar_until_it_goes_stale() -> None:
+    from prfaas_router.admission import REPORT_MAX_AGE_S
+    from prfaas_router.metrics import RouterMetrics
+
+    spec = GatewayAdmission.model_validate({"link": "a-to-b", "replicas": 2})
+    metrics = RouterMetrics()
+    adm = LinkAdmission(spec, LINK, time_scale=1.0, metrics=metrics)
+    gbit = GBPS_BITS / 8.0
+    # the link (10 Gbps) reported at 1 Gbps: this replica books under half of it (cap 0.4 Gbps)
+    got = adm.decide("a", {names.HEADER_LINK_AVAILABLE_GBPS: "1.0"}, 4 * gbit, 1.0, 0.0)
+    assert isinstance(got, Booking)
+    assert got.window.rate_gbps <= 0.4 + 1e-9
+    assert adm.available(1.0).gbps == 0.5
+    refused = adm.decide("b", {names.HEADER_MAX_WAIT_MS: "0"}, 4 * gbit, 1.0, 0.5)
+    assert not isinstance(refused, Booking) and refused.status == 429
+    assert adm.available(REPORT_MAX_AGE_S + 1.0).gbps is None  # stale: the configured capacity stands
+    text = metrics_text(metrics)
+    assert 'prfaas_gateway_admissions_total{link="a-to-b",result="booked"} 1.0' in text
+    assert 'prfaas_gateway_admissions_total{link="a-to-b",result="link_window"} 1.0' in text
+    assert 'prfaas_gateway_link_available_gbps{link="a-to-b",source="reported"}' in text
+
+
+def metrics_text(metrics) -> str:  # type: ignore[no-untyped-def]
+    from prometheus_client import generate_latest
+
+    return generate_latest(metrics.registry).decode()
+
+
+def test_the_router_waits_when_the_remote_fits_the_slo_and_local_does_not() -> None:
+    from prfaas_router.link_wait import resubmit_wait_s
+
+    decline = AdmissionDecline.model_validate(
+        {"reason": "link_window", "earliestStartMs": 2000, "predictedTtftMs": 5000, "link": "a-to-b", "message": ""}
+    )
+    # remote 5 s fits an 8-s SLO, local 12 s does not: wait (with the slack for other routers' bookings)
+    assert resubmit_wait_s(decline, 12.0, 8.0) is not None
+    # remote 5 s misses a 4-s SLO that an idle local (3 s) fits: go local
+    assert resubmit_wait_s(decline, 3.0, 4.0, local_wait_s=0.0) is None
+    # ...but not when the local prefill instances are busy: a long prefill there would delay the queue behind it
+    assert resubmit_wait_s(decline, 3.0, 4.0, local_wait_s=1.0) is not None
+    # without an SLO, by predicted TTFT
+    assert resubmit_wait_s(decline, 3.0) is None and resubmit_wait_s(decline, 6.0) is not None

@@ -198,6 +198,10 @@ class EgressLedger:
     def finish(self, key: str) -> None:
         self._active.pop(key, None)
 
+    def get(self, key: str) -> Transfer | None:
+        """The stream booked or in flight under ``key`` (None: none)."""
+        return self._active.get(key)
+
     def _expire(self, now_s: float) -> None:
         stale = [
             k for k, t in self._active.items() if now_s - t.start_s > max(self.expire_s, t.stream_end_s - t.start_s)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from ..names import GBPS_BITS
 from ..policy import loop as long_term
 from ..policy.link import EgressLedger, LinkParams, LinkState
+from ..policy.link_estimate import LinkEstimator, Pull, StreamSample
 from ..policy.routing import InstanceView, RouteRequest, transfer_bytes
 from ..policy.short_term import (
     PRODUCTION,
@@ -88,9 +89,15 @@ class Simulation(DecodeSide):
         self.pd = [Instance(f"pd-{i}", "pd", r, decode.max_batch_size) for i, r in enumerate(roles)]  # type: ignore[arg-type]
         self.by_name = {i.name: i for i in self.pd}
         link = config.link
-        self.link_params = LinkParams(
+        self.configured_params = LinkParams(
             LINK, link.capacity_gbps, link.max_utilization, link.scarce_watermark, link.abundant_watermark
         )
+        """The link as configured (a schedule step is an operator changing the capacity)."""
+        self.link_params = self.configured_params
+        """The configured link bounded by the available bandwidth the routers measure (:mod:`.link_estimate`)."""
+        self.estimator = LinkEstimator()
+        self._on_wire: dict[int, tuple[float, float, float]] = {}
+        """KV streams on the link: request id -> (start, bytes, least seconds: production or pacing)."""
         one_way = link.rtt_ms / 2000.0
         cap = link.capacity_gbps * GBPS_BITS / 8.0
         self.link = FluidLink(self.events, cap, one_way)
@@ -321,10 +328,16 @@ class Simulation(DecodeSide):
         req: Req = job.req  # type: ignore[assignment]
         w = req.window
         if w is None:
-            self.link.start(req, req.transfer_bytes, job.start_s, job.end_s, self._kv_arrived)
+            self._stream(req, job.start_s, job.end_s)
         elif w.stream_start_s <= w.start_s + 1e-9:  # layer-wise: paced at the booked rate
             pace = w.rate_gbps * GBPS_BITS / 8.0 if w.rate_gbps > 0 else math.inf
-            self.link.start(req, req.transfer_bytes, job.start_s, job.end_s, self._kv_arrived, pace)
+            self._stream(req, job.start_s, job.end_s, pace)
+
+    def _stream(self, req: Req, prod_start_s: float, prod_end_s: float, pace: float = math.inf) -> None:
+        """Put a request's KV on the link (timed for the available-bandwidth estimate)."""
+        floor = max(prod_end_s - prod_start_s, req.transfer_bytes / pace if pace < math.inf else 0.0)
+        self._on_wire[req.spec.id] = (self.events.now_s, req.transfer_bytes, floor)
+        self.link.start(req, req.transfer_bytes, prod_start_s, prod_end_s, self._kv_arrived, pace)
 
     def prefill_end(self, arg: tuple[Job, int]) -> None:
         job, gen = arg
@@ -342,7 +355,7 @@ class Simulation(DecodeSide):
             w = req.window
             if w is not None and w.stream_start_s > w.start_s + 1e-9:  # pull-after-prefill: the pull starts now
                 pace = w.rate_gbps * GBPS_BITS / 8.0 if w.rate_gbps > 0 else math.inf
-                self.link.start(req, req.transfer_bytes, now, now, self._kv_arrived, pace)
+                self._stream(req, now, now, pace)
             return  # the KV is still streaming: _kv_arrived continues
         self.result.busy_pd_prefill_s += job.duration_s
         if self.cfg.cache.enabled:
@@ -352,6 +365,10 @@ class Simulation(DecodeSide):
 
     def _kv_arrived(self, req: Req) -> None:
         req.kv_ready_s = self.events.now_s
+        timed = self._on_wire.pop(req.spec.id, None)
+        if timed is not None:
+            start, nbytes, floor = timed
+            self.estimator.stream(StreamSample(start, self.events.now_s, nbytes, floor))
         if self.gateway is not None:
             self.gateway.finish(str(req.spec.id))
         self.result.transferred_bytes += req.transfer_bytes
@@ -363,8 +380,9 @@ class Simulation(DecodeSide):
         cap = gbps * GBPS_BITS / 8.0
         self.link.set_capacity(cap)
         self.reverse.set_capacity(cap)
-        p = self.link_params
-        self.link_params = LinkParams(p.name, gbps, p.max_utilization, p.scarce_watermark, p.abundant_watermark)
+        p = self.configured_params
+        self.configured_params = LinkParams(p.name, gbps, p.max_utilization, p.scarce_watermark, p.abundant_watermark)
+        self.link_params = self.estimator.current.bound(self.configured_params)
         self.result.capacity_changes.append((self.events.now_s, gbps))
         self._window_capacity_gbps = max(self._window_capacity_gbps, gbps)
 
@@ -373,7 +391,9 @@ class Simulation(DecodeSide):
         sent = self.link.bytes_sent(now)
         egress = (sent - self._last_sent) * 8.0 / GBPS_BITS
         self._last_sent = sent
-        params = self.link_params
+        pulls = [Pull(start, nbytes, least) for start, nbytes, least in self._on_wire.values()]
+        avail = self.estimator.update(now, self.configured_params.capacity_gbps, pulls, egress)
+        params = self.link_params = avail.bound(self.configured_params)
         live = self.cfg.live_threshold and now <= self.duration_s  # after the last arrival nothing reads t
         window_s = self.cfg.threshold_window_s
         lengths = self.window.within(now, window_s) if live else ()
@@ -411,7 +431,7 @@ class Simulation(DecodeSide):
             (control.n_prefill, control.n_decode),
             control.last_queues,
         )
-        self._window_capacity_gbps = params.capacity_gbps
+        self._window_capacity_gbps = self.link.capacity * 8.0 / GBPS_BITS
         if self._progress is not None and int(now) % 60 == 0:
             self._progress(min(1.0, now / self.duration_s))
         if now < self.duration_s or (in_system > 0 and now + 1.0 <= self._stop_s):

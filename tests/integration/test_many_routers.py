@@ -1,0 +1,120 @@
+"""Three router processes share one link and its gateway's calendar, over real sockets: a burst of long requests
+from all three never takes the link's egress (the relay's own accounting, 1-s windows) above the gateway's cap,
+allowing one pull's burst per gateway replica (a pull runs at the wire's speed, not at its booked rate), and every
+request is answered. The routers' own links say 100 Gbps: only the gateway's calendar (0.1 Gbps, cap 0.08)
+holds them. With 2 gateway replicas (routers 1 and 2 on one, router 3 on the other) each books cap / 2."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from router_stack import GATEWAY_AUTH, TIME_SCALE, start_stack
+from testbed_support import PRFAAS, free_port, http, metric_value, processes, wait_for
+
+from prfaas_core import names
+from prfaas_core.kv import kv_model_from_profile
+from prfaas_core.profiles import builtin_model_profiles
+
+KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
+GATEWAY_GBPS = 0.1
+CAP_GBPS = GATEWAY_GBPS * 0.8
+TOKENS = 40_000
+LINK = {"link": "a-to-b"}
+
+
+def prompt(tokens: int) -> str:
+    head = uuid.uuid4().hex
+    return head + "x" * (tokens * 4 - len(head))
+
+
+def metric(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
+    try:
+        return metric_value(httpx.get(url + "/metrics", timeout=5, headers=headers).text, name, labels)
+    except KeyError:
+        return 0.0
+
+
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replicas: int) -> None:
+    with processes(tmp_path) as procs:
+        st = start_stack(procs, tmp_path, gateway_admission={"capacityGbps": GATEWAY_GBPS, "replicas": replicas})
+        gateways = [st.url("gateway")]
+        if replicas == 2:
+            port = free_port()
+            gw = ["router", "--config", str(tmp_path / "gateway.json"), "--port", str(port)]
+            procs.start("gateway-2", [*PRFAAS, *gw])
+            gateways.append(f"http://127.0.0.1:{port}")
+        routers = [st.router]
+        for k in (2, 3):
+            config = json.loads(json.dumps(st.router_config))
+            target = gateways[-1] if k == 3 else gateways[0]
+            config["remotes"][0].update(url=target, statusUrl=target + "/status")
+            (tmp_path / f"router-{k}.json").write_text(json.dumps(config))
+            port = free_port()
+            procs.start(
+                f"router-{k}", [*PRFAAS, "router", "--config", str(tmp_path / f"router-{k}.json"), "--port", str(port)]
+            )
+            routers.append(f"http://127.0.0.1:{port}")
+
+        def all_ready() -> bool:
+            procs.check_alive()
+            for url in routers:
+                status, body = http("GET", url + "/ready", timeout_s=2)
+                if status != 200 or set((body.get("remotes") or {"-": "?"}).values()) != {"ready"}:
+                    return False
+            return True
+
+        wait_for(all_ready, 60, "three routers ready, each seeing its gateway")
+        link = st.url("link_admin")
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def client(router: str) -> None:
+            while not stop.is_set():
+                body = {"model": "m", "prompt": prompt(TOKENS), "max_tokens": 2}
+                statuses.append(http("POST", router + "/v1/completions", body, timeout_s=60)[0])
+
+        threads = [threading.Thread(target=client, args=(r,), daemon=True) for r in routers for _ in range(3)]
+        windows: list[float] = []
+        last = (time.monotonic(), metric(link, names.METRIC_LINK_EGRESS_BYTES, **LINK))
+        for t in threads:
+            t.start()
+        try:
+
+            def burst_done() -> bool:
+                nonlocal last
+                now = time.monotonic()
+                if now - last[0] >= 1.0:
+                    sent = metric(link, names.METRIC_LINK_EGRESS_BYTES, **LINK)
+                    windows.append((sent - last[1]) * 8 / 1e9 / ((now - last[0]) * TIME_SCALE))
+                    last = (now, sent)
+                return len(windows) >= 5
+
+            wait_for(burst_done, 60, "five 1-s egress windows of the burst", 0.05)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(90)
+        pull_gbit = KV.kv_bytes(TOKENS) * 8 / 1e9
+        allowed = CAP_GBPS + replicas * pull_gbit / TIME_SCALE  # one pull per replica may land at wire speed
+        booked = sum(
+            metric(g, names.METRIC_GATEWAY_ADMISSIONS, GATEWAY_AUTH, **LINK, result="booked") for g in gateways
+        )
+        declined = sum(
+            metric(g, names.METRIC_GATEWAY_ADMISSIONS, GATEWAY_AUTH, **LINK, result="link_window") for g in gateways
+        )
+        remote = sum(metric(r, "prfaas_router_requests_total", route="remote", outcome="ok") for r in routers)
+        print(
+            f"replicas={replicas}: {len(statuses)} answered, {remote:.0f} remote, gateway booked {booked:.0f} / "
+            f"declined {declined:.0f}; egress windows {[round(w, 3) for w in windows]} Gbps (cap {CAP_GBPS}, "
+            f"allowed {allowed:.3f})"
+        )
+        assert statuses and all(s == 200 for s in statuses), statuses
+        assert booked >= 1 and remote >= 1  # the link was used
+        assert max(windows) <= allowed, (windows, allowed)
