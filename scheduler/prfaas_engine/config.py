@@ -82,6 +82,9 @@ class EngineConfig:
     """KV held for a remote decode is freed after this (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT default)."""
     bootstrap_wait_s: float = 30.0
     """An SGLang decode waits this long for its bootstrap room to be prefilled."""
+    enable_prompt_tokens_details: bool = False
+    """vLLM's ``--enable-prompt-tokens-details``: usage carries ``prompt_tokens_details.cached_tokens`` (null
+    without it, vLLM's default)."""
     engine_id: str = field(default_factory=lambda: f"prfaas-{uuid.uuid4().hex[:12]}")
     seed: int | None = None
 
