@@ -2,7 +2,8 @@
 traffic flows, a ledger of every request (ledger.py), and the recovery after the fault heals.
 
 The default run takes the short subset (marker ``chaos``): the gateway killed and restarted, a PD prefill engine
-failing half its requests, the only decode engine killed and restarted. ``--full`` adds ``chaos and slow``:
+failing half its requests, the only decode engine killed and restarted (and, in sibling files, the decode killed
+under ``prfaas up``'s loop and Prometheus stopped). ``--full`` adds ``chaos and slow``:
 the link squeezed to 5 % of its capacity and cut, a PrFaaS engine frozen. Each case asserts every request got
 an answer (success, fallback, retry, or a clean documented error) and that the system recovers; the measured
 table goes to ``$PRFAAS_CHAOS_TABLE`` when set.
