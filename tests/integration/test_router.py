@@ -282,3 +282,11 @@ def test_link_cut_mid_run_still_answers_every_request(tmp_path: Path) -> None:
         statuses = [complete(st, prompt(40_000))[0] for _ in range(3)]
         assert statuses == [200, 200, 200]
         assert counter(st.router, "prfaas_router_fallbacks_total", reason="decode-kv-pull") >= 1
+        assert "decode could not use the remote KV; prefilling locally" in (st.dir / "router.log").read_text()
+        # the remote handle the decode could not pull is released through the local decode (across the link)
+        assert counter(st.router, "prfaas_router_abandoned_kv_handles_total", cluster="prfaas") >= 1
+        wait_for(
+            lambda: counter(st.router, "prfaas_router_released_kv_handles_total", cluster="prfaas") >= 1,
+            30,
+            "the abandoned remote KV released",
+        )

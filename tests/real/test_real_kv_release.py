@@ -15,7 +15,7 @@ import json
 
 import httpx
 
-from conftest import Engines, Prompts
+from conftest import Engines, Prompts, counters, delta
 from prfaas_cli.real_stack import RealStack
 from prfaas_cli.vllm_engines import RealEngine, RealEnv
 from prfaas_core import names
@@ -39,19 +39,34 @@ def ask(url: str, env: RealEnv, prompt: str, stream: bool = False) -> tuple[http
     return r, events[-1]["usage"]
 
 
-def test_answers_carry_what_the_prefill_side_reused(stack: RealStack, real_env: RealEnv, prompts: Prompts) -> None:
+def test_answers_carry_what_the_prefill_side_reused(
+    stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+) -> None:
+    """A repeated prompt, whole and streamed, on each route: the answer's cached_tokens is exactly what the
+    prefill engines' own counters say they reused (``local_cache_hit``), in whole blocks; on the remote route (one
+    PrFaaS engine) that is the whole prompt but its last block. Which PD prefill instance takes a local repeat is
+    the router's load-aware choice, so there the counters alone say what it should be."""
     router = stack.url("router")
-    for tokens, route in ((1500, "remote"), (400, "local")):
+    for tokens, route, producers in ((1500, "remote", ("prfaas",)), (400, "local", ("pdp0", "pdp1"))):
         prompt = prompts.text(tokens)
         first, use = ask(router, real_env, prompt)
         assert first.headers["x-prfaas-route"] == route
         assert use["prompt_tokens_details"]["cached_tokens"] == 0, use
-        again, use = ask(router, real_env, prompt)
-        streamed, streamed_use = ask(router, real_env, prompt, stream=True)
-        assert again.headers["x-prfaas-route"] == streamed.headers["x-prfaas-route"] == route
-        for u in (use, streamed_use):
-            cached = u["prompt_tokens_details"]["cached_tokens"]
-            assert cached == (u["prompt_tokens"] - 1) // BLOCK * BLOCK > 0, (route, u)
+        for stream in (False, True):
+            before = counters(engines)
+            again, use = ask(router, real_env, prompt, stream=stream)
+            assert again.headers["x-prfaas-route"] == route
+            cached = use["prompt_tokens_details"]["cached_tokens"]
+            assert cached % BLOCK == 0 and cached < use["prompt_tokens"], use
+            what = f"the {route} prefill engines' counters to show the {cached} cached tokens"
+            wait_until(lambda b=before, c=cached, p=producers: reused(engines, b, p) == c, 30, what)
+            if route == "remote":
+                assert cached == (use["prompt_tokens"] - 1) // BLOCK * BLOCK > 0, use
+
+
+def reused(engines: Engines, before: dict[str, dict[str, float]], producers: tuple[str, ...]) -> float:
+    after = counters(engines)
+    return sum(delta(before, after, n, "local_cache_hit") for n in producers)
 
 
 def kv_usage(engine: RealEngine) -> float:
