@@ -10,7 +10,8 @@ port). Wire protocol (one pull per connection)::
 
 The payload is ``S_kv(l)·byte_scale`` real bytes (``ScaleSettings.wire_bytes``). A handle is freed once its
 bytes are fully sent; a broken transfer leaves it held, so the decode may retry; a handle never pulled is freed
-``kv_timeout_s`` after it was produced (vLLM frees prefill-side blocks after VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
+``kv_timeout_s`` after it was produced (older vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; vLLM 0.32 leases them for
+``kv_lease_duration``, 30 s, renewed by a waiting decode's heartbeats).
 ``DONE`` is vLLM 0.32's notification-only read: a decode engine that rejects a request carrying a KV handle (its
 serving layer answered an error before scheduling it) tells the producer to free the blocks, moving none.
 Pulling an unknown, already-pulled or expired handle is an error (404), never a silent success.
