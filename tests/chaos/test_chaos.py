@@ -252,7 +252,11 @@ def test_a_frozen_prfaas_engine_falls_back_and_recovers(stack: Stack) -> None:
         wait_for(lambda: served_by(ledger, "PrFaaS engine thawed", "remote"), 120, "the remote to be used again")
     first = min(e.sent_s + e.seconds for e in ledger.of("PrFaaS engine thawed") if e.route == "remote")
     record(
-        "PrFaaS engine frozen", answered=ledger.summary("PrFaaS engine frozen"), recovered_s=round(first - healed, 2)
+        "PrFaaS engine frozen",
+        answered=ledger.summary("PrFaaS engine frozen"),
+        recovered_s=round(first - healed, 2),
+        metric="prfaas_router_fallbacks_total; prfaas_router_engine_healthy (gateway)",
+        log="legs in flight cut short / engine health changed / remote prefill failed; prefilling locally",
     )
 
 
