@@ -8,6 +8,7 @@ import asyncio
 import sys
 from typing import Any
 
+from prfaas_core.engines import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.profiles import builtin_model_profiles
 from prfaas_core.scale import DEFAULT_BYTE_SCALE, DEFAULT_TIME_SCALE, ScaleSettings
 
@@ -65,6 +66,11 @@ def register(sub: Any) -> None:
     p.add_argument("--kv-timeout", type=float, default=480.0, help="free KV never pulled after this many seconds")
     p.add_argument("--engine-id", default=None, help="remote_engine_id to advertise (default: random)")
     p.add_argument("--seed", type=int, default=None, help="seed of the fault knobs' random draws")
+    p.add_argument(
+        PROMPT_TOKENS_DETAILS_FLAG,
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens, as vLLM's flag of the same name",
+    )
     p.set_defaults(handler=run)
 
 
@@ -91,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             kv_advertise=HostPort.parse(args.kv_advertise, "--kv-advertise") if args.kv_advertise else None,
             kv_timeout_s=args.kv_timeout,
             seed=args.seed,
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
             **extra,
         )
     except (ConfigError, ValueError) as exc:

@@ -140,7 +140,7 @@ class RealUp:
         for producer in (self.prfaas, *self.pd):
             for consumer in self.pd:
                 if consumer is not producer:
-                    self._warm_up(producer, consumer)
+                    self.engines.warm_up(producer, consumer)
         st, pair = self.stack, self.pair
         prefix_a = pair.exec_prefix("a") if pair else []
         prefix_b = pair.exec_prefix("b") if pair else []
@@ -163,18 +163,6 @@ class RealUp:
         )
         st.wait_ready("router")
         return router
-
-    def _warm_up(self, producer: RealEngine, consumer: RealEngine, attempts: int = 3) -> None:
-        """The pair's first exchange (NIXL's handshake); on a loaded machine the first handshake can time out
-        (vLLM answers 500 and stays healthy), so it is tried again."""
-        for attempt in range(attempts):
-            try:
-                self.engines.warm_up(producer, consumer)
-                return
-            except httpx.HTTPStatusError as exc:
-                if attempt == attempts - 1:
-                    raise RuntimeError(f"{producer.name} -> {consumer.name}: KV exchange failed: {exc}") from None
-                print(f"warm-up {producer.name} -> {consumer.name} failed ({exc}); again", file=sys.stderr)
 
     @property
     def reach(self) -> dict[str, str]:

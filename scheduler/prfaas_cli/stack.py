@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from prfaas_core.api import RouterConfig
+from prfaas_core.engines import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.profiles import builtin_model_profiles
 
 from .local_loop import write_router_config
@@ -155,7 +156,7 @@ class LocalStack:
             name,
             ["engine", "--role", "prefill", "--hardware", "H200", "--port", str(port),
              "--kv-listen", f"127.0.0.1:{kv}", "--kv-advertise", f"127.0.0.1:{relay}", "--engine-id", name,
-             "--model-profile", s.model_profile, *scale],
+             "--model-profile", s.model_profile, PROMPT_TOKENS_DETAILS_FLAG, *scale],
         )  # fmt: skip
         self._start(
             f"link-{i}",
@@ -177,7 +178,7 @@ class LocalStack:
             name,
             ["engine", "--role", role, "--hardware", "H20", "--port", str(port),
              "--kv-listen", f"127.0.0.1:{free_port()}", "--engine-id", name, "--model-profile", s.model_profile,
-             *scale],
+             PROMPT_TOKENS_DETAILS_FLAG, *scale],
         )  # fmt: skip
         self.urls[name] = f"http://127.0.0.1:{port}"
         return {"name": name, "url": f"http://127.0.0.1:{port}", "role": role}

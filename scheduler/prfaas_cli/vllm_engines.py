@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -297,10 +298,24 @@ class EnginePool:
             if pending:
                 time.sleep(0.5)
 
-    def warm_up(self, prefill: RealEngine, decode: RealEngine, timeout_s: float = 120.0) -> float:
+    def warm_up(self, prefill: RealEngine, decode: RealEngine, timeout_s: float = 120.0, attempts: int = 3) -> float:
         """One P/D exchange by hand from ``prefill`` to ``decode``, so that the pair's NIXL handshake (seconds on a
-        loaded machine, once per pair) happens here and not inside a measured request. Returns its seconds."""
+        loaded machine, once per pair) happens here and not inside a measured request. Returns its seconds.
+
+        On a loaded machine the pair's first handshake can time out (vLLM answers 500 and stays healthy), so a
+        failed exchange is tried again, ``attempts`` times in all; RuntimeError names the pair after the last."""
         started = time.monotonic()
+        for attempt in range(attempts):
+            try:
+                self._exchange(prefill, decode, timeout_s)
+                return time.monotonic() - started
+            except httpx.HTTPStatusError as exc:
+                if attempt == attempts - 1:
+                    raise RuntimeError(f"{prefill.name} -> {decode.name}: KV exchange failed: {exc}") from None
+                print(f"warm-up {prefill.name} -> {decode.name} failed ({exc}); again", file=sys.stderr)
+        raise AssertionError("unreachable")
+
+    def _exchange(self, prefill: RealEngine, decode: RealEngine, timeout_s: float) -> None:
         body = {"model": self.env.served_model_name, "prompt": "warm up " * 40, "max_tokens": 1}
         leg = {**body, "kv_transfer_params": dict(PREFILL_KV_PARAMS), "stream": False}
         r = httpx.post(f"{prefill.reach_url}/v1/completions", json=leg, timeout=timeout_s)
@@ -310,7 +325,6 @@ class EnginePool:
             f"{decode.reach_url}/v1/completions", json={**body, "kv_transfer_params": handle}, timeout=timeout_s
         )
         r.raise_for_status()
-        return time.monotonic() - started
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
         """End ``name``'s process group (SIGTERM, then SIGKILL)."""

@@ -58,6 +58,10 @@ ALLOWED_KV_ROLES: Mapping[EngineRole, frozenset[KvRole]] = {
 }
 """A PrFaaS or PD prefill instance must produce KV, a decode instance must consume it; ``kv_both`` does both."""
 
+PROMPT_TOKENS_DETAILS_FLAG: str = "--enable-prompt-tokens-details"
+"""vLLM's flag for ``usage.prompt_tokens_details.cached_tokens`` (null without it); every engine gets it, the
+emulated ones too (the local stacks pass it to ``prfaas engine``)."""
+
 DEFAULT_SIDE_CHANNEL_PORT: int = 5600
 """vLLM's default NIXL side-channel port."""
 DEFAULT_MOONCAKE_BOOTSTRAP_PORT: int = 8998
@@ -231,6 +235,9 @@ def engine_launch(spec: EngineSpec) -> EngineLaunch:
         argv += ["--max-model-len", str(spec.max_model_len)]
     if spec.enforce_eager:
         argv.append("--enforce-eager")
+    # usage.prompt_tokens_details.cached_tokens in every answer (vLLM leaves it null without the flag); a decode
+    # leg reports what its prefill side reused (kv_transfer_params.remote_prefill_cached_tokens), not its pull
+    argv.append(PROMPT_TOKENS_DETAILS_FLAG)
     argv += spec.extra_args
 
     env: list[EnvVar] = [_address(spec, "VLLM_HOST_IP")]

@@ -123,8 +123,12 @@ METRIC_ROUTER_PREFIX_QUERY_TOKENS: Final = "prfaas_router_prefix_query_tokens_to
 METRIC_ROUTER_PREFIX_HIT_TOKENS: Final = "prfaas_router_prefix_hit_tokens_total"
 """Of those, the tokens a cluster's instances hold (PD: only instances that can prefill), by ``cluster``."""
 METRIC_ROUTER_ABANDONED_KV: Final = "prfaas_router_abandoned_kv_handles_total"
-"""KV handles a prefill produced that no decode pulled (the decode leg failed), by ``cluster``: the producer
-frees them at its KV timeout (vLLM's NIXL abort timeout; the emulator's ``--kv-timeout``)."""
+"""KV handles a prefill produced that no decode pulled (the decode leg failed), by ``cluster``. The router tells
+the producer to free each one (:data:`METRIC_ROUTER_RELEASED_KV`); one it cannot release is freed at the
+producer's lease (vLLM 0.32 NixlConnector: ``kv_lease_duration``, 30 s; the emulator's ``--kv-timeout``)."""
+METRIC_ROUTER_RELEASED_KV: Final = "prfaas_router_released_kv_handles_total"
+"""Of the abandoned handles, those the router had a decode instance release at once (a rejected decode leg that
+carries the handle: vLLM frees the producer's blocks by a notification-only read), by ``cluster``."""
 METRIC_ROUTER_READY: Final = "prfaas_router_ready"
 """1 while the router can serve (a decode instance and a prefill path), 0 while its /ready says why not."""
 METRIC_ROUTER_LINK_WAITS: Final = "prfaas_router_link_waits_total"
@@ -238,6 +242,7 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_PREFIX_QUERY_TOKENS,
             METRIC_ROUTER_PREFIX_HIT_TOKENS,
             METRIC_ROUTER_ABANDONED_KV,
+            METRIC_ROUTER_RELEASED_KV,
             METRIC_ROUTER_READY,
         )
     },

@@ -232,6 +232,10 @@ class EngineCore:
         if req.finished:
             return
         self.loading.discard(req)
+        # what vLLM 0.32 reports on a decode leg: the prefill side's reuse when the handle names it, else its own
+        # count, every prompt token (they all came by the connector)
+        remote = getattr(req.leg, "remote_cached_tokens", None)
+        req.cached_tokens = remote if remote is not None else req.prompt_tokens
         self.prefix_cache.insert(req.hashes)
         # as vLLM counts it: every prompt token of a request whose KV was pulled came by the connector
         self.metrics.prompt_by_source["external_kv_transfer"].inc(req.prompt_tokens)

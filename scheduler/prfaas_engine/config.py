@@ -79,9 +79,15 @@ class EngineConfig:
     kv_advertise: HostPort | None = None
     """KV address put in kv_transfer_params (remote_host/remote_port); None: the listening address."""
     kv_timeout_s: float = 480.0
-    """KV held for a remote decode is freed after this (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT default)."""
+    """KV held for a remote decode is freed after this: older vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT default.
+    vLLM 0.32's NixlConnector holds it under a lease instead (``kv_lease_duration``, 30 s, extended by the
+    heartbeats of a decode waiting for it; measured on the real engines); a decode that rejects the handle frees
+    it at once (the router's release leg)."""
     bootstrap_wait_s: float = 30.0
     """An SGLang decode waits this long for its bootstrap room to be prefilled."""
+    enable_prompt_tokens_details: bool = False
+    """vLLM's ``--enable-prompt-tokens-details``: usage carries ``prompt_tokens_details.cached_tokens`` (null
+    without it, vLLM's default)."""
     engine_id: str = field(default_factory=lambda: f"prfaas-{uuid.uuid4().hex[:12]}")
     seed: int | None = None
 

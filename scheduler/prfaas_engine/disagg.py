@@ -53,6 +53,9 @@ class ConsumeNixl:
     port: int
     engine_id: str
     block_ids: tuple[int, ...]
+    remote_cached_tokens: int | None = None
+    """``remote_prefill_cached_tokens`` of the handle: what the prefill side reused from its prefix cache (vLLM
+    0.32's decode reports this as its ``cached_tokens``, not its own near-100 % hit from the transfer)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ def _nixl_leg(params: Any, role: str) -> Leg:
         port=_port(params.get("remote_port"), "kv_transfer_params.remote_port"),
         engine_id=engine_id,
         block_ids=tuple(block_ids),
+        remote_cached_tokens=cached if _is_int(cached := params.get("remote_prefill_cached_tokens")) else None,
     )
 
 

@@ -16,7 +16,7 @@ from .clock import Clock
 from .config import EngineConfig, HostPort, Role
 from .disagg import ConsumeBootstrap, ConsumeNixl
 from .faults import FaultInjector
-from .kv_transfer import HeldKv, KvServer, KvStore, nixl_request, pull_kv, room_request
+from .kv_transfer import HeldKv, KvServer, KvStore, KvTransferError, nixl_done, nixl_request, pull_kv, room_request
 from .metrics import EngineMetrics
 
 
@@ -36,7 +36,9 @@ class Engine:
         self.metrics = EngineMetrics(config.model_name)
         self.faults = FaultInjector(config.seed)
         self.store = KvStore(config.engine_id, clock, config.kv_timeout_s, on_expired=self._expired)
-        self.kv_server = KvServer(self.store, self._sent, room_wait_s=config.bootstrap_wait_s)
+        self.kv_server = KvServer(
+            self.store, self._sent, room_wait_s=config.bootstrap_wait_s, on_released=self._released
+        )
         self.core = EngineCore(config, clock, self.metrics, self.store, self.faults, self._kv_params, self._load_kv)
         self.kv_listen: HostPort | None = None
         self.kv_advertise: HostPort | None = None
@@ -112,6 +114,17 @@ class Engine:
     def _sent(self, held: HeldKv) -> None:
         self.metrics.kv_sent.inc(self.config.scale.model_bytes(held.wire_bytes))
         self.metrics.kv_handles.set(len(self.store))
+
+    def _released(self, held: HeldKv) -> None:
+        self.metrics.kv_handles.set(len(self.store))
+
+    async def release_remote(self, leg: ConsumeNixl) -> None:
+        """Tell a producer to free the KV of a decode leg this engine rejected before scheduling it (vLLM 0.32:
+        the serving layer's ``notify_kv_transfer_request_rejected``, a notification-only read). Best effort:
+        a producer that cannot be reached frees it at its timeout."""
+        timeout_s = self.config.bootstrap_wait_s
+        with contextlib.suppress(KvTransferError):
+            await pull_kv(leg.host, leg.port, nixl_done(leg.engine_id, leg.block_ids), timeout_s)
 
     def _expired(self, held: HeldKv) -> None:
         self.metrics.kv_expired.inc()

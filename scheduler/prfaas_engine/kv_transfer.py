@@ -6,10 +6,14 @@ port). Wire protocol (one pull per connection)::
 
     client → server   PULL nixl <engine_id> <block_id>,<block_id>,...\\n   |   PULL room <room>\\n
     server → client   OK <nbytes>\\n  followed by exactly nbytes bytes     |   ERR <http-status> <message>\\n
+    client → server   DONE nixl <engine_id> <block_id>,...\\n   →   OK 0\\n (the handle is freed, nothing moves)
 
 The payload is ``S_kv(l)·byte_scale`` real bytes (``ScaleSettings.wire_bytes``). A handle is freed once its
 bytes are fully sent; a broken transfer leaves it held, so the decode may retry; a handle never pulled is freed
-``kv_timeout_s`` after it was produced (vLLM frees prefill-side blocks after VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
+``kv_timeout_s`` after it was produced (older vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; vLLM 0.32 leases them for
+``kv_lease_duration``, 30 s, renewed by a waiting decode's heartbeats).
+``DONE`` is vLLM 0.32's notification-only read: a decode engine that rejects a request carrying a KV handle (its
+serving layer answered an error before scheduling it) tells the producer to free the blocks, moving none.
 Pulling an unknown, already-pulled or expired handle is an error (404), never a silent success.
 """
 
@@ -135,14 +139,15 @@ class KvStore:
 
 
 def _parse_pull(line: str) -> tuple[str, str, tuple[int, ...]]:
-    """``PULL nixl <engine> <ids>`` or ``PULL room <room>`` → (kind, engine or room, block ids)."""
+    """``PULL nixl <engine> <ids>``, ``DONE nixl <engine> <ids>`` or ``PULL room <room>`` → (kind, engine or
+    room, block ids); kind ``done`` for a DONE."""
     parts = line.split()
-    if len(parts) == 4 and parts[:2] == ["PULL", "nixl"]:
+    if len(parts) == 4 and parts[0] in ("PULL", "DONE") and parts[1] == "nixl":
         try:
             ids = tuple(int(x) for x in parts[3].split(","))
         except ValueError:
             raise KvTransferError(400, "malformed block id list") from None
-        return "nixl", parts[2], ids
+        return ("nixl" if parts[0] == "PULL" else "done"), parts[2], ids
     if len(parts) == 3 and parts[:2] == ["PULL", "room"] and parts[2].isdigit():
         return "room", parts[2], ()
     raise KvTransferError(400, f"malformed KV request {line[:80]!r}")
@@ -151,9 +156,17 @@ def _parse_pull(line: str) -> tuple[str, str, tuple[int, ...]]:
 class KvServer:
     """Streams held KV to decode engines; ``on_sent(held)`` is called once a handle is fully delivered."""
 
-    def __init__(self, store: KvStore, on_sent: Callable[[HeldKv], None], room_wait_s: float) -> None:
+    def __init__(
+        self,
+        store: KvStore,
+        on_sent: Callable[[HeldKv], None],
+        room_wait_s: float,
+        on_released: Callable[[HeldKv], None] = lambda held: None,
+    ) -> None:
         self.store = store
         self.on_sent = on_sent
+        self.on_released = on_released
+        """A handle freed by its consumer's DONE (never read)."""
         self.room_wait_s = room_wait_s
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -194,7 +207,7 @@ class KvServer:
         line = (await reader.readline()).decode("ascii", errors="replace").strip()
         try:
             kind, ident, block_ids = _parse_pull(line)
-            if kind == "nixl":
+            if kind in ("nixl", "done"):
                 if ident != self.store.engine_id:
                     raise KvTransferError(
                         404, f"unknown remote_engine_id {ident!r}: this KV server belongs to {self.store.engine_id}"
@@ -207,6 +220,12 @@ class KvServer:
                 held = await self.store.take(KvStore.room_key(int(ident)), self.room_wait_s)
         except KvTransferError as exc:
             writer.write(f"ERR {exc.status} {exc.message}\n".encode())
+            await writer.drain()
+            return
+        if kind == "done":  # the consumer will never read it: free it now, move nothing
+            held.release()
+            self.on_released(held)
+            writer.write(b"OK 0\n")
             await writer.drain()
             return
         try:
@@ -259,6 +278,11 @@ async def pull_kv(host: str, port: int, request: str, timeout_s: float) -> int:
 
 def nixl_request(engine_id: str, block_ids: tuple[int, ...]) -> str:
     return f"PULL nixl {engine_id} {','.join(map(str, block_ids))}"
+
+
+def nixl_done(engine_id: str, block_ids: tuple[int, ...]) -> str:
+    """The notification that frees a handle no decode will read (``pull_kv`` of it receives 0 bytes)."""
+    return f"DONE nixl {engine_id} {','.join(map(str, block_ids))}"
 
 
 def room_request(room: int) -> str:

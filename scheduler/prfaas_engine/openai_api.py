@@ -99,12 +99,22 @@ def max_tokens(body: CompletionBody | ChatBody, default: int) -> int:
     return body.max_tokens if body.max_tokens is not None else default
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, details: bool = True, stream: bool = False
+) -> dict[str, Any]:
+    """vLLM 0.32's usage object. ``prompt_tokens_details`` only with ``--enable-prompt-tokens-details`` (null
+    without it); a whole answer's carries vLLM's null ``created_cache_tokens``/``multimodal_tokens``, a stream's
+    final usage chunk only ``cached_tokens`` (both seen on real engines)."""
+    prompt_details: dict[str, Any] | None = None
+    if details:
+        prompt_details = {"cached_tokens": cached_tokens}
+        if not stream:
+            prompt_details.update(created_cache_tokens=None, multimodal_tokens=None)
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": prompt_details,
     }
 
 

@@ -25,7 +25,7 @@ from . import openai_api as api
 from .batching import DoneEvent, EngineBusy, EngineRequest, Event, FailedEvent, RequestTooLarge, TokenEvent
 from .clock import Clock, LoopClock
 from .config import ROLES, EngineConfig
-from .disagg import ProtocolError, plan_leg
+from .disagg import ConsumeNixl, ProtocolError, plan_leg
 from .engine import Engine
 from .metrics import CONTENT_TYPE
 
@@ -77,6 +77,8 @@ async def next_event(request: web.Request, req: EngineRequest) -> Event:
 class Routes:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.details = engine.config.enable_prompt_tokens_details
+        self._releases: set[asyncio.Task[None]] = set()
 
     # --- inference ---------------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -94,6 +96,7 @@ class Routes:
             ids = api.prompt_ids(body, eng.tokenizer)
             n = api.max_tokens(body, eng.config.default_max_tokens)
         except (api.BadRequest, ProtocolError) as exc:
+            self._release_rejected(raw)
             return error(400, str(exc))
         if eng.state.draining:
             return error(503, f"engine {eng.config.engine_id} is draining: it takes no new requests")
@@ -106,6 +109,7 @@ class Routes:
         except EngineBusy as exc:
             return error(503, str(exc))
         except RequestTooLarge as exc:
+            self._release_rejected(raw)
             return error(400, str(exc))
         builder = api.ResponseBuilder(chat, request_id, body.model or eng.config.model_name)
         try:
@@ -119,6 +123,21 @@ class Routes:
             if not req.finished:
                 eng.core.abort(req)
 
+    def _release_rejected(self, raw: Any) -> None:
+        """A decode leg rejected before it was scheduled frees its producer's KV (vLLM 0.32 does this for any
+        request carrying ``do_remote_prefill`` params that its serving layer answers with an error)."""
+        params = raw.get("kv_transfer_params") if isinstance(raw, dict) else None
+        if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
+            return
+        try:
+            leg = plan_leg({"kv_transfer_params": params}, self.engine.state.role)
+        except ProtocolError:
+            return
+        if isinstance(leg, ConsumeNixl):
+            task = asyncio.get_running_loop().create_task(self.engine.release_remote(leg))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
     async def _whole(self, request: web.Request, req: EngineRequest, builder: api.ResponseBuilder) -> web.Response:
         text = []
         while True:
@@ -128,7 +147,7 @@ class Routes:
             elif isinstance(event, FailedEvent):
                 return error(event.status, event.message)
             else:
-                use = api.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
+                use = api.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens, self.details)
                 return web.json_response(
                     builder.full("".join(text), event.finish_reason, use, event.kv_transfer_params)
                 )
@@ -160,7 +179,9 @@ class Routes:
                     final["kv_transfer_params"] = event.kv_transfer_params
                 await resp.write(api.sse(final))
                 if include_usage:
-                    use = api.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
+                    use = api.usage(
+                        event.prompt_tokens, event.completion_tokens, event.cached_tokens, self.details, stream=True
+                    )
                     await resp.write(api.sse(builder.usage_chunk(use)))
                 break
             event = await next_event(request, req)

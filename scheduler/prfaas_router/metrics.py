@@ -108,6 +108,12 @@ class RouterMetrics:
             ["cluster"],
             registry=r,
         )
+        self.released_kv = Counter(
+            names.METRIC_ROUTER_RELEASED_KV.removesuffix("_total"),
+            "Abandoned KV handles released at once through a decode instance, by cluster.",
+            ["cluster"],
+            registry=r,
+        )
         self.ready = Gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=r)
         self.decision_seconds = Histogram(
             names.METRIC_ROUTER_DECISION_SECONDS,

@@ -26,7 +26,7 @@ from prfaas_core.api import RemoteGateway
 from prfaas_core.openai_params import check_request
 from prfaas_core.tokens import block_hashes
 
-from . import link_wait
+from . import link_wait, release
 from .aborts import Aborts, SideLost, remote_side
 from .answer import PROMPT_TOKENS_HEADER, ROUTE_HEADER, DecodeLeg, answer_stream, answer_whole, failure_kind
 from .http_util import JSON_CONTENT, LegSession, is_chat, json_bytes, json_error, model_not_found, read_token
@@ -251,14 +251,8 @@ class Proxy:
         except LegError as exc:
             if remote is not None and remote_kv:
                 rt.remote_failed(remote.name, str(exc))
-            if kv is not None:  # the producer holds this KV until its engine's timeout frees it
-                m.abandoned_kv.labels("prfaas" if remote_kv else "pd").inc()
-                log.warning(
-                    "decode failed after prefill; its KV is left to expire",
-                    request_id=request_id.trace,
-                    remote=remote_kv,
-                    error=str(exc),
-                )
+            if kv is not None:  # no decode will pull it: have a consumer release it (else it waits out its lease)
+                release.abandon(self, kv, "prfaas" if remote_kv else "pd", plan.decode, request_id, str(exc))
             if not (remote_kv and exc.retriable):
                 m.requests.labels(route, "error").inc()
                 return json_error(exc.status, str(exc), "upstream_error")

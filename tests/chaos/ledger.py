@@ -8,6 +8,8 @@ timeout, a refused connection, or a 5xx without an error body. The suite asserts
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 import uuid
@@ -19,6 +21,15 @@ from dataclasses import dataclass, field
 import httpx
 
 DOCUMENTED = {429, 502, 503}
+
+
+def record(fault: str, **row: object) -> None:
+    """One row of the chaos table (fault, what clients saw, recovery, metric and log line) to
+    ``$PRFAAS_CHAOS_TABLE`` when set."""
+    path = os.environ.get("PRFAAS_CHAOS_TABLE")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"fault": fault, **row}) + "\n")
 
 
 def prompt(tokens: int) -> str:

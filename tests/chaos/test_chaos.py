@@ -2,7 +2,8 @@
 traffic flows, a ledger of every request (ledger.py), and the recovery after the fault heals.
 
 The default run takes the short subset (marker ``chaos``): the gateway killed and restarted, a PD prefill engine
-failing half its requests, the only decode engine killed and restarted. ``--full`` adds ``chaos and slow``:
+failing half its requests, the only decode engine killed and restarted (and, in sibling files, the decode killed
+under ``prfaas up``'s loop and Prometheus stopped). ``--full`` adds ``chaos and slow``:
 the link squeezed to 5 % of its capacity and cut, a PrFaaS engine frozen. Each case asserts every request got
 an answer (success, fallback, retry, or a clean documented error) and that the system recovers; the measured
 table goes to ``$PRFAAS_CHAOS_TABLE`` when set.
@@ -10,19 +11,23 @@ table goes to ``$PRFAAS_CHAOS_TABLE`` when set.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from ledger import Ledger
+from ledger import Ledger, record
 from router_stack import Stack, start_stack
 from testbed_support import http, metric_value, processes, wait_for
+
+from prfaas_link.config import LinkConfig
+from prfaas_link.relay import PACER_LOOKAHEAD_S
 
 pytestmark = pytest.mark.chaos
 
@@ -41,13 +46,6 @@ def proc(stack: Stack, name: str) -> subprocess.Popen[bytes]:
 def restart(stack: Stack, name: str) -> None:
     old = proc(stack, name)
     stack.procs.start(name, [str(a) for a in old.args])  # type: ignore[union-attr]
-
-
-def record(fault: str, **row: object) -> None:
-    path = os.environ.get("PRFAAS_CHAOS_TABLE")
-    if path:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"fault": fault, **row}) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -162,26 +160,80 @@ def test_the_only_decode_killed_gives_clean_errors_and_not_ready_then_recovers(s
     )
 
 
+class LinkMeter:
+    """Samples the link relay's own accounting while a block runs: its wire-byte counter (cumulative) and its
+    1-s utilisation (egress over the last second / the capacity in force)."""
+
+    def __init__(self, admin: str) -> None:
+        self.admin = admin
+        self.samples: list[tuple[float, float, float]] = []  # (monotonic s, wire bytes, 1-s utilisation)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.is_set():
+                try:
+                    state = client.get(self.admin + "/admin/state").json()
+                    text = client.get(self.admin + "/metrics").text
+                    wire = metric_value(text, "prfaas_link_wire_bytes_total", {"link": "a-to-b"})
+                    self.samples.append((time.monotonic(), wire, float(state["utilization"])))
+                except (httpx.HTTPError, KeyError, ValueError):
+                    pass
+                self._stop.wait(0.2)
+
+    def __enter__(self) -> LinkMeter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
 @pytest.mark.slow
 def test_link_squeezed_to_5_percent_then_cut_then_restored(stack: Stack) -> None:
+    """Every request answered while the link carries 5 % of its capacity and while it is cut, and the link never
+    carries more than the capacity in force: by the relay's own byte counter, cumulatively from a second after
+    the squeeze (bytes <= rate x elapsed + what the pacer may grant ahead + one chunk), and its 1-s windows."""
     ledger = Ledger(stack.router)
-    admin = stack.url("link_admin") + "/admin/link"
+    admin = stack.url("link_admin")
     try:
-        assert http("POST", admin, {"capacity_gbps": 5.0})[0] == 200
-        with ledger.traffic("link at 5%"):
-            wait_for(lambda: len(ledger.of("link at 5%")) >= 12, 120, "traffic")
-        assert http("POST", admin, {"capacity_gbps": 0.001})[0] == 200
+        squeezed = http("POST", admin + "/admin/link", {"capacity_gbps": 5.0})
+        assert squeezed[0] == 200
+        rate = float(squeezed[1]["wire_rate_bytes_per_s"])
+        with ledger.traffic("link at 5%", workers=4, long_every=1):  # long prompts only: KV on the link
+            # once a remote prefill's KV has crossed at 5 %, what the pacer granted at the old rate (its lookahead)
+            # is long delivered
+            wait_for(lambda: served_by(ledger, "link at 5%", "remote"), 120, "a remote prefill over the squeezed link")
+            with LinkMeter(admin) as meter:
+                wait_for(lambda: len(ledger.of("link at 5%")) >= 12 and len(meter.samples) >= 10, 120, "traffic")
+        assert http("POST", admin + "/admin/link", {"capacity_gbps": 0.001})[0] == 200
         with ledger.traffic("link cut"):
             wait_for(lambda: len(ledger.of("link cut")) >= 8, 180, "traffic")
     finally:
-        http("POST", admin, {"capacity_gbps": 100.0})
+        http("POST", admin + "/admin/link", {"capacity_gbps": 100.0})
     ledger.assert_all_answered("link at 5%")
     ledger.assert_all_answered("link cut")
+    (t0, wire0, _), (t1, wire1, _) = meter.samples[0], meter.samples[-1]
+    chunk = next(f.default for f in dataclasses.fields(LinkConfig) if f.name == "chunk_bytes")
+    allowance = rate * PACER_LOOKAHEAD_S + chunk
+    assert wire1 - wire0 <= rate * (t1 - t0) + allowance, (wire1 - wire0, rate * (t1 - t0))
+    assert wire1 > wire0  # KV did cross the squeezed link
+    peak = max(u for _, _, u in meter.samples)
     healed = time.monotonic()
     with ledger.traffic("link restored"):
         wait_for(lambda: served_by(ledger, "link restored", "remote"), 120, "the remote to be used again")
     first = min(e.sent_s + e.seconds for e in ledger.of("link restored") if e.route == "remote")
-    record("link 5% then cut", answered=ledger.summary("link cut"), recovered_s=round(first - healed, 2))
+    record(
+        "link at 5% then cut",
+        answered={**ledger.summary("link at 5%"), **{f"cut {k}": v for k, v in ledger.summary("link cut").items()}},
+        recovered_s=round(first - healed, 2),
+        egress_vs_capacity=round((wire1 - wire0) / (rate * (t1 - t0)), 3),
+        peak_1s_utilisation=round(peak, 3),
+        metric="prfaas_link_wire_bytes_total, prfaas_link_utilization_ratio; prfaas_router_fallbacks_total",
+        log="remote prefill failed; prefilling locally / decode could not use the remote KV",
+    )
 
 
 @pytest.mark.slow
@@ -200,7 +252,11 @@ def test_a_frozen_prfaas_engine_falls_back_and_recovers(stack: Stack) -> None:
         wait_for(lambda: served_by(ledger, "PrFaaS engine thawed", "remote"), 120, "the remote to be used again")
     first = min(e.sent_s + e.seconds for e in ledger.of("PrFaaS engine thawed") if e.route == "remote")
     record(
-        "PrFaaS engine frozen", answered=ledger.summary("PrFaaS engine frozen"), recovered_s=round(first - healed, 2)
+        "PrFaaS engine frozen",
+        answered=ledger.summary("PrFaaS engine frozen"),
+        recovered_s=round(first - healed, 2),
+        metric="prfaas_router_fallbacks_total; prfaas_router_engine_healthy (gateway)",
+        log="legs in flight cut short / engine health changed / remote prefill failed; prefilling locally",
     )
 
 

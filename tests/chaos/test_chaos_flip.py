@@ -5,15 +5,13 @@ once, after which requests are served again."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from ledger import Ledger
+from ledger import Ledger, record
 from testbed_support import wait_for
 
 from prfaas_cli.local_loop import LocalCluster, LocalLoop
@@ -77,8 +75,11 @@ def test_decode_killed_the_loop_flips_a_prefill_instance_and_service_returns(tmp
     assert flipped.reason.startswith("emergency: no healthy decode instance")
     ledger.assert_all_answered("decode killed (prfaas up)")
     summary = ledger.summary("decode killed (prfaas up)")
-    path = os.environ.get("PRFAAS_CHAOS_TABLE")
-    if path:
-        with open(path, "a", encoding="utf-8") as f:
-            row = {"fault": "decode killed (prfaas up, loop)", "answered": summary, "recovered_s": round(recovered, 2)}
-            f.write(json.dumps({**row, "reason": flipped.reason[:120]}) + "\n")
+    record(
+        "decode killed (prfaas up, loop)",
+        answered=summary,
+        recovered_s=round(recovered, 2),
+        reason=flipped.reason[:120],
+        metric="prfaas_router_ready; the loop's FlipToDecode decision",
+        log="router not ready / router ready again; decision reason 'emergency: no healthy decode instance'",
+    )

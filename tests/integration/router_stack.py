@@ -11,6 +11,7 @@ from typing import Any
 
 from testbed_support import PRFAAS, Processes, free_port, http, wait_for
 
+from prfaas_core.engines import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.profiles import builtin_model_profiles
 
 TIME_SCALE = 200.0
@@ -81,6 +82,7 @@ def start_stack(
             f"127.0.0.1:{p['link']}",
             "--engine-id",
             "prf-0",
+            PROMPT_TOKENS_DETAILS_FLAG,
             *scale,
         ],
     )
@@ -117,6 +119,7 @@ def start_stack(
             f"127.0.0.1:{p['pdp_kv']}",
             "--engine-id",
             "pd-0",
+            PROMPT_TOKENS_DETAILS_FLAG,
             *scale,
         ],
     )
@@ -135,6 +138,7 @@ def start_stack(
             f"127.0.0.1:{p['pdd_kv']}",
             "--engine-id",
             "pd-1",
+            PROMPT_TOKENS_DETAILS_FLAG,
             *scale,
         ],
     )

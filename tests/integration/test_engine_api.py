@@ -25,9 +25,17 @@ Client = tuple[aiohttp.ClientSession, Engine]
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Client]:
-    app = create_app(EngineConfig(role="both", port=0, scale=FAST, served_model_name=MODEL))
+    config = EngineConfig(role="both", port=0, scale=FAST, served_model_name=MODEL, enable_prompt_tokens_details=True)
+    app = create_app(config)
     async with serving(app) as url, aiohttp.ClientSession(url) as client:
         yield client, app[ENGINE_KEY]
+
+
+async def test_prompt_tokens_details_are_null_without_the_flag_as_in_vllm() -> None:
+    app = create_app(EngineConfig(role="both", port=0, scale=FAST))
+    async with serving(app) as url, aiohttp.ClientSession(url) as client:
+        status, answer = await post(client, "/v1/completions", {"prompt": "abc " * 50, "max_tokens": 1})
+    assert status == 200 and answer["usage"]["prompt_tokens_details"] is None
 
 
 async def post(client: aiohttp.ClientSession, path: str, body: Any) -> tuple[int, Any]:
@@ -173,7 +181,11 @@ async def test_repeated_prefixes_hit_the_prefix_cache(engine: Client) -> None:
     shared = "You are a helpful assistant. " * 100  # 2900 characters = 725 tokens
     _, first = await post(client, "/v1/completions", {"prompt": shared + "First question?", "max_tokens": 1})
     _, second = await post(client, "/v1/completions", {"prompt": shared + "Second question!", "max_tokens": 1})
-    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert first["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }  # vLLM 0.32's whole answer (a stream's usage chunk carries cached_tokens alone)
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == 725 // 16 * 16
     text = await metrics(client)

@@ -39,8 +39,9 @@ class Pair:
 @pytest.fixture
 async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
     overrides: dict[str, Any] = {"bootstrap_wait_s": 0.5, **getattr(request, "param", {})}
-    papp = create_app(EngineConfig(role="prefill", port=0, scale=SCALE, **overrides))
-    dapp = create_app(EngineConfig(role="decode", port=0, scale=SCALE, bootstrap_wait_s=0.5))
+    details = {"enable_prompt_tokens_details": True}
+    papp = create_app(EngineConfig(role="prefill", port=0, scale=SCALE, **details, **overrides))
+    dapp = create_app(EngineConfig(role="decode", port=0, scale=SCALE, bootstrap_wait_s=0.5, **details))
     async with (
         serving(papp) as purl,
         serving(dapp) as durl,
@@ -93,6 +94,44 @@ async def test_vllm_protocol_moves_the_kv_and_frees_it(pair: Pair) -> None:
 
     status, again = await post(pair.decode, "/v1/completions", {"prompt": prompt, "kv_transfer_params": kv})
     assert status == 404 and "already pulled" in again["error"]["message"]
+
+
+async def test_a_decode_leg_reports_what_the_prefill_side_reused(pair: Pair) -> None:
+    """vLLM 0.32 (seen on real engines): the prefill answer's handle carries ``remote_prefill_cached_tokens`` (its
+    prefix-cache hits) and the decode reports that as its ``cached_tokens``, not its own full hit from the pull;
+    a handle without the field reports every prompt token."""
+    prompt = "r" * 4000  # 1000 tokens
+    leg = {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}
+    seen = []
+    for remove in (False, False, True):
+        _, pre = await post(pair.prefill, "/v1/completions", leg)
+        kv = pre["kv_transfer_params"]
+        assert kv["remote_prefill_cached_tokens"] == pre["usage"]["prompt_tokens_details"]["cached_tokens"]
+        if remove:
+            kv = {k: v for k, v in kv.items() if k != "remote_prefill_cached_tokens"}
+        body = {"prompt": prompt, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+        async with pair.decode.post("/v1/completions", json={**body, "kv_transfer_params": kv}) as resp:
+            events = sse_payloads(await resp.text())
+        seen.append(events[-2]["usage"]["prompt_tokens_details"])
+    assert seen == [{"cached_tokens": 0}, {"cached_tokens": 1000 // 16 * 16}, {"cached_tokens": 1000}]
+
+
+async def test_a_rejected_decode_leg_releases_the_producers_kv(pair: Pair) -> None:
+    """The router's release leg (a decode leg carrying the handle that the consumer rejects) frees the producer's
+    KV at once, moving no bytes, as vLLM 0.32's consumer does for a request its serving layer rejects."""
+    from prfaas_router.release import release_body
+
+    _, pre = await post(
+        pair.prefill, "/v1/completions", {"prompt": "v" * 4000, "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}
+    )
+    eng = pair.prefill_engine
+    assert eng.snapshot()["kv_handles"] == 1 and eng.core.used_blocks > 0
+    status, body = await post(pair.decode, "/v1/completions", release_body(pre["kv_transfer_params"]))
+    assert status == 400 and "max_tokens" in body["error"]["message"]
+    await await_for(lambda: eng.snapshot()["kv_handles"] == 0 and eng.core.used_blocks == 0, 10, "the KV released")
+    text = await metrics_text(pair.prefill)
+    assert metric_value(text, "prfaas_engine_kv_bytes_sent_total") == 0
+    assert metric_value(text, "prfaas_engine_kv_expired_total") == 0
 
 
 async def test_unknown_engine_and_unreachable_kv_server_are_errors(pair: Pair) -> None:

@@ -79,7 +79,8 @@ def test_long_prompt_is_prefilled_remotely_and_its_kv_crosses_the_link(stack: St
 def test_repeated_prompt_goes_where_its_prefix_is(stack: Stack) -> None:
     """Prefix truth: a follow-up turn of a remotely prefilled session goes remote again, where its prefix is (the
     decode instance's copy of it saves the PD prefill instances nothing); one of a locally prefilled session stays
-    local on its PD prefix. The router's prefix-hit counters say which cluster held it."""
+    local on its PD prefix. The router's prefix-hit counters say which cluster held it, and the answers' usage says
+    what the prefill side reused (``cached_tokens``: the finding was always 0)."""
     text = prompt(30_000)
     assert complete(stack, text)[0] == 200  # > t: remote
     hits = counter(stack.router, "prfaas_router_prefix_hit_tokens_total", cluster="prfaas")
@@ -90,12 +91,14 @@ def test_repeated_prompt_goes_where_its_prefix_is(stack: Stack) -> None:
         stack.router + "/v1/completions", json={"prompt": text + " and another one", "max_tokens": 2}, timeout=30
     )
     assert status == 200 and follow.status_code == 200 and follow.headers["x-prfaas-route"] == "remote"
+    assert follow.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 29_000  # the PrFaaS side's prefix
     assert counter(stack.router, "prfaas_router_prefix_hit_tokens_total", cluster="prfaas") >= hits + 2 * 29_000
     short = prompt(10_000)  # <= t: local
     assert complete(stack, short)[0] == 200
     pd_hits = counter(stack.router, "prfaas_router_prefix_hit_tokens_total", cluster="pd")
     again = httpx.post(stack.router + "/v1/completions", json={"prompt": short + " more", "max_tokens": 2}, timeout=30)
     assert again.status_code == 200 and again.headers["x-prfaas-route"] == "local"
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 9_900  # the PD prefill's prefix
     assert counter(stack.router, "prfaas_router_prefix_hit_tokens_total", cluster="pd") >= pd_hits + 9_900
 
 
@@ -122,19 +125,25 @@ def test_ttft_and_tpot_are_recorded_by_route_streamed_or_not(stack: Stack) -> No
 
 def test_openai_sdk_streams_chat_with_usage_through_the_router(stack: Stack) -> None:
     client = openai.OpenAI(base_url=stack.router + "/v1", api_key="unused", timeout=30)
-    for size in (500, 30_000):  # one local, one remote
-        chunks = list(
-            client.chat.completions.create(
-                model="m",
-                messages=[{"role": "user", "content": prompt(size)}],
-                max_tokens=5,
-                stream=True,
-                stream_options={"include_usage": True},
+    for size in (500, 30_000):  # one local, one remote; each asked twice (the second finds its prefix cached)
+        content = prompt(size)
+        cached = []
+        for _ in range(2):
+            chunks = list(
+                client.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": content}],
+                    max_tokens=5,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
             )
-        )
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert len(text.split()) == 5
-        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert len(text.split()) == 5
+            usage = chunks[-1].usage
+            assert usage is not None and usage.completion_tokens == 5 and usage.prompt_tokens_details is not None
+            cached.append(usage.prompt_tokens_details.cached_tokens)
+        assert cached[0] == 0 and cached[1] is not None and cached[1] >= size - 16, (size, cached)
     client.close()
 
 
@@ -274,3 +283,11 @@ def test_link_cut_mid_run_still_answers_every_request(tmp_path: Path) -> None:
         statuses = [complete(st, prompt(40_000))[0] for _ in range(3)]
         assert statuses == [200, 200, 200]
         assert counter(st.router, "prfaas_router_fallbacks_total", reason="decode-kv-pull") >= 1
+        assert "decode could not use the remote KV; prefilling locally" in (st.dir / "router.log").read_text()
+        # the remote handle the decode could not pull is released through the local decode (across the link)
+        assert counter(st.router, "prfaas_router_abandoned_kv_handles_total", cluster="prfaas") >= 1
+        wait_for(
+            lambda: counter(st.router, "prfaas_router_released_kv_handles_total", cluster="prfaas") >= 1,
+            30,
+            "the abandoned remote KV released",
+        )

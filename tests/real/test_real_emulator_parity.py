@@ -16,6 +16,7 @@ from conftest import Engines, Prompts
 from prfaas_cli.stack import free_port, spawn_process, stop_processes
 from prfaas_cli.vllm_engines import RealEnv
 from prfaas_core import names
+from prfaas_core.engines import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 
@@ -28,7 +29,7 @@ def emulated(tmp_path: Path, real_env: RealEnv) -> Iterator[dict[str, str]]:
     procs = []
     for role, port, kv in (("prefill", ports["p"], ports["p_kv"]), ("decode", ports["d"], ports["d_kv"])):
         argv = [*PRFAAS, "engine", "--role", role, "--port", str(port), "--kv-listen", f"127.0.0.1:{kv}"]
-        argv += ["--model", real_env.served_model_name, "--time-scale", "100"]
+        argv += ["--model", real_env.served_model_name, "--time-scale", "100", PROMPT_TOKENS_DETAILS_FLAG]
         procs.append(spawn_process(argv, tmp_path / f"{role}.log"))
     urls = {"prefill": f"http://127.0.0.1:{ports['p']}", "decode": f"http://127.0.0.1:{ports['d']}"}
     try:
@@ -63,6 +64,15 @@ def test_kv_handle_error_bodies_and_metrics_match(
     assert set(real) == set(fake), f"real only: {set(real) - set(fake)}, emulator only: {set(fake) - set(real)}"
     assert real["transfer_mode"] == fake["transfer_mode"] == "pull"
     assert real["do_remote_prefill"] is fake["do_remote_prefill"] is True
+    # the decode leg's usage: the same prompt_tokens_details, cached_tokens = what the prefill side reused
+    used = {}
+    for url, handle in ((engines.pdd.url, real), (emulated["decode"], fake)):
+        body = {"model": real_env.served_model_name, "prompt": prompt, "max_tokens": 2, "kv_transfer_params": handle}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        used[url] = details = r.json()["usage"]["prompt_tokens_details"]
+        assert details["cached_tokens"] == handle["remote_prefill_cached_tokens"], (url, details, handle)
+    assert set(used[engines.pdd.url]) == set(used[emulated["decode"]])
 
     bad = {"model": real_env.served_model_name, "prompt": prompt, "max_tokens": -1}
     for url in (engines.pdd.url, emulated["decode"]):

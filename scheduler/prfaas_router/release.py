@@ -1,0 +1,95 @@
+"""Abandoned KV: a decode leg failed after its prefill produced a KV handle, so no decode will pull it.
+
+vLLM 0.32's NixlConnector holds a prefill's blocks under a lease (``kv_lease_duration``, 30 s by default,
+extended by the heartbeats of a decode that waits for them) and frees them when a decode's read completes or
+the lease runs out. A producer cannot be told to free them directly, but a consumer can: a decode request that
+carries the handle (``kv_transfer_params.do_remote_prefill``) and is rejected by the consumer's serving layer
+before it is scheduled makes the consumer send the producer the notification-only read of a full prefix hit
+(``notify_kv_transfer_request_rejected``), and the producer frees the blocks at once, moving none.
+
+So the router sends a *release leg* to a healthy decode instance (another one than the failed decode first):
+the handle with a body every consumer rejects — a model name nobody serves (vLLM: 404 from its model check)
+and ``max_tokens: 0`` (the engine emulator: 400) — and counts it released when it is rejected. When no consumer
+can take it (the only decode is dead), the handle waits out the producer's lease; either way it is counted
+(``prfaas_router_abandoned_kv_handles_total``, ``prfaas_router_released_kv_handles_total``) and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import structlog
+
+from .http_util import JSON_CONTENT, json_bytes
+from .runtime import EngineLoad
+
+if TYPE_CHECKING:
+    from .proxy import Proxy
+    from .security import RequestIds
+
+log = structlog.get_logger("prfaas.router")
+
+RELEASE_MODEL = "prfaas-release-kv"
+"""The model name of a release leg: served by no engine, so the consumer's serving layer rejects the leg."""
+RELEASE_TIMEOUT_S = 5.0
+_pending: set[asyncio.Task[None]] = set()
+
+
+def release_body(kv: dict[str, Any]) -> dict[str, Any]:
+    """A decode leg that carries ``kv`` and that every consumer rejects before scheduling it."""
+    return {"model": RELEASE_MODEL, "prompt": [0], "max_tokens": 0, "stream": False, "kv_transfer_params": kv}
+
+
+def consumers(proxy: Proxy, failed: str) -> list[str]:
+    """Healthy instances that can decode (and so can notify a producer), the failed decode last."""
+    c, engines = proxy.rt.compiled, proxy.rt.snapshot.engines
+    healthy = [e.name for e in (*c.decode, *c.both) if engines.get(e.name, EngineLoad()).healthy]
+    return sorted(healthy, key=lambda name: name == failed)
+
+
+def abandon(proxy: Proxy, kv: dict[str, Any], cluster: str, failed: str, request_id: RequestIds, error: str) -> None:
+    """Count the abandoned handle and release it in the background (the client's answer does not wait)."""
+    proxy.metrics.abandoned_kv.labels(cluster).inc()
+    leg = _release(proxy, kv, cluster, consumers(proxy, failed), request_id, error)
+    task = asyncio.get_running_loop().create_task(leg)
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+
+
+async def _release(
+    proxy: Proxy, kv: dict[str, Any], cluster: str, candidates: list[str], request_id: RequestIds, error: str
+) -> None:
+    by_name = proxy.rt.compiled.by_name
+    for name in candidates[:2]:
+        endpoint = by_name.get(name)
+        if endpoint is None or proxy.session is None:
+            continue
+        try:
+            async with proxy.legs.post(
+                f"{endpoint.url}/v1/completions",
+                data=json_bytes(release_body(kv)),
+                headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
+                timeout=aiohttp.ClientTimeout(total=RELEASE_TIMEOUT_S),
+            ) as resp:
+                await resp.read()
+                rejected = 400 <= resp.status < 500
+        except (aiohttp.ClientError, TimeoutError):
+            continue
+        if rejected:
+            proxy.metrics.released_kv.labels(cluster).inc()
+            log.warning(
+                "decode failed after prefill; its KV released",
+                request_id=request_id.trace,
+                cluster=cluster,
+                via=name,
+                error=error,
+            )
+            return
+    log.warning(
+        "decode failed after prefill; no decode instance could release its KV, it is left to expire",
+        request_id=request_id.trace,
+        cluster=cluster,
+        error=error,
+    )
