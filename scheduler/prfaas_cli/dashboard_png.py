@@ -40,18 +40,30 @@ def series_of(panel: dict[str, Any]) -> set[str]:
     return {m for t in panel.get("targets", []) for m in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", t["expr"])}
 
 
+def exporter_of(metric: str) -> str | None:
+    """Who exports ``metric`` (``names.EXPORTERS``; a histogram's ``_bucket``/``_sum``/``_count`` series are
+    its own), None for a series not declared there (``up``, vLLM's)."""
+    from prfaas_core.names import EXPORTERS
+
+    for suffix in ("", "_bucket", "_sum", "_count"):
+        if suffix and not metric.endswith(suffix):
+            continue
+        base = metric[: len(metric) - len(suffix)] if suffix else metric
+        if base in EXPORTERS:
+            return EXPORTERS[base]
+    return None
+
+
 def without_exporter(doc: dict[str, Any], exporter: str) -> tuple[dict[str, Any], list[str]]:
     """The dashboard less the panels that read only ``exporter``'s series (``names.EXPORTERS``), the panels
     left re-flowed into the grid (no holes); and the titles left out. For a picture of a system that does not
     run that exporter (``prfaas up`` has no operator): its panels would only say "no data"."""
-    from prfaas_core.names import EXPORTERS
-
     kept, dropped = [], []
     for panel in doc["panels"]:
         if panel["type"] == "row":
             continue
-        known = {m for m in series_of(panel) if m in EXPORTERS}
-        if known and all(EXPORTERS[m] == exporter for m in known):
+        known = {who for m in series_of(panel) if (who := exporter_of(m)) is not None}
+        if known == {exporter}:
             dropped.append(str(panel["title"]))
         else:
             kept.append(panel)
@@ -120,4 +132,4 @@ def render(
     return png(fig, dpi=80), drawn
 
 
-__all__ = ["DASHBOARD", "LINK_CAP", "legend", "render", "series_of", "substitute", "without_exporter"]
+__all__ = ["DASHBOARD", "LINK_CAP", "exporter_of", "legend", "render", "series_of", "substitute", "without_exporter"]
