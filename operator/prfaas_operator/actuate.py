@@ -3,7 +3,8 @@
 *Relabel* (one shared workload, engines run ``kv_both``): a drain sets ``prfaas.io/draining=true`` and the
 ``prfaas.io/drain-started`` annotation on the pod (routers read the draining list from the router config
 and send it no new work); the flip sets ``prfaas.io/role`` to the new role, removes the drain marks and
-stamps ``prfaas.io/last-role-flip`` (the cooldown survives restarts through it).
+stamps ``prfaas.io/last-role-flip`` (the cooldown survives restarts through it). A flip aborted at its drain
+timeout (requests still in flight) removes the drain marks and leaves the role as it was.
 
 *Scale* (separate prefill and decode workloads): the drain is the same, plus a low
 ``controller.kubernetes.io/pod-deletion-cost`` so a Deployment removes the drained pod first; the flip stamps
@@ -76,6 +77,11 @@ class KubeActuator:
             if scale:
                 annotations[DELETION_COST] = "-1000"
             await self._patch_pod(namespace, name, {LABEL_DRAINING: "true"}, annotations)
+        for name in decision.undrain:  # a flip aborted at its drain timeout: the pod serves on in its role
+            undo: dict[str, Any] = {ANNOTATION_DRAIN_STARTED: None}
+            if scale:
+                undo[DELETION_COST] = None
+            await self._patch_pod(namespace, name, {LABEL_DRAINING: None}, undo)
         if not decision.flip:
             return
         if not scale:

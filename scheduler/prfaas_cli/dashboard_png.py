@@ -35,6 +35,49 @@ def legend(fmt: str, labels: dict[str, str]) -> str:
     return " ".join(out.split()) or "value"
 
 
+def series_of(panel: dict[str, Any]) -> set[str]:
+    """The metric names a panel's queries read."""
+    return {m for t in panel.get("targets", []) for m in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", t["expr"])}
+
+
+def exporter_of(metric: str) -> str | None:
+    """Who exports ``metric`` (``names.EXPORTERS``; a histogram's ``_bucket``/``_sum``/``_count`` series are
+    its own), None for a series not declared there (``up``, vLLM's)."""
+    from prfaas_core.names import EXPORTERS
+
+    for suffix in ("", "_bucket", "_sum", "_count"):
+        if suffix and not metric.endswith(suffix):
+            continue
+        base = metric[: len(metric) - len(suffix)] if suffix else metric
+        if base in EXPORTERS:
+            return EXPORTERS[base]
+    return None
+
+
+def without_exporter(doc: dict[str, Any], exporter: str) -> tuple[dict[str, Any], list[str]]:
+    """The dashboard less the panels that read only ``exporter``'s series (``names.EXPORTERS``), the panels
+    left re-flowed into the grid (no holes); and the titles left out. For a picture of a system that does not
+    run that exporter (``prfaas up`` has no operator): its panels would only say "no data"."""
+    kept, dropped = [], []
+    for panel in doc["panels"]:
+        if panel["type"] == "row":
+            continue
+        known = {who for m in series_of(panel) if (who := exporter_of(m)) is not None}
+        if known == {exporter}:
+            dropped.append(str(panel["title"]))
+        else:
+            kept.append(panel)
+    x = y = row_h = 0
+    flowed = []
+    for panel in kept:
+        g = panel["gridPos"]
+        if x + g["w"] > 24:
+            x, y, row_h = 0, y + row_h, 0
+        flowed.append({**panel, "gridPos": {**g, "x": x, "y": y}})
+        x, row_h = x + g["w"], max(row_h, g["h"])
+    return {**doc, "panels": flowed}, dropped
+
+
 def render(
     doc: dict[str, Any],
     query_range: QueryRange,
@@ -44,8 +87,9 @@ def render(
     rate_interval: str = "1m",
     no_data: str = "No data",
     time_unit: str = "wall seconds since start",
+    note: str = "",
 ) -> tuple[bytes, int]:
-    """The PNG and how many panels had data."""
+    """The PNG and how many panels had data; ``note``: a line under the title (what the picture leaves out)."""
     from .plots import png
 
     panels = [p for p in doc["panels"] if p["type"] != "row"]
@@ -57,8 +101,9 @@ def render(
     for panel in panels:
         g = panel["gridPos"]
         row = rows.index(g["y"])
-        height = (1 - 0.04) / len(rows)
-        top = 1 - 0.03 - row * height
+        extra = 0.02 if note else 0.0
+        height = (1 - 0.04 - extra) / len(rows)
+        top = 1 - 0.03 - extra - row * height
         ax = fig.add_axes((g["x"] / 24 + 0.035, top - height * 0.8, g["w"] / 24 - 0.05, height * 0.68))
         ax.set_facecolor("#181b1f")
         ax.set_title(panel["title"], color="#d8d9da", fontsize=10, loc="left")
@@ -81,8 +126,10 @@ def render(
             ax.text(0.5, 0.5, no_data, color="#8e8e8e", ha="center", va="center", transform=ax.transAxes, fontsize=8)
         unit = panel["fieldConfig"]["defaults"].get("unit", "")
         ax.set_xlabel(f"{time_unit}   [{unit}]", color="#8e8e8e", fontsize=7)
-    fig.suptitle(f"{doc['title']} — {subtitle}", color="#d8d9da", fontsize=13, x=0.01, ha="left")
+    fig.suptitle(f"{doc['title']} — {subtitle}", color="#d8d9da", fontsize=13, x=0.01, y=0.995, ha="left", va="top")
+    if note:
+        fig.text(0.01, 0.975, note, color="#8e8e8e", fontsize=9, ha="left", va="top")
     return png(fig, dpi=80), drawn
 
 
-__all__ = ["DASHBOARD", "LINK_CAP", "legend", "render", "substitute"]
+__all__ = ["DASHBOARD", "LINK_CAP", "exporter_of", "legend", "render", "series_of", "substitute", "without_exporter"]

@@ -240,20 +240,21 @@ async def sample_egress(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
         last: tuple[float, float] | None = None
         while not stop.is_set():
-            total = 0.0
+            total, missed = 0.0, False
             for url in urls:
                 try:
                     async with session.get(url) as resp:
                         text = await resp.text()
                 except (aiohttp.ClientError, TimeoutError):
-                    continue
+                    missed = True  # a window without every relay's counter is no window (it would go negative)
+                    break
                 total += sample_sum(text, metric) or 0.0
             now = time.perf_counter()
-            if last is not None and now > last[0]:
+            if not missed and last is not None and now > last[0]:
                 samples.append((total - last[1]) * 8 / 1e9 / ((now - last[0]) * time_scale))
                 if stamps is not None:
                     stamps.append(now)
-            last = (now, total)
+            last = None if missed else (now, total)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0 / time_scale)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -103,6 +104,7 @@ class LocalCluster:
     """The declared length mix; with it, the split is judged by the mix the router observed over the last
     ``MIX_WINDOW_S`` (fitted, its bounds the declared mix's) once enough requests arrived."""
     _readings: deque[tuple[float, dict[float, float]]] = field(default_factory=deque)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def _observed_mix(self, now_s: float) -> LengthDistribution | None:
         if self.router_url is None or self.declared_lengths is None:
@@ -172,7 +174,8 @@ class LocalCluster:
         return obs
 
     def apply(self, effects: LoopDecision, now_s: float) -> None:
-        """Carry out one cycle's effects: drain, flip, publish ``t_min`` (nothing under dry-run)."""
+        """Carry out one cycle's effects: drain, flip (or undrain, a flip aborted), publish ``t_min`` (nothing
+        under dry-run)."""
         decision = effects.roles
         if decision is None or not effects.act:
             return
@@ -183,11 +186,14 @@ class LocalCluster:
             # the routers first (they stop sending new work), the engines once the routers have reloaded: an
             # engine drained before its router knows answers the router's new requests with 503
             draining |= set(decision.drain)
-            self.config = self.config.model_copy(update={"draining": sorted(draining)})
-            write_router_config(self.config_path, self.config)
+            self._publish({"draining": sorted(draining)})
             self.wait_applied()
         for name in decision.drain:
             self.set_drain(by_name[name].url, True)
+        for name in decision.undrain:  # a flip aborted at its drain timeout: back in service, same role
+            if name in by_name:
+                self.set_drain(by_name[name].url, False)
+            draining.discard(name)
         endpoints = list(self.config.endpoints)
         for name, role in decision.flip:
             url = by_name[name].url
@@ -197,16 +203,19 @@ class LocalCluster:
             label = self.label(role)
             endpoints = [RouterEndpoint(name=e.name, url=e.url, role=label) if e.name == name else e for e in endpoints]
         t_min = effects.threshold_min_tokens
-        new = self.config.model_copy(
-            update={
-                "endpoints": endpoints,
-                "draining": sorted(draining),
-                "threshold_min_tokens": t_min if t_min is not None else self.config.threshold_min_tokens,
-            }
-        )
-        if new != self.config:
-            self.config = new
-            write_router_config(self.config_path, new)
+        changes: dict[str, Any] = {"endpoints": endpoints, "draining": sorted(draining)}
+        if t_min is not None:
+            changes["threshold_min_tokens"] = t_min
+        self._publish(changes)
+
+    def _publish(self, changes: dict[str, Any]) -> None:
+        """Change the config and write the file when it changed (the loop's thread and the phases' thread
+        both publish: one at a time, each on top of the other's last change)."""
+        with self._lock:
+            new = self.config.model_copy(update=changes)
+            if new != self.config:
+                self.config = new
+                write_router_config(self.config_path, new)
 
     def wait_applied(self) -> bool:
         """Until the router reports the digest of the file as written (its /ready), or the timeout."""
@@ -226,9 +235,9 @@ class LocalCluster:
     def set_link_capacity(self, gbps: float) -> None:
         """Publish a new capacity for every link of the config (the operator does so from an InterDCLink's
         spec); the routers reload the file and admit against the new cap."""
-        links = [link.model_copy(update={"capacity_gbps": gbps}) for link in self.config.links]
-        self.config = self.config.model_copy(update={"links": links})
-        write_router_config(self.config_path, self.config)
+        with self._lock:
+            links = [link.model_copy(update={"capacity_gbps": gbps}) for link in self.config.links]
+            self._publish({"links": links})
 
     def scarce_links(self) -> tuple[ScarceLink, ...]:
         """The links the router measures scarce now, with its egress estimate (the operator reads the same from

@@ -50,7 +50,8 @@ def scrape_config(stack: LocalStack, rules: Path | None) -> dict[str, Any]:
             engines.append({"targets": [target(url)], "labels": {"prefill_cluster": "prfaas-h200", "role": "prefill"}})
     links = [target(u.removesuffix("/metrics")) for u in stack.link_metric_urls]
     # the gateway's /metrics needs its token like every path but /health and /ready
-    token = stack.work_dir / "gateway-token"
+    # absolute: Prometheus resolves a relative credentials_file against its config file's directory
+    token = (stack.work_dir / "gateway-token").resolve()
     gateway_auth: dict[str, Any] = (
         {"authorization": {"type": "Bearer", "credentials_file": str(token)}} if token.exists() else {}
     )

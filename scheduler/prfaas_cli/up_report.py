@@ -101,7 +101,7 @@ def summary(st: SessionState, slo: Slo, wall_s: float) -> dict[str, Any]:
     """The run's JSON (the schema README and tests rely on: top-level as before, plus ``phases``)."""
     req = _requests(st.results, slo)
     by_route = req.pop("by_route")
-    egress = st.egress
+    egress = [g for _, g in st.egress_series()]
     caps = [s.cap_gbps for s in st.router if s.cap_gbps]
     return {
         "time_unit": "model seconds (wall seconds x time_scale) unless a key says wall",
@@ -110,6 +110,7 @@ def summary(st: SessionState, slo: Slo, wall_s: float) -> dict[str, Any]:
         "by_route": by_route,
         "egress_mean_gbps": round(sum(egress) / len(egress), 3) if egress else 0.0,
         "egress_peak_gbps": round(max(egress), 3) if egress else 0.0,
+        "egress_windows": "relays" if st.relay_egress else "sampled",
         "link_cap_gbps": max(caps) if caps else st.cap_gbps,
         "phases": [phase_summary(st, p, slo) for p in st.phases],
         "role_flips": [_cycle_json(c) for c in st.cycles if c.action in FLIPS],
@@ -222,7 +223,8 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
     ax_ttft.set_title("TTFT by route against the SLO (by arrival time)", pad=16)
     _legend(ax_ttft)
 
-    ax_egress.plot([t for t, _ in series], [g for _, g in series], lw=0.8, label="egress (1-s model windows)")
+    source = "the relays' own 1-s model windows" if st.relay_egress else "1-s model windows, sampled"
+    ax_egress.plot([t for t, _ in series], [g for _, g in series], lw=0.8, label=f"egress ({source})")
     caps = [(s.model_s, s.cap_gbps) for s in st.router if s.cap_gbps]
     if caps:
         ax_egress.step([x for x, _ in caps], [c for _, c in caps], where="post", color="k", ls="--", lw=1,
@@ -235,7 +237,7 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
         ax_egress.plot([], [], color="tab:red", lw=4, label="link scarce (router)")
     ax_egress.set_ylabel("Gbps (model)")
     # the scale of the traffic, not of an abundant cap far above it (that cap is named at the top edge)
-    top = max(max(st.egress, default=1.0), min((c for _, c in caps), default=1.0)) * 1.25
+    top = max(max((g for _, g in series), default=1.0), min((c for _, c in caps), default=1.0)) * 1.25
     ax_egress.set_ylim(0, top)
     for x, cap in caps:
         if cap > top:

@@ -69,6 +69,8 @@ class SessionState:
     time_scale: float
     total: int
     started: float = field(default_factory=time.perf_counter)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    """The same instant on the monotonic clock the link relays key their 1-s windows by."""
     results: list[Result] = field(default_factory=list)
     egress: list[float] = field(default_factory=list)
     """Model Gbps per 1-s model window, summed over the relays."""
@@ -84,8 +86,15 @@ class SessionState:
     link_gbps: float = 0.0
     link_max_utilization: float = 0.8
 
+    relay_egress: list[tuple[float, float]] = field(default_factory=list)
+    """(model s at the window's end, model Gbps) per 1-s model window by the relays' own accounting (summed
+    over the relays; read at the end of the session)."""
+
     def egress_series(self) -> list[tuple[float, float]]:
-        """(model s at the window's end, model Gbps) per egress window."""
+        """(model s at the window's end, model Gbps) per 1-s model window: the relays' own accounting when it
+        was read, else the live sampler's windows."""
+        if self.relay_egress:
+            return self.relay_egress
         pairs = zip(self.egress_stamps, self.egress, strict=False)
         return [((t - self.started) * self.time_scale, g) for t, g in pairs]
 
@@ -107,6 +116,28 @@ def reshape_link(stack: Any, gbps: float, client: httpx.Client) -> None:
     for name in relays:
         resp = client.post(f"{stack.urls[name]}/admin/link", json={"capacity_gbps": gbps / len(relays)})
         resp.raise_for_status()
+
+
+def read_relay_windows(stack: Any, st: SessionState, client: httpx.Client) -> list[tuple[float, float]]:
+    """The link's 1-s model windows since the session started, by its relays' own accounting (``GET
+    /admin/egress``), summed over the relays; empty when a relay cannot say (another kind of link)."""
+    scale = st.time_scale
+    first = int(st.started_monotonic * scale // 1)
+    total: dict[int, float] = {}
+    for name in sorted(n for n in stack.urls if n.startswith("link-")):
+        try:
+            resp = client.get(f"{stack.urls[name]}/admin/egress", params={"since": first})
+            resp.raise_for_status()
+            windows = resp.json()["windows"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return []
+        for key, nbytes in windows.items():
+            total[int(key)] = total.get(int(key), 0.0) + float(nbytes)
+    if not total:
+        return []
+    last = int(time.monotonic() * scale // 1)
+    origin = st.started_monotonic * scale
+    return [(k + 1 - origin, total.get(k, 0.0) * 8 / 1e9) for k in range(first, last)]
 
 
 def read_router(url: str, model_s: float, client: httpx.Client) -> RouterSample | None:
@@ -179,17 +210,28 @@ async def run_session(
                 )
             )  # fmt: skip
 
+    async def phases_driver() -> None:
+        """The phases on time, whatever the loop is doing (a cycle can wait for the router for seconds)."""
+        phase_client = httpx.Client(timeout=5.0)
+        try:
+            while not stop.is_set():
+                now = st.model_now()
+                phase = phase_at(phases, now)
+                if phase.name != st.current_phase:
+                    st.current_phase = phase.name
+                    if phase.link_gbps != st.link_gbps or not st.link_changes:
+                        await asyncio.to_thread(reshape_link, stack, phase.link_gbps, phase_client)
+                        await asyncio.to_thread(cluster.set_link_capacity, phase.link_gbps)
+                        st.link_gbps = phase.link_gbps
+                        st.link_changes.append((now, phase.name, phase.link_gbps))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.1)
+        finally:
+            phase_client.close()
+
     async def driver() -> None:
         while not stop.is_set():
             now = st.model_now()
-            phase = phase_at(phases, now)
-            if phase.name != st.current_phase:
-                st.current_phase = phase.name
-                if phase.link_gbps != st.link_gbps or not st.link_changes:
-                    await asyncio.to_thread(reshape_link, stack, phase.link_gbps, client)
-                    await asyncio.to_thread(cluster.set_link_capacity, phase.link_gbps)
-                    st.link_gbps = phase.link_gbps
-                    st.link_changes.append((now, phase.name, phase.link_gbps))
             if now >= loop.next_due_s():
                 try:
                     await asyncio.to_thread(cycle, now)
@@ -214,7 +256,12 @@ async def run_session(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
 
+    st.current_phase = phases[0].name
+    await asyncio.to_thread(reshape_link, stack, phases[0].link_gbps, client)
+    st.link_gbps = phases[0].link_gbps
+    st.link_changes.append((0.0, phases[0].name, phases[0].link_gbps))
     tasks = [
+        asyncio.create_task(phases_driver()),
         asyncio.create_task(driver()),
         asyncio.create_task(router_sampler()),
         asyncio.create_task(ticker()),
@@ -230,6 +277,7 @@ async def run_session(
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        st.relay_egress = await asyncio.to_thread(read_relay_windows, stack, st, client)
         # the last cycle may have published a t_min the router has not reloaded yet: wait until it has, then
         # read the router's t once more, so that the summary compares what was published with what is in force
         if await asyncio.to_thread(cluster.wait_applied):
@@ -243,4 +291,4 @@ async def run_session(
     return st, cluster
 
 
-__all__ = ["Cycle", "RouterSample", "SessionState", "read_router", "reshape_link", "run_session"]
+__all__ = ["Cycle", "RouterSample", "SessionState", "read_relay_windows", "read_router", "reshape_link", "run_session"]

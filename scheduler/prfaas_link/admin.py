@@ -1,4 +1,6 @@
-"""The link's HTTP side: ``GET /metrics``, ``GET /health``, ``GET /admin/state``, ``POST /admin/link``
+"""The link's HTTP side: ``GET /metrics``, ``GET /health``, ``GET /admin/state``, ``GET /admin/egress``
+(``?since=K``: the relay's own 1-s model windows of delivered model bytes, ``{"windows": {"K": bytes}}``, K =
+floor of model time on the machine's monotonic clock), ``POST /admin/link``
 (``{"capacity_gbps", "rtt_ms", "loss"}``, any subset: squeeze or cut the link mid-run) and
 ``POST /admin/faults`` (``{"slow_factor", "error_rate", "drop_mid_stream", "die"}``, any subset)."""
 
@@ -43,6 +45,14 @@ def create_admin_app(link: Link) -> web.Application:
     async def state(request: web.Request) -> web.Response:
         return web.json_response(link.snapshot())
 
+    async def egress(request: web.Request) -> web.Response:
+        try:
+            first = int(request.query.get("since", "0"))
+        except ValueError:
+            return _error(400, "since: must be an integer (a model second)")
+        windows = link.windows.since(first)
+        return web.json_response({"window_model_s": 1, "windows": {str(k): v for k, v in windows.items()}})
+
     async def reshape(request: web.Request) -> web.Response:
         body = await _body(request)
         if isinstance(body, web.Response):
@@ -70,6 +80,7 @@ def create_admin_app(link: Link) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
     app.router.add_get("/admin/state", state)
+    app.router.add_get("/admin/egress", egress)
     app.router.add_post("/admin/link", reshape)
     app.router.add_post("/admin/faults", faults)
     return app

@@ -46,6 +46,24 @@ class RecentRate:
         return self._sum / self.window_s
 
 
+class EgressWindows:
+    """The relay's own 1-s *model* windows of delivered model bytes, keyed by ``floor(model time)`` on the
+    machine's monotonic clock (so several relays' windows line up, and summing them gives the link's)."""
+
+    def __init__(self, keep: int = 7200) -> None:
+        self.keep = keep
+        self._windows: dict[int, float] = {}
+
+    def add(self, model_s: float, model_bytes: float) -> None:
+        key = int(model_s // 1)
+        self._windows[key] = self._windows.get(key, 0.0) + model_bytes
+        if len(self._windows) > self.keep:
+            del self._windows[min(self._windows)]
+
+    def since(self, first: int) -> dict[int, float]:
+        return {k: v for k, v in self._windows.items() if k >= first}
+
+
 class _Utilisation(Collector):
     def __init__(self, link: str, value: Callable[[], float]) -> None:
         self.link = link

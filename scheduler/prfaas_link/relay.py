@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .config import Endpoint, LinkConfig
-from .metrics import LinkMetrics, RecentRate
+from .metrics import EgressWindows, LinkMetrics, RecentRate
 from .shaper import FairShare, Grant
 
 PACER_LOOKAHEAD_S = 0.010
@@ -119,6 +119,7 @@ class Link:
         self._rng = random.Random(config.seed)
         self._flows = itertools.count()
         self._recent = RecentRate(lambda: asyncio.get_running_loop().time())
+        self.windows = EgressWindows()
         self.metrics = LinkMetrics(config.name, self.utilisation)
         self._conns: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -271,6 +272,7 @@ class Link:
         self.metrics.wire.inc(nbytes)
         self.metrics.egress.inc(self.scale.model_bytes(nbytes))
         self._recent.add(nbytes)
+        self.windows.add(self.scale.model_seconds(self.clock.now()), self.scale.model_bytes(nbytes))
 
     async def _pipe(
         self,

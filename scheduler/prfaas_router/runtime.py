@@ -208,7 +208,8 @@ class Runtime:
 
     def start_transfer(self, link: str, key: str, nbytes: float, duration_s: float) -> None:
         """A remote prefill's KV starts streaming over ``link`` (the ledger admits the next ones around it)."""
-        self._ledgers[link].start(key, nbytes, self.model_now(), duration_s)
+        cap = self.compiled.links[link].cap_gbps
+        self._ledgers[link].start(key, nbytes, self.model_now(), duration_s, max_gbps=cap)
 
     def finish_transfer(self, key: str, pulled: bool = False) -> None:
         """The stream ``key`` is over (its decode answered, or it failed), on whichever link it was;

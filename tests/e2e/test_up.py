@@ -93,6 +93,9 @@ def test_prfaas_up_runs_the_stack_end_to_end(tmp_path: Path) -> None:
 
 
 SHORT = Path(__file__).parent / "data" / "up-short.yaml"
+SHAPER_BURST_GBITS = 64 * 1024 * 8 / 1e-3 / 1e9
+"""One relay chunk (LinkConfig.chunk_bytes) of wire bytes in model Gbit: what a 1-s window may carry above
+the rate (the shaper grants whole chunks)."""
 
 
 @pytest.mark.timeout(400)
@@ -117,27 +120,34 @@ def test_the_phases_show_both_timescales(tmp_path: Path) -> None:
     assert steady["roles_end"] == {"prefill": 2, "decode": 2}
     assert steady["flips"] == [] and steady["link_scarce_share"] == 0.0
 
-    # long prompts: at least one flip toward prefill, judged by the observed mix, and t_min re-optimised up
+    # long prompts: a drain toward prefill, judged by the observed mix, then the flip once the instance has
+    # drained (its in-flight decodes may carry it into the squeeze), and t_min re-optimised up
+    assert phases["long-prompts"]["actions"].get("Drain", 0) >= 1, phases["long-prompts"]
     flips = s["role_flips"]
     to_prefill = [f for f in flips if f["action"] == "FlipToPrefill"]
     assert to_prefill, [c["reason"] for c in s["last_decisions"]]
     first = to_prefill[0]
-    assert first["phase"] == "long-prompts" and "prefill-bound" in first["reason"], first
+    assert first["phase"] in ("long-prompts", "squeeze") and "prefill-bound" in first["reason"], first
+    assert "drained" in first["reason"]  # never flipped with requests in flight
     assert first["roles"]["prefill"] == 3 and first["threshold_min_tokens"] > s["plan"]["threshold_tokens"]
 
-    # squeeze: the router raises t above the loop's floor t_min (before the link turns scarce, or because it
-    # did), and egress settles under the new cap
+    # squeeze: the long prompts' KV does not fit the 3 Gbps link: it turns scarce (the router's own measure)
+    # for part of the phase, the router raises t above the loop's floor t_min, and remote prefills go on
     squeeze = phases["squeeze"]
     assert squeeze["link_gbps"] == 3 and squeeze["link_cap_gbps"] == pytest.approx(2.4)
+    assert 0 < squeeze["link_scarce_share"] < 1, squeeze
     assert squeeze["router_threshold_tokens"]["max"] > squeeze["threshold_min_tokens"]["max"], squeeze
-    # the router's admission keeps the mean under the cap (80 % of capacity); a 1-s window may go above the
-    # cap, never above what the reshaped link carries
-    assert 0 < squeeze["egress_mean_gbps"] <= squeeze["link_cap_gbps"]
-    assert squeeze["egress_peak_settled_gbps"] <= squeeze["link_gbps"] * 1.05
+    assert squeeze["egress_mean_gbps"] > 0
+    # egress under the new cap in the relays' own 1-s model windows, once the KV admitted before the squeeze
+    # has landed; allowance: one shaper grant (a 64 KiB chunk = 0.52 Gbit of model bytes at byte scale 1e-3)
+    assert s["egress_windows"] == "relays"
+    assert squeeze["egress_peak_settled_gbps"] <= squeeze["link_cap_gbps"] + SHAPER_BURST_GBITS, squeeze
 
     # recovery: abundant again, t back down to t_min, and the instance flips back toward decode
     rec = phases["recovery"]
-    assert rec["router_threshold_tokens"]["last"] < squeeze["router_threshold_tokens"]["max"]
+    assert rec["link_scarce_share"] < 1
+    assert rec["router_threshold_tokens"]["min"] < squeeze["router_threshold_tokens"]["max"]
+    assert s["loop"]["router_threshold_tokens"] == s["loop"]["published_threshold_min_tokens"]
     back = [f for f in flips if f["action"] == "FlipToDecode" and f["model_s"] > first["model_s"]]
     assert back, [c["reason"] for c in s["last_decisions"]]
     assert "decode-bound" in back[0]["reason"]

@@ -15,6 +15,7 @@ from testbed_support import metric_value, serving
 from prfaas_core.scale import ScaleSettings
 from prfaas_link import Endpoint, Link, LinkConfig
 from prfaas_link.admin import create_admin_app
+from prfaas_link.relay import PACER_LOOKAHEAD_S
 
 ONE_TO_ONE = ScaleSettings(time_scale=1.0, byte_scale=1.0)
 
@@ -177,3 +178,21 @@ async def test_scaled_link_keeps_model_time() -> None:
     lk = Link(config)
     assert lk.wire_rate() == pytest.approx(8e9 / 8 * 1e-3 * 10)
     assert lk.one_way_s() == pytest.approx(0.001 / 10 / 2)
+
+
+async def test_the_relays_own_1s_windows_hold_the_capacity_and_sum_to_the_counter(link: Link) -> None:
+    """``GET /admin/egress``: the relay's own 1-s (model) windows of delivered bytes, keyed by the monotonic
+    clock: they add up to the egress counter, and no window carries more than the capacity allows plus one
+    chunk (the shaper grants a chunk at a time)."""
+    n = 120_000_000  # 2.4 s at 0.4 Gbps: three or four windows
+    got, _ = await fetch(link, n)
+    assert got == n
+    async with serving(create_admin_app(link)) as url, aiohttp.ClientSession(url) as client:
+        async with client.get("/admin/egress", params={"since": "0"}) as resp:
+            windows = {int(k): v for k, v in (await resp.json())["windows"].items()}
+        async with client.get("/admin/egress", params={"since": "x"}) as resp:
+            assert resp.status == 400 and "since" in (await resp.json())["error"]["message"]
+    assert sum(windows.values()) == n and len(windows) >= 3
+    assert max(windows.values()) <= link.wire_rate() * (1.0 + PACER_LOOKAHEAD_S) + link.config.chunk_bytes
+    now = int(time.monotonic())
+    assert all(now - 10 <= k <= now for k in windows)

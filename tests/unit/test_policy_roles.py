@@ -84,13 +84,29 @@ def test_decode_queue_drains_then_flips_a_prefill_instance() -> None:
     assert d6.action == "Hold" and "cooldown" in d6.reason
 
 
-def test_drain_timeout_flips_anyway() -> None:
-    s = RoleState(verdict="prefill-bound", streak=5)
+def test_drain_timeout_with_requests_in_flight_aborts_the_flip() -> None:
+    """Never flip an instance that still serves requests: at the drain timeout the flip is aborted, the
+    instance stops draining in its old role, the reason says why, and the verdict must build up again."""
+    s = RoleState(verdict="prefill-bound", streak=5, last_flip_s=-1000.0)
     d = decide_roles(s, obs(pq=50), PARAMS, INPUTS, T, 0.0)
     assert d.action == "Drain" and d.drain[0].startswith("d")
     victim = d.drain[0]
     d2 = decide_roles(d.state, obs(pq=50, busy={victim: 4}, draining={victim}), PARAMS, INPUTS, T, 121.0)
-    assert d2.action == "FlipToPrefill" and "drain timeout" in d2.reason
+    assert d2.action == "Hold" and d2.flip == () and d2.undrain == (victim,)
+    assert "drain timeout" in d2.reason and "4 in flight" in d2.reason and "flip aborted" in d2.reason
+    assert (d2.prefill_to, d2.decode_to) == (d2.prefill_from, d2.decode_from)
+    assert d2.state.pending is None and d2.state.streak == 0 and d2.state.last_flip_s == -1000.0
+    # the next cycle judges afresh: hysteresis again before another drain
+    d3 = decide_roles(d2.state, obs(pq=50), PARAMS, INPUTS, T, 130.0)
+    assert d3.action == "Hold" and "cycles)" in d3.reason
+
+
+def test_a_drained_instance_flips_before_the_timeout() -> None:
+    s = RoleState(verdict="prefill-bound", streak=5)
+    d = decide_roles(s, obs(pq=50), PARAMS, INPUTS, T, 0.0)
+    victim = d.drain[0]
+    d2 = decide_roles(d.state, obs(pq=50, draining={victim}), PARAMS, INPUTS, T, 10.0)
+    assert d2.action == "FlipToPrefill" and "drained" in d2.reason and d2.undrain == ()
     assert (d2.prefill_to, d2.decode_to) == (4, 4)
 
 

@@ -170,3 +170,22 @@ def test_without_cache_moves_each_cluster_is_priced_by_its_own_prefix() -> None:
         inputs.prfaas_hardware.prefill_seconds,
     )
     assert local.target == "local" and local.uncached_tokens == 1_000
+
+
+def test_a_stream_faster_than_a_squeezed_cap_is_shaped_to_it_not_refused() -> None:
+    """A 3 Gbps link (cap 2.4): one H200 prefill's KV (~3.2 Gbps unshaped) is admitted on the idle link at the
+    cap — it lasts longer — and refused while another stream holds the link; the ledger books it at the cap."""
+    from prfaas_core.policy.link import EgressLedger
+
+    squeezed = LinkParams("a-to-b", 3.0)
+    idle = RoutingView(19_400, "abundant", 0.0, squeezed, True)
+    d = decide_route(RouteRequest(32_768), idle, KV, PRF)
+    assert KV.kv_throughput_gbps(32_768, PRF(32_768)) > squeezed.cap_gbps
+    assert d.target == "remote" and d.egress_gbps == pytest.approx(squeezed.cap_gbps)
+    busy = RoutingView(19_400, "abundant", 0.5, squeezed, True)
+    assert decide_route(RouteRequest(32_768), busy, KV, PRF).kind == "admission"
+    ledger = EgressLedger()
+    booked = ledger.start("r", d.transfer_bytes, 0.0, PRF(32_768), max_gbps=squeezed.cap_gbps)
+    assert booked.rate_gbps == pytest.approx(squeezed.cap_gbps)
+    assert booked.stream_end_s > PRF(32_768)  # longer than its prefill
+    assert ledger.estimate_gbps(0.1, squeezed) == pytest.approx(squeezed.cap_gbps)

@@ -24,10 +24,11 @@ def test_the_default_scenario_is_the_example_and_has_the_four_phases() -> None:
     phases = resolve(spec, case_study_inputs().lengths)
     assert [p.name for p in phases] == ["steady", "long-prompts", "squeeze", "recovery"]
     assert phases[0].start_s == 0 and all(a.end_s == b.start_s for a, b in itertools.pairwise(phases))
-    # fields a phase leaves out are inherited: the recovery keeps the squeeze's mix and load, not its link
-    squeeze, recovery = phases[2], phases[3]
-    assert recovery.load == squeeze.load and recovery.lengths == squeeze.lengths
+    # fields a phase leaves out are inherited: the squeeze keeps the long prompts' mix and load, not the link
+    long_prompts, squeeze, recovery = phases[1], phases[2], phases[3]
+    assert squeeze.load == long_prompts.load and squeeze.lengths == long_prompts.lengths
     assert squeeze.link_gbps < recovery.link_gbps == spec.link_gbps
+    assert recovery.lengths == phases[0].lengths
     # a long-prompt mix: its median is above the steady one's
     assert phases[1].lengths.quantile(0.5) > 1.5 * phases[0].lengths.quantile(0.5)
     # about 4 minutes of wall time at most with its clock

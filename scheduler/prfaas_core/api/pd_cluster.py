@@ -81,7 +81,10 @@ class LongTermPolicySpec(ApiModel):
     )
     cooldown_seconds: int = Field(default=300, ge=0, le=86_400, description="Minimum time between flips.")
     drain_timeout_seconds: int = Field(
-        default=120, ge=1, le=86_400, description="Longest wait for an instance to drain before its flip."
+        default=120,
+        ge=1,
+        le=86_400,
+        description="Longest wait for an instance to drain before its flip; still busy then, the flip is aborted.",
     )
     step_size: int = Field(default=1, ge=1, le=1000, description="Instances flipped per step.")
     flip_to_decode_ratio: float = Field(

@@ -159,15 +159,28 @@ class EgressLedger:
                 ends[t.lane] = t.end_s
         return ends
 
-    def start(self, key: str, bytes_: float, now_s: float, duration_s: float, queued: bool = True) -> Transfer:
+    def start(
+        self,
+        key: str,
+        bytes_: float,
+        now_s: float,
+        duration_s: float,
+        queued: bool = True,
+        max_gbps: float | None = None,
+    ) -> Transfer:
         """Record a dispatched stream; returns it with its expected streaming window. ``queued=False``: it
-        needs no PrFaaS instance (a cache move) and streams from now."""
+        needs no PrFaaS instance (a cache move) and streams from now. ``max_gbps`` (the link's cap): a stream
+        faster than it is booked at it, for longer (:func:`~.routing.stream_gbps`)."""
+        stream_s = None
+        if max_gbps is not None and max_gbps > 0 and duration_s > 0:
+            shaped = bytes_ * 8.0 / GBPS_BITS / max_gbps
+            stream_s = shaped if shaped > duration_s else None
         if self.lanes <= 0 or not queued:
-            transfer = Transfer(bytes_, now_s, duration_s)
+            transfer = Transfer(bytes_, now_s, duration_s, stream_duration_s=stream_s)
         else:
             ends = self._lane_ends(now_s)
             lane = min(range(self.lanes), key=ends.__getitem__)
-            transfer = Transfer(bytes_, ends[lane], duration_s, lane)
+            transfer = Transfer(bytes_, ends[lane], duration_s, lane, stream_duration_s=stream_s)
         self._active[key] = transfer
         return transfer
 

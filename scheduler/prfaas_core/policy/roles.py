@@ -11,8 +11,9 @@ Each cycle classifies the cluster from two signals:
 
 A verdict must persist ``hysteresisCycles`` cycles, respect the cooldown since the last flip and the
 per-role bounds; then ``stepSize`` instances of the source role (least in flight first) are drained, and
-flipped once drained or after ``drainTimeoutSeconds``. After every change — and every cycle, since the mix
-moves — ``t_min`` is re-optimised for the counts (Eq. 7) and published with the decision.
+flipped once drained; a drain still busy after ``drainTimeoutSeconds`` aborts the flip (nothing is cut off).
+After every change — and every cycle, since the mix moves — ``t_min`` is re-optimised for the counts (Eq. 7)
+and published with the decision.
 """
 
 from __future__ import annotations
@@ -170,6 +171,8 @@ class RoleDecision:
     """Instances to give a new role now (and stop draining)."""
     threshold_min_tokens: int | None = None
     ratio: float | None = None
+    undrain: tuple[str, ...] = ()
+    """Instances to stop draining in their current role (a flip aborted at its drain timeout)."""
 
 
 def _inputs_for(base: PlanInputs, obs: RoleObservation) -> PlanInputs:
@@ -316,6 +319,7 @@ def decide_roles(
         ratio: float | None = None,
         drain: tuple[str, ...] = (),
         flip: tuple[tuple[str, Role], ...] = (),
+        undrain: tuple[str, ...] = (),
     ) -> RoleDecision:
         if params.override_threshold is not None:
             t_min: int | None = params.override_threshold
@@ -323,7 +327,18 @@ def decide_roles(
             t_min = _t_min(inputs, p_to, state.threshold_min_tokens)
         new_state = replace(new_state, threshold_min_tokens=t_min)
         return RoleDecision(
-            action, reason, n_p, n_d, p_to, d_to, new_state, drain, flip, threshold_min_tokens=t_min, ratio=ratio
+            action,
+            reason,
+            n_p,
+            n_d,
+            p_to,
+            d_to,
+            new_state,
+            drain,
+            flip,
+            threshold_min_tokens=t_min,
+            ratio=ratio,
+            undrain=undrain,
         )
 
     if params.suspend:
@@ -349,7 +364,10 @@ def _finish_drain(
     now_s: float,
     decision: Decide,
 ) -> RoleDecision:
-    """A flip in progress: keep draining, or flip once drained (or at the drain timeout)."""
+    """A flip in progress: keep draining, or flip once drained. At the drain timeout with requests still in
+    flight the flip is aborted, never forced: the instances stop draining and serve on in their role (as
+    ``kubectl drain --timeout`` gives up rather than cut the pods' work short), the reason says so, and the
+    verdict starts over (hysteresis again before the next drain)."""
     n_p, n_d = obs.count("prefill"), obs.count("decode")
     by_name = {i.name: i for i in obs.instances}
     from_role: Role = "prefill" if pending.direction == "FlipToDecode" else "decode"
@@ -370,13 +388,22 @@ def _finish_drain(
             f"({waited:.0f} s of {params.drain_timeout_s:.0f} s)",
             state,
         )
-    how = "drained" if in_flight == 0 else f"drain timeout after {waited:.0f} s with {in_flight} in flight"
+    names = ", ".join(i.name for i in present)
+    if in_flight > 0:
+        return decision(
+            "Hold",
+            f"{pending.reason}; drain timeout after {waited:.0f} s with {in_flight} in flight: flip aborted, "
+            f"{names} back in service as {from_role} (no request cut off)",
+            RoleState(None, 0, state.last_flip_s, None, state.threshold_min_tokens),
+            undrain=tuple(i.name for i in present),
+        )
+    how = "drained"
     k = len(present)
     p_to, d_to = (n_p - k, n_d + k) if target == "decode" else (n_p + k, n_d - k)
     flip = tuple((i.name, target) for i in present)
     return decision(
         pending.direction,
-        f"{pending.reason}; {how}: {', '.join(i.name for i in present)} -> {target}",
+        f"{pending.reason}; {how}: {names} -> {target}",
         RoleState(None, 0, now_s, None, state.threshold_min_tokens),
         p_to,
         d_to,

@@ -93,6 +93,14 @@ def transfer_bytes(kv: KvModel, total_tokens: int, cached_at_decode_tokens: int)
     return max(kv.fixed_bytes, kv.kv_bytes(total_tokens) - cached_growing)
 
 
+def stream_gbps(nbytes: float, prefill_s: float, link: LinkParams) -> float:
+    """The rate one remote prefill's KV stream is admitted (and booked) at: its prefill's production rate,
+    at most the link's cap. A stream that alone would be faster than the cap (a squeezed link: ~3 Gbps of
+    KV per H200 prefill against a 2.4 Gbps cap) is shaped to it and lasts longer, so it is admitted on an
+    idle link instead of never (admission against its unshaped rate refused every remote prefill)."""
+    return min(nbytes * 8.0 / max(prefill_s, 1e-6) / GBPS_BITS, link.cap_gbps)
+
+
 def decide_route(
     req: RouteRequest,
     view: RoutingView,
@@ -148,7 +156,7 @@ def decide_route(
         return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="unavailable")
     nbytes = transfer_bytes(kv, req.total_tokens, l_pd)
     seconds = max(prfaas_prefill_seconds(float(uncached_remote)), 1e-6)
-    rate = nbytes * 8.0 / seconds / GBPS_BITS
+    rate = stream_gbps(nbytes, seconds, view.link)
     verdict = admit(view.egress_estimate_gbps, rate, view.link)
     if not verdict.admitted:
         return RouteDecision(

@@ -134,10 +134,13 @@ class SimControl:
             )
 
     def carry_out(self, d: RoleDecision, now_s: float) -> None:
-        """The role effects: drain, then flip (counted once per flipping decision)."""
+        """The role effects: drain, then flip (counted once per flipping decision), or undrain (a flip aborted
+        at its drain timeout)."""
         sim = self.sim
         for name in d.drain:
             sim.by_name[name].draining = True
+        for name in d.undrain:
+            sim.by_name[name].draining = False
         for name, role in d.flip:
             self._flip(sim.by_name[name], role, now_s)
         if d.flip:

@@ -275,7 +275,8 @@ class Simulation(DecodeSide):
         req.uncached = uncached
         req.transfer_bytes = nbytes
         duration = self.prfaas_seconds(float(max(uncached, 1)))
-        self.ledgers[req.replica].start(str(req.spec.id), nbytes, now, duration)
+        cap = self.link_params.cap_gbps
+        self.ledgers[req.replica].start(str(req.spec.id), nbytes, now, duration, max_gbps=cap)
         if self.gateway is not None:  # a remote prefill outside a window still takes a lane and the link
             self.gateway.ledger.start(str(req.spec.id), nbytes, now, duration)
         if move_best > prfaas_has:
