@@ -278,6 +278,10 @@ async def drive(
     return results
 
 
+OUTPUT_TOKENS = 128
+"""Output tokens per request unless ``--output-tokens`` says otherwise (the scenario's default is emulated-only)."""
+
+
 def register_options(p: argparse.ArgumentParser) -> None:
     """``prfaas up``'s options for real engines."""
     p.add_argument(
@@ -302,6 +306,7 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
     n_prfaas = args.prfaas if args.prfaas is not None else 1
     n_pd = args.pd if args.pd is not None else 2
     duration = args.duration if args.duration is not None else 60.0
+    output_tokens = args.output_tokens if args.output_tokens is not None else OUTPUT_TOKENS
     if n_prfaas != 1 or n_pd < 1 or duration <= 0 or args.load <= 0:
         print("error: --engines vllm runs --prfaas 1 and --pd >= 1 (positive --duration, --load)", file=sys.stderr)
         return 2
@@ -316,12 +321,12 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
             print(f"error: real engines unavailable: {exc}", file=sys.stderr)
             return 1
     inputs = replace(
-        case_study_inputs(), lengths=LENGTHS, n_prfaas=1, n_pd=n_pd, output_tokens=float(args.output_tokens)
+        case_study_inputs(), lengths=LENGTHS, n_prfaas=1, n_pd=n_pd, output_tokens=float(output_tokens)
     )
     best = plan(inputs).prfaas_pd.point
     t0 = round(best.split.threshold_tokens)
     rate = args.load * 2.0  # requests per wall second: 2 req/s saturates 2 cores with three engines
-    records = trace(rate, duration, args.output_tokens, args.seed)
+    records = trace(rate, duration, output_tokens, args.seed)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-up-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
     shape = LinkShape(rate_mbit=args.netns_mbit) if args.netns else None
