@@ -320,9 +320,7 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
         except RealEnginesUnavailable as exc:
             print(f"error: real engines unavailable: {exc}", file=sys.stderr)
             return 1
-    inputs = replace(
-        case_study_inputs(), lengths=LENGTHS, n_prfaas=1, n_pd=n_pd, output_tokens=float(output_tokens)
-    )
+    inputs = replace(case_study_inputs(), lengths=LENGTHS, n_prfaas=1, n_pd=n_pd, output_tokens=float(output_tokens))
     best = plan(inputs).prfaas_pd.point
     t0 = round(best.split.threshold_tokens)
     rate = args.load * 2.0  # requests per wall second: 2 req/s saturates 2 cores with three engines

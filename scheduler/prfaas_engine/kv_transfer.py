@@ -8,8 +8,8 @@ port). Wire protocol (one pull per connection)::
     server → client   OK <nbytes>\\n  followed by exactly nbytes bytes     |   ERR <http-status> <message>\\n
 
 The payload is ``S_kv(l)·byte_scale`` real bytes (``ScaleSettings.wire_bytes``) of the whole blocks held, less the
-first ``skip`` blocks (the decode's prefix cache holds them: vLLM reads only the blocks it lacks). A handle is freed once its
-bytes are fully sent; a broken transfer leaves it held, so the decode may retry; a handle never pulled is freed
+first ``skip`` blocks (the decode's prefix cache holds them: vLLM reads only the blocks it lacks). A handle is freed
+once its bytes are fully sent; a broken transfer leaves it held, so the decode may retry; a handle never pulled is freed
 ``kv_timeout_s`` after it was produced (vLLM frees prefill-side blocks after VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
 Pulling an unknown, already-pulled or expired handle is an error (404), never a silent success.
 """

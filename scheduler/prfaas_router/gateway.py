@@ -81,7 +81,9 @@ class Gateway:
             uncached = len(ids) - max(hits.values(), default=0)
             key = f"gw-{os.urandom(12).hex()}"  # the gateway's own id: callers sharing an x-request-id stay apart
             prefill_s = c.prfaas.prefill_seconds(float(max(uncached, 1)))
-            verdict = self.admission.decide(key, request.headers, c.kv.block_kv_bytes(len(ids)), prefill_s, rt.model_now())
+            verdict = self.admission.decide(
+                key, request.headers, c.kv.block_kv_bytes(len(ids)), prefill_s, rt.model_now()
+            )
             if isinstance(verdict, web.Response):
                 return verdict
             booking = verdict
