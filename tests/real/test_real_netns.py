@@ -149,6 +149,7 @@ def test_kv_pulls_cross_the_shaped_veth_and_the_counters_agree(
     print(f"\nveth A→B {link} B; KV moved {kv_bytes} B; router accounted {router:.0f} B; {elapsed:.1f} s")
     print(f"kernel/KV {link / kv_bytes:.4f}; kernel/router {link / router:.4f}; bound {bound:.0f} B")
     assert kv_bytes <= link <= bound
+    assert router == kv_bytes  # block-exact: the router counts the whole blocks vLLM moved (fresh prompts)
     assert abs(link - router) <= ROUTER_TOLERANCE * link, (link, router)
 
 
