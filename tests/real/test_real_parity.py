@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -23,9 +24,10 @@ pytestmark = pytest.mark.slow
 
 
 def _parity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("parity", REPO / "benchmarks" / "parity.py")
+    spec = importlib.util.spec_from_file_location("benchmarks_parity", REPO / "benchmarks" / "parity.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
