@@ -23,7 +23,8 @@ from prfaas_core.api import (
     RouterEndpoint,
     RouterLink,
 )
-from prfaas_core.api.router_config import GatewayServing
+from prfaas_core.api.engine import EngineSettingsSpec
+from prfaas_core.api.router_config import GatewayServing, RoutingParams
 from prfaas_core.names import (
     ANNOTATION_ROUTER_CONFIG_HASH,
     GROUP_VERSION,
@@ -87,6 +88,13 @@ def pod_endpoints(
     return endpoints, draining
 
 
+def routing_for(engine: EngineSettingsSpec) -> RoutingParams:
+    """The routers' short-term settings from the cluster's engines: ``prefixBlockTokens`` is their KV block size
+    (``spec.engine.blockSize``), so prefix hashing and the KV counters go by the blocks the engines hold and move;
+    the default (16, vLLM's on GPUs) when the engine keeps its own default."""
+    return RoutingParams() if engine.block_size is None else RoutingParams(prefix_block_tokens=engine.block_size)
+
+
 def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfileSpec) -> RouterConfig:
     """A Managed PrefillCluster's gateway: its prefill pods behind one endpoint, with the token and TLS files
     where the chart mounts the Secrets its ``spec.endpoint`` names. No threshold (the gateway routes every leg it
@@ -111,6 +119,7 @@ def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfile
         chat_template_file=model.tokenizer.chat_template_file if model.tokenizer else None,
         prfaas_hardware=pfc.spec.hardware,
         gateway=serving,
+        routing=routing_for(pfc.spec.engine),
     )
 
 
@@ -166,6 +175,7 @@ def build(
         tokenizer_file=model.tokenizer.file if model.tokenizer else None,
         chat_template_file=model.tokenizer.chat_template_file if model.tokenizer else None,
         slo=pd.spec.slo,
+        routing=routing_for(pd.spec.engine),
     )
 
 

@@ -53,7 +53,15 @@ def register(sub: Any) -> None:
     add_scale_arguments(p)
     p.add_argument("--max-batch", type=int, default=None, help="running requests at most (default: hardware BS_max)")
     p.add_argument("--max-waiting", type=int, default=4096, help="waiting requests at most (default %(default)s)")
-    p.add_argument("--kv-cache-blocks", type=int, default=65536, help="KV blocks of 16 tokens (default %(default)s)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="KV block size in tokens, as vLLM's --block-size (the router's prefixBlockTokens; default %(default)s)",
+    )
+    p.add_argument(
+        "--kv-cache-blocks", type=int, default=65536, help="KV blocks of --block-size tokens (default %(default)s)"
+    )
     p.add_argument("--prefix-cache-blocks", type=int, default=65536, help="prefix-cache capacity, blocks")
     p.add_argument("--tokenizer", choices=("chars4", "whitespace"), default="chars4", help="token estimate")
     p.add_argument("--kv-listen", default=None, metavar="HOST:PORT", help="KV server address (default: host:any)")
@@ -90,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             scale=scale_from(args),
             max_batch=args.max_batch,
             max_waiting=args.max_waiting,
+            block_size_tokens=args.block_size,
             kv_cache_blocks=args.kv_cache_blocks,
             prefix_cache_blocks=args.prefix_cache_blocks,
             tokenizer=args.tokenizer,

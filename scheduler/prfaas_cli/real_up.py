@@ -33,7 +33,7 @@ import httpx
 
 from prfaas_core import names
 from prfaas_core.api import RouterConfig
-from prfaas_core.plan_inputs import case_study_inputs
+from prfaas_core.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.planner import plan
 from prfaas_core.policy.roles import RolePolicyParams
 from prfaas_core.trace import TraceRecord
@@ -266,6 +266,10 @@ async def drive(
     return results
 
 
+OUTPUT_TOKENS = 128
+"""Output tokens per request unless ``--output-tokens`` says otherwise (the scenario's default is emulated-only)."""
+
+
 def register_options(p: argparse.ArgumentParser) -> None:
     """``prfaas up``'s options for real engines."""
     p.add_argument(
@@ -285,6 +289,16 @@ def register_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def planned(args: argparse.Namespace, n_pd: int, duration: float) -> tuple[int, list[TraceRecord], PlanInputs]:
+    """The planner's ``t`` over the real stack's lengths, the trace to replay and the loop's inputs (no engine
+    needed)."""
+    output_tokens = args.output_tokens if args.output_tokens is not None else OUTPUT_TOKENS
+    inputs = replace(case_study_inputs(), lengths=LENGTHS, n_prfaas=1, n_pd=n_pd, output_tokens=float(output_tokens))
+    best = plan(inputs).prfaas_pd.point
+    rate = args.load * 2.0  # requests per wall second: 2 req/s saturates 2 cores with three engines
+    return round(best.split.threshold_tokens), trace(rate, duration, output_tokens, args.seed), inputs
+
+
 def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
     """``prfaas up --engines vllm`` (``pool``: start the engines through this harness pool, as the tier does)."""
     n_prfaas = args.prfaas if args.prfaas is not None else 1
@@ -293,6 +307,7 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
     if n_prfaas != 1 or n_pd < 1 or duration <= 0 or args.load <= 0:
         print("error: --engines vllm runs --prfaas 1 and --pd >= 1 (positive --duration, --load)", file=sys.stderr)
         return 2
+    t0, records, inputs = planned(args, n_pd, duration)
     from .vllm_engines import RealEnginesUnavailable
 
     if pool is not None:
@@ -303,13 +318,6 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
         except RealEnginesUnavailable as exc:
             print(f"error: real engines unavailable: {exc}", file=sys.stderr)
             return 1
-    inputs = replace(
-        case_study_inputs(), lengths=LENGTHS, n_prfaas=1, n_pd=n_pd, output_tokens=float(args.output_tokens)
-    )
-    best = plan(inputs).prfaas_pd.point
-    t0 = round(best.split.threshold_tokens)
-    rate = args.load * 2.0  # requests per wall second: 2 req/s saturates 2 cores with three engines
-    records = trace(rate, duration, args.output_tokens, args.seed)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-up-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
     shape = LinkShape(rate_mbit=args.netns_mbit) if args.netns else None

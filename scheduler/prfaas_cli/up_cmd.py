@@ -77,7 +77,7 @@ def register(sub: Any) -> None:
         help="model seconds per wall second (scenario's; 2: every engine, the link and the router share this "
         "machine's cores, and a faster clock turns their CPU time into model latency)",
     )
-    p.add_argument("--output-tokens", type=int, help="output tokens per request (scenario's)")
+    p.add_argument("--output-tokens", type=int, help="output tokens per request (scenario's; 128 with --engines vllm)")
     p.add_argument("--trace", help="replay this trace (JSONL, prfaas_core.trace) instead of generating one")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="where configs, logs and summary.json go (default: a temp dir)")

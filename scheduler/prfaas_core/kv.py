@@ -14,7 +14,8 @@ Units: bytes, tokens, seconds; Gbps = 10^9 bit/s and MiB = 2^20 bytes (paper-spe
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from .api.model_profile import ModelArchitecture, ModelProfileSpec
@@ -41,16 +42,35 @@ class KvModel:
     bytes_per_token: float
     fixed_bytes: float
     source: Literal["architecture", "measured"]
+    block_tokens: int | None = None
+    """The engines' KV block size, when known (RouterConfig's ``prefixBlockTokens``, the engine's
+    ``blockSize``): an engine holds and moves whole blocks, so :meth:`block_kv_bytes` rounds up to them."""
 
     def kv_bytes(self, length_tokens: float) -> float:
         """``S_kv(l)`` in bytes."""
         return self.curve(length_tokens)
+
+    def with_blocks(self, block_tokens: int | None) -> KvModel:
+        """The same model, its transfers counted in whole blocks of ``block_tokens``."""
+        return replace(self, block_tokens=block_tokens)
+
+    def block_kv_bytes(self, length_tokens: float) -> float:
+        """The KV bytes an engine moves for ``length_tokens``: ``S_kv`` of the whole blocks that hold them (as
+        vLLM's NixlConnector reads block descriptors); ``S_kv(l)`` itself when the block size is not known."""
+        if self.block_tokens is None or length_tokens <= 0:
+            return self.kv_bytes(length_tokens)
+        return self.kv_bytes(whole_blocks(length_tokens, self.block_tokens) * self.block_tokens)
 
     def kv_throughput_gbps(self, length_tokens: float, prefill_time_s: float) -> float:
         """``Φ_kv(l) = S_kv(l) / T_prefill(l)`` in Gbps, for one instance taking ``prefill_time_s`` (Eq. 1)."""
         if prefill_time_s <= 0:
             raise ValueError("prefill_time_s must be positive")
         return self.kv_bytes(length_tokens) * 8.0 / prefill_time_s / GBPS_BITS
+
+
+def whole_blocks(tokens: float, block_tokens: int) -> int:
+    """KV blocks of ``block_tokens`` that hold ``tokens`` (the last one partly filled)."""
+    return math.ceil(tokens / block_tokens) if tokens > 0 else 0
 
 
 def full_attention_bytes_per_token_per_layer(arch: ModelArchitecture) -> int:

@@ -23,12 +23,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prfaas_core.kv import whole_blocks
 from prfaas_core.scale import ScaleSettings
 from prfaas_core.tokens import block_hashes, output_token
 
 from .clock import Clock
 from .config import EngineConfig
-from .disagg import CONSUME_LEGS, PRODUCE_LEGS, Leg, ProduceBootstrap, ProduceNixl
+from .disagg import CONSUME_LEGS, PRODUCE_LEGS, ConsumeNixl, Leg, ProduceBootstrap, ProduceNixl
 from .faults import FaultInjector
 from .kv_transfer import HeldKv, KvStore, KvTransferError
 from .metrics import EngineMetrics
@@ -36,10 +37,12 @@ from .prefix_cache import PrefixCache
 from .timing import ServiceTimes, chunk_ends
 
 
-def kv_pull_tokens(prompt_tokens: int, block_size: int) -> int:
+def kv_pull_tokens(prompt_tokens: int, block_size: int, cached_tokens: int = 0) -> int:
     """Tokens' worth of KV a pull moves: whole blocks, as vLLM's NixlConnector reads block descriptors (measured
-    on real engines across a veth: a 129-token prompt moves two 128-token blocks, ``tests/real/test_real_netns.py``)."""
-    return max(1, math.ceil(prompt_tokens / block_size)) * block_size
+    on real engines across a veth: a 129-token prompt moves two 128-token blocks, ``tests/real/test_real_netns.py``),
+    less the leading blocks the decode already holds in its prefix cache (``cached_tokens``, whole blocks: vLLM
+    pulls only the blocks it lacks)."""
+    return max(1, whole_blocks(prompt_tokens, block_size) - cached_tokens // block_size) * block_size
 
 
 class EngineBusy(Exception):
@@ -204,6 +207,10 @@ class EngineCore:
             self.metrics.queue_time_l.observe(self.scale.model_seconds(self.clock.now() - req.arrival))
             req.hashes = block_hashes(req.prompt_ids, self.config.block_size_tokens)
             if isinstance(req.leg, CONSUME_LEGS):
+                if isinstance(req.leg, ConsumeNixl):  # vLLM pulls only the blocks its own prefix cache lacks
+                    req.cached_tokens = self.prefix_cache.match(req.hashes, req.prompt_tokens)
+                    self.metrics.prefix_queries_l.inc(req.prompt_tokens)
+                    self.metrics.prefix_hits_l.inc(req.cached_tokens)
                 req.phase = "loading"
                 self.loading.add(req)
                 self._load_tasks[req] = asyncio.get_running_loop().create_task(self._load(req))
@@ -237,8 +244,10 @@ class EngineCore:
         remote = getattr(req.leg, "remote_cached_tokens", None)
         req.cached_tokens = remote if remote is not None else req.prompt_tokens
         self.prefix_cache.insert(req.hashes)
-        # as vLLM counts it: every prompt token of a request whose KV was pulled came by the connector
-        self.metrics.prompt_by_source["external_kv_transfer"].inc(req.prompt_tokens)
+        # as vLLM counts it: the prompt tokens its own prefix cache held, and the rest came by the connector
+        self.metrics.prompt_tokens_l.inc(req.prompt_tokens)
+        self.metrics.prompt_by_source["local_cache_hit"].inc(req.cached_tokens)
+        self.metrics.prompt_by_source["external_kv_transfer"].inc(req.prompt_tokens - req.cached_tokens)
         req.phase = "ready"
         self.waiting.appendleft(req)
         self._update_gauges()

@@ -100,8 +100,8 @@ class Engine:
 
     async def _load_kv(self, req: EngineRequest) -> None:
         leg = req.leg
-        if isinstance(leg, ConsumeNixl):
-            request = nixl_request(leg.engine_id, leg.block_ids)
+        if isinstance(leg, ConsumeNixl):  # the leading blocks its prefix cache holds are not pulled
+            request = nixl_request(leg.engine_id, leg.block_ids, req.cached_tokens // self.config.block_size_tokens)
         elif isinstance(leg, ConsumeBootstrap):
             request = room_request(leg.room)
         else:
@@ -111,8 +111,8 @@ class Engine:
         self.metrics.kv_received.inc(self.config.scale.model_bytes(received))
         self.metrics.nixl_bytes_l.observe(self.config.scale.model_bytes(received))
 
-    def _sent(self, held: HeldKv) -> None:
-        self.metrics.kv_sent.inc(self.config.scale.model_bytes(held.wire_bytes))
+    def _sent(self, held: HeldKv, nbytes: int) -> None:
+        self.metrics.kv_sent.inc(self.config.scale.model_bytes(nbytes))
         self.metrics.kv_handles.set(len(self.store))
 
     def _released(self, held: HeldKv) -> None:

@@ -4,14 +4,15 @@ and the client a decode engine pulls with.
 One TCP server per engine serves both protocols' handles (the vLLM NIXL side channel and the SGLang bootstrap
 port). Wire protocol (one pull per connection)::
 
-    client → server   PULL nixl <engine_id> <block_id>,<block_id>,...\\n   |   PULL room <room>\\n
+    client → server   PULL nixl <engine_id> <block_id>,<block_id>,... [<skip>]\\n   |   PULL room <room>\\n
     server → client   OK <nbytes>\\n  followed by exactly nbytes bytes     |   ERR <http-status> <message>\\n
     client → server   DONE nixl <engine_id> <block_id>,...\\n   →   OK 0\\n (the handle is freed, nothing moves)
 
-The payload is ``S_kv(l)·byte_scale`` real bytes (``ScaleSettings.wire_bytes``). A handle is freed once its
-bytes are fully sent; a broken transfer leaves it held, so the decode may retry; a handle never pulled is freed
-``kv_timeout_s`` after it was produced (older vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; vLLM 0.32 leases them for
-``kv_lease_duration``, 30 s, renewed by a waiting decode's heartbeats).
+The payload is ``S_kv(l)·byte_scale`` real bytes (``ScaleSettings.wire_bytes``) of the whole blocks held, less the
+first ``skip`` blocks (the decode's prefix cache holds them: vLLM reads only the blocks it lacks). A handle is freed
+once its bytes are fully sent; a broken transfer leaves it held, so the decode may retry; a handle never pulled is
+freed ``kv_timeout_s`` after it was produced (older vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; vLLM 0.32 leases them
+for ``kv_lease_duration``, 30 s, renewed by a waiting decode's heartbeats).
 ``DONE`` is vLLM 0.32's notification-only read: a decode engine that rejects a request carrying a KV handle (its
 serving layer answered an error before scheduling it) tells the producer to free the blocks, moving none.
 Pulling an unknown, already-pulled or expired handle is an error (404), never a silent success.
@@ -138,28 +139,33 @@ class KvStore:
         return list(self._held)
 
 
-def _parse_pull(line: str) -> tuple[str, str, tuple[int, ...]]:
-    """``PULL nixl <engine> <ids>``, ``DONE nixl <engine> <ids>`` or ``PULL room <room>`` → (kind, engine or
-    room, block ids); kind ``done`` for a DONE."""
+def _parse_pull(line: str) -> tuple[str, str, tuple[int, ...], int]:
+    """``PULL nixl <engine> <ids> [<skip>]``, ``DONE nixl <engine> <ids>`` or ``PULL room <room>`` → (kind, engine
+    or room, block ids, skip); kind ``done`` for a DONE."""
     parts = line.split()
-    if len(parts) == 4 and parts[0] in ("PULL", "DONE") and parts[1] == "nixl":
+    pull = len(parts) in (4, 5) and parts[:2] == ["PULL", "nixl"]
+    if pull or (len(parts) == 4 and parts[:2] == ["DONE", "nixl"]):
         try:
             ids = tuple(int(x) for x in parts[3].split(","))
+            skip = int(parts[4]) if len(parts) == 5 else 0
         except ValueError:
-            raise KvTransferError(400, "malformed block id list") from None
-        return ("nixl" if parts[0] == "PULL" else "done"), parts[2], ids
+            raise KvTransferError(400, "malformed block id list or skip count") from None
+        if not 0 <= skip <= len(ids):
+            raise KvTransferError(400, f"skip must be in [0, {len(ids)}] (the blocks held), got {skip}")
+        return ("nixl" if pull else "done"), parts[2], ids, skip
     if len(parts) == 3 and parts[:2] == ["PULL", "room"] and parts[2].isdigit():
-        return "room", parts[2], ()
+        return "room", parts[2], (), 0
     raise KvTransferError(400, f"malformed KV request {line[:80]!r}")
 
 
 class KvServer:
-    """Streams held KV to decode engines; ``on_sent(held)`` is called once a handle is fully delivered."""
+    """Streams held KV to decode engines; ``on_sent(held, nbytes)`` is called once a handle is delivered (``nbytes``:
+    what was sent, less than ``held.wire_bytes`` when the decode held leading blocks already)."""
 
     def __init__(
         self,
         store: KvStore,
-        on_sent: Callable[[HeldKv], None],
+        on_sent: Callable[[HeldKv, int], None],
         room_wait_s: float,
         on_released: Callable[[HeldKv], None] = lambda held: None,
     ) -> None:
@@ -206,7 +212,7 @@ class KvServer:
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         line = (await reader.readline()).decode("ascii", errors="replace").strip()
         try:
-            kind, ident, block_ids = _parse_pull(line)
+            kind, ident, block_ids, skip = _parse_pull(line)
             if kind in ("nixl", "done"):
                 if ident != self.store.engine_id:
                     raise KvTransferError(
@@ -228,9 +234,11 @@ class KvServer:
             writer.write(b"OK 0\n")
             await writer.drain()
             return
+        n_blocks = max(1, len(held.block_ids))
+        nbytes = held.wire_bytes - held.wire_bytes * skip // n_blocks
         try:
-            writer.write(f"OK {held.wire_bytes}\n".encode())
-            remaining = held.wire_bytes
+            writer.write(f"OK {nbytes}\n".encode())
+            remaining = nbytes
             while remaining > 0:
                 n = min(remaining, len(PAYLOAD_CHUNK))
                 writer.write(PAYLOAD_CHUNK[:n] if n < len(PAYLOAD_CHUNK) else PAYLOAD_CHUNK)
@@ -240,7 +248,7 @@ class KvServer:
             self.store.put_back(held)
             raise
         held.release()
-        self.on_sent(held)
+        self.on_sent(held, nbytes)
 
 
 async def pull_kv(host: str, port: int, request: str, timeout_s: float) -> int:
@@ -276,8 +284,10 @@ async def pull_kv(host: str, port: int, request: str, timeout_s: float) -> int:
         raise KvTransferError(502, f"KV pull from {where} failed: {exc}") from None
 
 
-def nixl_request(engine_id: str, block_ids: tuple[int, ...]) -> str:
-    return f"PULL nixl {engine_id} {','.join(map(str, block_ids))}"
+def nixl_request(engine_id: str, block_ids: tuple[int, ...], skip: int = 0) -> str:
+    """Pull the blocks ``block_ids`` but the first ``skip`` (the decode's own prefix cache holds them)."""
+    ids = ",".join(map(str, block_ids))
+    return f"PULL nixl {engine_id} {ids} {skip}" if skip else f"PULL nixl {engine_id} {ids}"
 
 
 def nixl_done(engine_id: str, block_ids: tuple[int, ...]) -> str:

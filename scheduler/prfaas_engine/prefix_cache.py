@@ -27,7 +27,8 @@ class PrefixCache:
     def match(self, hashes: Sequence[bytes], prompt_tokens: int) -> int:
         """Tokens of the prompt already cached (leading blocks only), counted as one query.
 
-        At least one token is always recomputed (the last prompt token produces the first output), as in vLLM.
+        At least one token is always recomputed (the last prompt token produces the first output), and a hit is
+        whole blocks, as in vLLM (it matches at most the full blocks of the first ``prompt_tokens - 1`` tokens).
         """
         hit_blocks = 0
         for h in hashes:
@@ -35,7 +36,7 @@ class PrefixCache:
                 break
             self._blocks.move_to_end(h)
             hit_blocks += 1
-        hit = min(hit_blocks * self.block_size, max(prompt_tokens - 1, 0))
+        hit = min(hit_blocks, max(prompt_tokens - 1, 0) // self.block_size) * self.block_size
         self.queried_tokens += prompt_tokens
         self.hit_tokens += hit
         return hit

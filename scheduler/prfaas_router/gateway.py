@@ -81,7 +81,9 @@ class Gateway:
             uncached = len(ids) - max(hits.values(), default=0)
             key = f"gw-{os.urandom(12).hex()}"  # the gateway's own id: callers sharing an x-request-id stay apart
             prefill_s = c.prfaas.prefill_seconds(float(max(uncached, 1)))
-            verdict = self.admission.decide(key, request.headers, c.kv.kv_bytes(len(ids)), prefill_s, rt.model_now())
+            verdict = self.admission.decide(
+                key, request.headers, c.kv.block_kv_bytes(len(ids)), prefill_s, rt.model_now()
+            )
             if isinstance(verdict, web.Response):
                 return verdict
             booking = verdict
@@ -142,15 +144,16 @@ class Gateway:
                 continue
             if resp.status_code == 200:
                 rt.pd_index.insert(hashes, pick.name)
-                self._served(uncached, c.kv.kv_bytes(len(ids)))
+                self._served(uncached, c.kv.block_kv_bytes(len(ids)))
                 self._egress(request.headers.get(LINK_HEADER), reported_prompt_tokens(resp.content, len(ids)))
             return web.Response(body=resp.content, status=resp.status_code, content_type="application/json")
         return json_error(503, f"prefill failed on every PrFaaS instance tried: {last_error}", "service_unavailable")
 
     def _egress(self, link: str | None, prompt_tokens: int) -> None:
-        """Count the KV the served prefill left for region B to pull: ``S_kv`` of the engine's prompt tokens."""
+        """Count the KV the served prefill left for region B to pull: ``S_kv`` of the whole blocks of the engine's
+        prompt tokens."""
         name = link if link and LINK_LABEL.fullmatch(link) else UNKNOWN_LINK
-        nbytes = self.rt.compiled.kv.kv_bytes(prompt_tokens)
+        nbytes = self.rt.compiled.kv.block_kv_bytes(prompt_tokens)
         self.metrics.gateway_egress.labels(name).inc(nbytes)
         self.egress_bytes[name] = self.egress_bytes.get(name, 0.0) + nbytes
 

@@ -358,7 +358,7 @@ class Proxy:
         rt.remote_succeeded(remote.name)
         # the KV now waits in region A for this region's decode to pull it: S_kv of what the engine prefilled
         tokens = reported_prompt_tokens(answer, uncached)
-        self.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.kv_bytes(tokens))
+        self.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.block_kv_bytes(tokens))
         return handle
 
     async def _local_prefill(

@@ -91,7 +91,8 @@ def compile_config(config: RouterConfig) -> Compiled:
     pd = _profile(config.pd_hardware, "H20")
     return Compiled(
         config=config,
-        kv=kv_model_from_profile(config.model),
+        # the engines hold and move whole KV blocks of prefixBlockTokens (the engines' block size)
+        kv=kv_model_from_profile(config.model).with_blocks(config.routing.prefix_block_tokens),
         pd=pd,
         prfaas=_profile(config.prfaas_hardware, "H200"),
         links=links,
@@ -248,6 +249,10 @@ class Runtime:
 
     def remote_failed(self, remote: str, why: str, now: float | None = None) -> None:
         self._breakers.failed(remote, self.clock() if now is None else now, self.compiled.breaker, why)
+
+    def remote_unreachable(self, remote: str, why: str) -> None:
+        """The remote's status endpoint stopped answering (its link or gateway is down): open its breaker."""
+        self._breakers.tripped(remote, self.clock(), why)
 
     def remote_queue_wait_s(self, link: str) -> float | None:
         """The ledger's predicted wait (model seconds) for a PrFaaS lane behind ``link``."""

@@ -25,6 +25,9 @@ from .runtime import EngineLoad, Runtime, Snapshot
 
 log = structlog.get_logger("prfaas.router.signals")
 
+REMOTE_UNREACHABLE_POLLS = 3
+"""Consecutive failed status polls after which a remote is out of use (and its breaker opens)."""
+
 
 def parse_engine_load(text: str) -> EngineLoad:
     sums = sample_sums(text, (names.VLLM_REQUESTS_WAITING, names.VLLM_REQUESTS_RUNNING))
@@ -120,7 +123,12 @@ class Signals:
             fails = self.remote_failures[name] = self.remote_failures.get(name, 0) + 1
             if name not in self.remote_answered:
                 return name, f"status endpoint not answered yet ({exc.__class__.__name__})", None
-            return name, (f"status endpoint unreachable ({exc.__class__.__name__})" if fails >= 3 else None), None
+            if fails < REMOTE_UNREACHABLE_POLLS:
+                return name, None, None
+            why = f"status endpoint unreachable ({exc.__class__.__name__})"
+            if fails == REMOTE_UNREACHABLE_POLLS:  # remote use stops now: the breaker says so (and its alert)
+                self.runtime.remote_unreachable(name, f"{fails} status polls failed, last: {exc.__class__.__name__}")
+            return name, why, None
         self.remote_failures[name] = 0
         self.remote_answered.add(name)
         ready = status.ready_instances

@@ -31,7 +31,15 @@ def run(script: str, *args: str, timeout: float = 240.0) -> str:
 
 
 def test_every_benchmark_has_a_smoke_test() -> None:
-    covered = {"goodput_vs_peers", "operator_scale", "router_decision", "router_overhead", "sim_speed", "testbed"}
+    covered = {
+        "goodput_vs_peers",
+        "operator_scale",
+        "parity",
+        "router_decision",
+        "router_overhead",
+        "sim_speed",
+        "testbed",
+    }
     scripts = {p.stem for p in BENCH.glob("*.py")} - {"real_engines"}
     assert scripts <= covered, f"benchmarks without a smoke test: {sorted(scripts - covered)}"
 
@@ -71,3 +79,13 @@ def test_operator_scale(tmp_path: Path) -> None:
 def test_goodput_vs_peers(tmp_path: Path) -> None:
     out = json.loads(run("goodput_vs_peers.py", "--smoke", "--out", str(tmp_path / "goodput.json")))
     assert out["systems"]["prfaas_pd"]["reference"]["requests"] == 6
+
+
+def test_parity(tmp_path: Path) -> None:
+    """The emulated side of the parity scenario gives the figures real vLLM gave (routes, KV blocks the router
+    accounted and the decode pulled, prompt tokens by source, prefix hits): the script exits 1 on a difference."""
+    run("parity.py", "--smoke", "--out", str(tmp_path / "parity.json"))
+    out = json.loads((tmp_path / "parity.json").read_text())
+    assert out["differ"] == []
+    assert out["totals"]["emulated"]["routes"] == {"remote": 6, "local": 4}
+    assert out["totals"]["emulated"]["decode_cache_hit_tokens"] > 0  # the sessions' decode-side prefix hits

@@ -1,8 +1,8 @@
 """The real egress signal on real engines: a long request prefilled remotely moves the router's
 ``prfaas_router_remote_kv_bytes_total{link}`` and the gateway's ``prfaas_gateway_kv_egress_bytes_total{link}`` by
-``S_kv`` of the prompt tokens the engine reported (512 B/token for the tiny model: ModelProfile), the gateway's
-status endpoint reports the same, and vLLM's own NIXL histogram on the decode engine moves by that KV rounded up
-to whole blocks (what actually crossed)."""
+``S_kv`` of the whole KV blocks (``prefixBlockTokens`` = the engines' block size, 128) that hold the prompt tokens
+the engine reported (512 B/token for the tiny model: ModelProfile), the gateway's status endpoint reports the same,
+and vLLM's own NIXL histogram on the decode engine moves by exactly as much (what actually crossed)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def test_egress_counters_move_by_the_kv_of_the_reported_prompt(
     assert r.headers["x-prfaas-route"] == "remote"
     n = r.json()["usage"]["prompt_tokens"]
     assert n > THRESHOLD_TOKENS
-    s_kv = kv_model_from_profile(ModelProfileSpec.model_validate(tiny_model_profile(real_env))).kv_bytes(n)
-    assert s_kv == 512 * n
+    kv = kv_model_from_profile(ModelProfileSpec.model_validate(tiny_model_profile(real_env)))
+    s_kv = kv.with_blocks(BLOCK_SIZE).block_kv_bytes(n)
+    assert s_kv == 512 * math.ceil(n / BLOCK_SIZE) * BLOCK_SIZE
     after = (
         _counter(router, names.METRIC_ROUTER_REMOTE_BYTES, {"link": LINK}),
         _counter(gateway, names.METRIC_GATEWAY_KV_EGRESS_BYTES, {"link": LINK}),
@@ -68,8 +69,8 @@ def test_egress_counters_move_by_the_kv_of_the_reported_prompt(
     assert moved[0] == s_kv  # the router: what it admitted over the link
     assert moved[1] == s_kv  # the gateway: what it served, labelled with the router's link
     assert moved[2] == s_kv  # and its status endpoint, which region B reads, says the same
-    # vLLM's own count of what crossed: whole blocks of the full prompt (the decode pulls every block)
-    assert moved[3] == math.ceil(n / BLOCK_SIZE) * BLOCK_SIZE * 512
+    # vLLM's own count of what crossed: the same whole blocks (a fresh prompt: the decode pulls every block)
+    assert moved[3] == s_kv
     # the router judged the request against its own TTFT objective (the example PDCluster's slo for n tokens)
     router_text = httpx.get(router + "/metrics", timeout=10).text
     ttft = (

@@ -13,12 +13,15 @@ Bounds (measured on this machine kind; see the README's figures):
 * the veth's A→B bytes during remote requests ≥ the KV bytes vLLM moved (whole 128-token blocks of 64 KiB) and
   ≤ those × (1 + TCP_OVERHEAD) + PER_REQUEST_BYTES per request + BACKGROUND_BYTES_PER_S × the elapsed time
   (HTTP answers, the gateway's status answers polled by the router, UCX control traffic);
-* the router's link accounting (``prfaas_router_remote_kv_bytes_total``: prompt tokens × 512 B of the tiny
-  model's profile) within ROUTER_TOLERANCE of the kernel's count;
-* a KV pull of N bytes takes at least (N − burst) / rate (tbf's token bucket), and tbf throttled it;
-* a cut link: the first remote prefill that fails opens the breaker (threshold 1 here: after three failed status
-  polls the router stops trying the remote at all, so a higher threshold might never be reached); it closes
-  again on the first remote prefill after the link returns.
+* the router's link accounting (``prfaas_router_remote_kv_bytes_total``: the prompt's whole 128-token blocks ×
+  512 B of the tiny model's profile, as vLLM moves them) within ROUTER_TOLERANCE of the kernel's count;
+* a KV pull of N bytes takes at least (N − burst) / rate (tbf's token bucket: a lower bound the kernel enforces,
+  which no load can break), and tbf's overlimits counter shows it throttled the pull;
+* a cut link, with the router's default breaker settings: every request during the cut is answered (fallback or
+  local prefill), and the breaker opens — after ``breakerFailureThreshold`` failed remote prefills or, whichever
+  comes first, when the gateway's status endpoint has failed 3 polls (the router stops using the remote then, so
+  the threshold alone might never be reached); it closes again on the first remote prefill after the link
+  returns. Every wait is on a condition, bounded by a generous deadline.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ PER_REQUEST_BYTES = 16_384
 BACKGROUND_BYTES_PER_S = 4_096
 """The gateway's /status answers to the router's polls (one per refresh interval) and TCP keep-alives."""
 ROUTER_TOLERANCE = 0.12
-"""The router counts prompt tokens × 512 B; vLLM moves whole blocks (≤ 127 tokens more per request) over TCP."""
+"""The router counts the whole blocks vLLM moves; the veth adds TCP/IP headers, UCX framing and status polls."""
 
 
 @dataclass
@@ -98,7 +101,7 @@ def regions(vllm_pool: EnginePool, real_env: RealEnv, tmp_path_factory: pytest.T
         stack.wait_ready("gateway")
         config = stack.router_config([], [pd], "gateway", THRESHOLD)
         config["links"] = [{"name": "a-to-b", "capacityGbps": SHAPE.rate_mbit / 1000}]
-        config["routing"].update(refreshIntervalSeconds=1.0, breakerFailureThreshold=1, breakerOpenSeconds=3)
+        config["routing"].update(refreshIntervalSeconds=1.0, breakerOpenSeconds=3)  # the default failure threshold
         stack.start_router("router", config, pair.exec_prefix("b"), pair.addr_b, _via(pair, "b"))
         stack.wait_ready("router")
         yield Regions(pair, prfaas, pd, stack)
@@ -146,6 +149,7 @@ def test_kv_pulls_cross_the_shaped_veth_and_the_counters_agree(
     print(f"\nveth A→B {link} B; KV moved {kv_bytes} B; router accounted {router:.0f} B; {elapsed:.1f} s")
     print(f"kernel/KV {link / kv_bytes:.4f}; kernel/router {link / router:.4f}; bound {bound:.0f} B")
     assert kv_bytes <= link <= bound
+    assert router == kv_bytes  # block-exact: the router counts the whole blocks vLLM moved (fresh prompts)
     assert abs(link - router) <= ROUTER_TOLERANCE * link, (link, router)
 
 
@@ -195,7 +199,6 @@ def test_a_cut_link_falls_back_locally_then_the_breaker_closes_again(
             assert send() in ("fallback", "local")
             log = (regions.stack.dir / "router.log").read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, f"the breaker never opened while the link was cut: {served}\n{log}"
-        assert any(route == "fallback" for route, _, _ in served)
     finally:
         pair.restore()
     deadline = time.monotonic() + 90

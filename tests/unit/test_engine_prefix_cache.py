@@ -29,16 +29,19 @@ def test_same_block_content_at_another_position_does_not_match() -> None:
     assert a[1] != b[0]
 
 
-def test_match_counts_leading_cached_blocks_and_keeps_one_token_to_compute() -> None:
+def test_match_counts_leading_cached_blocks_and_keeps_the_last_token_to_compute() -> None:
     cache = PrefixCache(capacity_blocks=100, block_size=16)
     prompt = list(range(48))
     hashes = block_hashes(prompt, 16)
     assert cache.match(hashes, len(prompt)) == 0
     cache.insert(hashes)
-    assert cache.match(hashes, len(prompt)) == 47  # all 3 blocks cached, the last token is recomputed
+    # all 3 blocks cached: the last token must be recomputed, and vLLM's hits are whole blocks (of the first 47
+    # tokens: 2 blocks), so its whole block is (vllm/v1/core/kv_cache_manager.py, max_cache_hit_length)
+    assert cache.match(hashes, len(prompt)) == 32
+    assert cache.match(hashes[:2], 40) == 32
     longer = block_hashes([*prompt, *range(100, 116)], 16)
     assert cache.match(longer, 64) == 48
-    assert (cache.queried_tokens, cache.hit_tokens) == (48 + 48 + 64, 47 + 48)
+    assert (cache.queried_tokens, cache.hit_tokens) == (48 + 48 + 40 + 64, 32 + 32 + 48)
 
 
 def test_a_gap_stops_the_match() -> None:

@@ -6,8 +6,9 @@ import pytest
 
 from prfaas_core.api import MeasuredKvPoint, MeasuredKvTable, ModelArchitecture, ModelProfileSpec
 from prfaas_core.api.model_profile import SlidingWindowSpec
-from prfaas_core.kv import KvModelError, kv_model_from_profile
+from prfaas_core.kv import KvModelError, kv_model_from_profile, whole_blocks
 from prfaas_core.names import KIB, MIB
+from prfaas_core.policy.routing import transfer_bytes
 from prfaas_core.profiles import builtin_model_profiles
 
 TABLE5 = [
@@ -160,3 +161,18 @@ def test_builtin_profiles_round_trip_through_the_api_models() -> None:
     for spec in builtin_model_profiles().values():
         again = ModelProfileSpec.model_validate(spec.to_manifest())
         assert again == spec
+
+
+def test_transfers_count_whole_blocks_where_the_block_size_is_known() -> None:
+    """An engine holds and moves whole KV blocks (vLLM's NixlConnector reads block descriptors): with the block
+    size known (the routers' prefixBlockTokens) a transfer of n tokens is S_kv of ceil(n/b)*b tokens."""
+    tiny = {"architecture": {"fullAttentionLayers": 2, "kvHeads": 2, "headDim": 32, "kvDtype": "bf16"}}
+    kv = kv_model_from_profile(ModelProfileSpec.model_validate(tiny))
+    assert kv.block_kv_bytes(129) == kv.kv_bytes(129) == 512 * 129  # block size unknown: tokens
+    blocks = kv.with_blocks(128)
+    assert [whole_blocks(n, 128) for n in (0, 1, 128, 129)] == [0, 1, 1, 2]
+    assert blocks.block_kv_bytes(129) == 512 * 256 and blocks.block_kv_bytes(128) == 512 * 128
+    assert blocks.kv_bytes(129) == 512 * 129  # S_kv itself is unchanged (the planner's and the threshold's)
+    # the decode holds 256 cached tokens (two blocks): the rest of a 300-token prompt is one whole block
+    assert transfer_bytes(blocks, 300, 256) == 512 * 128
+    assert transfer_bytes(blocks, 300, 0) == 512 * 384

@@ -20,6 +20,24 @@ def test_opens_after_consecutive_failures_and_success_resets() -> None:
     assert b.mode == "open" and "3 consecutive failures, last: timeout" in b.reason
 
 
+def test_a_trip_opens_at_once_and_a_probe_after_the_window_closes_it() -> None:
+    """A router trips the breaker when its remote's status endpoint stops answering (a cut link): remote use has
+    stopped, and the breaker says so, whatever the failure threshold."""
+    board = BreakerBoard()
+    board.ensure(["prfaas"])
+    board.tripped("prfaas", 50.0, "3 status polls failed")
+    assert board.is_open("prfaas") and "3 status polls failed" in board.reason("prfaas")
+    board.tripped("prfaas", 55.0, "again")  # an open breaker stays as it was opened
+    assert board.get("prfaas").opened_at_s == 50.0
+    assert [(t.before, t.after) for t in board.take_transitions()] == [("closed", "open")]
+    assert not board.allows("prfaas", 59.0, P)
+    assert board.allows("prfaas", 60.0, P)  # half-open: the first request after the link returns probes
+    board.succeeded("prfaas")
+    assert not board.is_open("prfaas")
+    half = Breaker("half-open", 0, 0.0, (1.0,))
+    assert half.trip(2.0, "down").mode == "open"
+
+
 def test_open_rejects_until_the_window_then_one_probe() -> None:
     b = Breaker("open", 3, 100.0)
     ok, b = b.acquire(105.0, P)

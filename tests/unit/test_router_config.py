@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from prfaas_core.api.engine import EngineSettingsSpec
 from prfaas_core.profiles import builtin_model_profiles
+from prfaas_operator.router_config import routing_for
 from prfaas_router.config import ConfigError, ConfigWatcher, load_config
 
 MODEL = builtin_model_profiles()["internal-1t"].model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -73,3 +75,10 @@ def test_a_deleted_config_file_is_reported_once_per_backoff_not_every_poll(tmp_p
     c.write_text(json.dumps({**BASE, "thresholdMinTokens": 7}))
     new = w.poll()
     assert new is not None and new.threshold_min_tokens == 7
+
+
+def test_the_operator_gives_routers_the_engines_block_size() -> None:
+    """prefixBlockTokens is the engines' KV block size (``spec.engine.blockSize``), so the routers hash prefixes
+    and count KV in the blocks vLLM holds and moves; the default when the engine keeps its own."""
+    assert routing_for(EngineSettingsSpec.model_validate({"blockSize": 128})).prefix_block_tokens == 128
+    assert routing_for(EngineSettingsSpec()).prefix_block_tokens == 16

@@ -30,3 +30,13 @@ def test_real_trace_fits_the_tiny_model() -> None:
     assert all(128 <= r.input_tokens <= 1900 and r.output_tokens == 16 for r in records)
     assert [r.arrival_s for r in records] == sorted(r.arrival_s for r in records)
     assert records[-1].arrival_s <= 60.0
+
+
+def test_the_readme_command_plans_a_trace_without_an_output_tokens_option() -> None:
+    """``prfaas up --engines vllm`` as the README gives it (no --output-tokens: the scenario's default is
+    emulated-only) plans its threshold and trace: it once crashed here before any engine started."""
+    args = build_parser().parse_args(["up", "--engines", "vllm"])
+    args.load = 0.5  # what up's dispatch sets for --engines vllm
+    t0, records, _ = real_up.planned(args, 2, 60.0)
+    assert 128 < t0 < 1900
+    assert records and all(r.output_tokens == real_up.OUTPUT_TOKENS for r in records)

@@ -1,7 +1,11 @@
 """Circuit breaker for a remote dependency (the PrFaaS gateway, the link): a small state machine.
 
-closed --(``failure_threshold`` consecutive failures)--> open --(``open_s`` elapsed)--> half-open
+closed --(``failure_threshold`` consecutive failures, or :meth:`Breaker.trip`)--> open --(``open_s`` elapsed)-->
 half-open --(a probe succeeds)--> closed;  half-open --(a probe fails)--> open again.
+
+A trip is the shell's own judgement that the remote is down (a router: its gateway's status endpoint stopped
+answering), which stops remote use before any request has paid for a failed call; the breaker opens then, so it
+(and the alert on it) says what the router does.
 
 While open, requests skip the remote side and prefill locally (no request lost). Asking whether the remote
 *could* be used (:meth:`Breaker.available`) never changes the state: only a request that will actually use
@@ -72,6 +76,12 @@ class Breaker:
         if failures >= params.failure_threshold:
             return Breaker("open", failures, now_s, (), f"open: {failures} consecutive failures, last: {why}")
         return replace(self, failures=failures, reason=f"closed: {failures} consecutive failure(s), last: {why}")
+
+    def trip(self, now_s: float, why: str) -> Breaker:
+        """Open now (the remote is known to be down); an open breaker stays as it is."""
+        if self.mode == "open":
+            return self
+        return Breaker("open", self.failures, now_s, (), f"open: {why}")
 
     def cancelled(self, started_s: float) -> Breaker:
         """A probe started at ``started_s`` ended without a verdict (the client went away): its slot is free."""
@@ -154,6 +164,9 @@ class BreakerBoard:
 
     def failed(self, name: str, now_s: float, params: BreakerParams, why: str) -> None:
         self._set(name, self.get(name).on_failure(now_s, params, why))
+
+    def tripped(self, name: str, now_s: float, why: str) -> None:
+        self._set(name, self.get(name).trip(now_s, why))
 
     def cancelled(self, name: str, ticket: float) -> None:
         self._set(name, self.get(name).cancelled(ticket))

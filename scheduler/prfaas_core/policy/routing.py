@@ -86,11 +86,12 @@ class RouteDecision:
 
 
 def transfer_bytes(kv: KvModel, total_tokens: int, cached_at_decode_tokens: int) -> float:
-    """KV bytes the decode side still needs: the uncached tail's KV plus the fixed (linear/SWA) state."""
+    """KV bytes the decode side still needs: the uncached tail's KV plus the fixed (linear/SWA) state, in whole
+    blocks where the model knows the engines' block size (:meth:`KvModel.block_kv_bytes`)."""
     if cached_at_decode_tokens <= 0:
-        return kv.kv_bytes(total_tokens)
+        return kv.block_kv_bytes(total_tokens)
     cached_growing = max(0.0, kv.kv_bytes(cached_at_decode_tokens) - kv.fixed_bytes)
-    return max(kv.fixed_bytes, kv.kv_bytes(total_tokens) - cached_growing)
+    return max(kv.fixed_bytes, kv.block_kv_bytes(total_tokens) - cached_growing)
 
 
 def stream_gbps(nbytes: float, prefill_s: float, link: LinkParams) -> float:
