@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
+from testbed_support import prompt
 
 DOCUMENTED = {429, 502, 503}
-
-
-def prompt(tokens: int) -> str:
-    head = uuid.uuid4().hex
-    return head + "x" * (tokens * 4 - len(head))
 
 
 @dataclass(frozen=True)

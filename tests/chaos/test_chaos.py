@@ -22,16 +22,9 @@ import httpx
 import pytest
 from ledger import Ledger
 from router_stack import Stack, start_stack
-from testbed_support import http, metric_value, processes, wait_for
+from testbed_support import counter, http, processes, wait_for
 
 pytestmark = pytest.mark.chaos
-
-
-def counter(url: str, name: str, **labels: str) -> float:
-    try:
-        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
-    except KeyError:
-        return 0.0
 
 
 def proc(stack: Stack, name: str) -> subprocess.Popen[bytes]:
