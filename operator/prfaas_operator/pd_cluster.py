@@ -20,7 +20,7 @@ from prfaas_core.api import Condition, InterDCLinkStatus, PDCluster, PDClusterSt
 from prfaas_core.names import ANNOTATION_PAUSED, KIND_PD_CLUSTER, LABEL_PD_CLUSTER
 from prfaas_core.plan_inputs import PlanInputError, PlanInputs, plan_inputs_from_specs
 from prfaas_core.policy.loop import LoopDecision, LoopTick, ScarceLink, step
-from prfaas_core.policy.roles import RoleObservation, RolePolicyParams, Verdict
+from prfaas_core.policy.role_types import RoleObservation, RolePolicyParams, Verdict
 from prfaas_core.workload import WorkloadSpec
 
 from . import pods as podlib

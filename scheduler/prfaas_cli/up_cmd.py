@@ -22,7 +22,7 @@ from typing import Any
 
 from prfaas_core.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.planner import plan
-from prfaas_core.policy.roles import RolePolicyParams
+from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.trace import TraceRecord, parse_trace
 
 from . import real_up
