@@ -32,7 +32,7 @@ from prfaas_core.names import (
     LABEL_DRAINING,
     LABEL_ROLE,
 )
-from prfaas_core.policy.roles import RoleDecision
+from prfaas_core.policy.role_types import RoleDecision
 
 from .kube import ApiError, JsonDict, KubeApi, api_path
 from .registry import World

@@ -9,7 +9,6 @@ link's measured egress and state, so neither passes a derived value to the other
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -68,11 +67,8 @@ class LinkReconciler:
         return LinkQuery((entry.namespace or "", entry.name), url, entry.model.spec.measurement)
 
     async def reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, measure: bool) -> None:
-        started = time.perf_counter()
-        try:
+        with self.metrics.reconcile_timer(KIND_INTER_DC_LINK):
             await self._reconcile(entry, snap, now_s, measure)
-        finally:
-            self.metrics.reconcile_seconds.labels(kind=KIND_INTER_DC_LINK).observe(time.perf_counter() - started)
 
     async def _reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, measure: bool) -> None:
         log = logger(KIND_INTER_DC_LINK, entry.namespace, entry.name)
@@ -80,8 +76,7 @@ class LinkReconciler:
         old = entry.read_status(InterDCLinkStatus)
         conds = old.conditions
         if entry.paused:
-            conds = set_condition(conds, "Paused", True, "PausedByAnnotation", "reconciliation is paused", now_s, gen)
-            await self.writer.write(entry, InterDCLinkStatus(conditions=conds))
+            await self.writer.write_paused(entry, InterDCLinkStatus, conds, now_s)
             return
         problem = self.problem(entry)
         if problem is not None:

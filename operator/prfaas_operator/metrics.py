@@ -8,6 +8,9 @@ the full reason goes to status, events and logs, never into a label) and the PD 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIServer
 
@@ -109,6 +112,15 @@ class OperatorMetrics:
         )
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def reconcile_timer(self, kind: str) -> Iterator[None]:
+        """Observe how long the block (one object's reconcile) took on ``prfaas_operator_reconcile_seconds{kind}``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.reconcile_seconds.labels(kind=kind).observe(time.perf_counter() - started)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         self._server, self._thread = start_http_server(port, host, registry=self.registry)

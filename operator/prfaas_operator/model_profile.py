@@ -19,8 +19,7 @@ async def reconcile(api: KubeApi, writer: StatusWriter, entry: Entry, now_s: flo
     gen = entry.generation
     conds = entry.read_status(ModelProfileStatus).conditions
     if entry.paused:
-        conds = set_condition(conds, "Paused", True, "PausedByAnnotation", "reconciliation is paused", now_s, gen)
-        await writer.write(entry, ModelProfileStatus(conditions=conds))
+        await writer.write_paused(entry, ModelProfileStatus, conds, now_s)
         return
     reason, message = "", ""
     derived: dict[str, float] = {}

@@ -13,7 +13,6 @@ memory, and in ``status.loop`` across restarts.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ from prfaas_core.api import Condition, InterDCLinkStatus, PDCluster, PDClusterSt
 from prfaas_core.names import ANNOTATION_PAUSED, KIND_PD_CLUSTER, LABEL_PD_CLUSTER
 from prfaas_core.plan_inputs import PlanInputError, PlanInputs, plan_inputs_from_specs
 from prfaas_core.policy.loop import LoopDecision, LoopTick, ScarceLink, step
-from prfaas_core.policy.roles import RoleObservation, RolePolicyParams, Verdict
+from prfaas_core.policy.role_types import RoleObservation, RolePolicyParams, Verdict
 from prfaas_core.workload import WorkloadSpec
 
 from . import pods as podlib
@@ -143,11 +142,8 @@ class PDClusterReconciler:
 
     # --- the reconcile ------------------------------------------------------------------------------
     async def reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, run_loop: bool) -> None:
-        started = time.perf_counter()
-        try:
+        with self.metrics.reconcile_timer(KIND_PD_CLUSTER):
             await self._reconcile(entry, snap, now_s, run_loop)
-        finally:
-            self.metrics.reconcile_seconds.labels(kind=KIND_PD_CLUSTER).observe(time.perf_counter() - started)
 
     async def _reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, run_loop: bool) -> None:
         log = logger(KIND_PD_CLUSTER, entry.namespace, entry.name)
@@ -155,16 +151,8 @@ class PDClusterReconciler:
         status = entry.read_status(PDClusterStatus)
         conds = status.conditions
         if entry.paused:
-            conds = set_condition(
-                conds,
-                "Paused",
-                True,
-                "PausedByAnnotation",
-                f"{ANNOTATION_PAUSED}=true: reconciliation is paused; nothing is observed or acted on",
-                now_s,
-                gen,
-            )
-            if await self.writer.write(entry, PDClusterStatus(conditions=conds)):
+            message = f"{ANNOTATION_PAUSED}=true: reconciliation is paused; nothing is observed or acted on"
+            if await self.writer.write_paused(entry, PDClusterStatus, conds, now_s, message):
                 log.info("paused", annotation=ANNOTATION_PAUSED)
             return
         if condition_true(conds, "Paused"):

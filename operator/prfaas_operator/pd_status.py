@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from prfaas_core.api import Condition, PDClusterStatus
 from prfaas_core.api.common import LoopMemory, PDClusterSummary, RoleStatus
 from prfaas_core.policy.loop import LoopDecision, controls_in_force
-from prfaas_core.policy.roles import Role, RolePolicyParams
+from prfaas_core.policy.role_types import Role, RolePolicyParams
 
 from .kube import JsonDict
 from .pods import counts

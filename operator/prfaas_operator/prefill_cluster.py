@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import ssl
-import time
 from typing import Any
 
 import httpx
@@ -129,19 +128,15 @@ class PrefillClusterReconciler:
         """Remote PrefillClusters whose (possible) Managed-mode gateway ConfigMap was removed since start."""
 
     async def reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, sync: bool) -> None:
-        started = time.perf_counter()
-        try:
+        with self.metrics.reconcile_timer(KIND_PREFILL_CLUSTER):
             await self._reconcile(entry, snap, now_s, sync)
-        finally:
-            self.metrics.reconcile_seconds.labels(kind=KIND_PREFILL_CLUSTER).observe(time.perf_counter() - started)
 
     async def _reconcile(self, entry: Entry, snap: Snapshot | None, now_s: float, sync: bool) -> None:
         log = logger(KIND_PREFILL_CLUSTER, entry.namespace, entry.name)
         gen = entry.generation
         conds = entry.read_status(PrefillClusterStatus).conditions
         if entry.paused:
-            conds = set_condition(conds, "Paused", True, "PausedByAnnotation", "reconciliation is paused", now_s, gen)
-            await self.writer.write(entry, PrefillClusterStatus(conditions=conds))
+            await self.writer.write_paused(entry, PrefillClusterStatus, conds, now_s)
             return
         old = get_condition(conds, "Ready")
         problem: tuple[str, str] | None = None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from prfaas_core.api import ApiModel
+from collections.abc import Callable, Sequence
+
+from prfaas_core.api import ApiModel, Condition
 from prfaas_core.names import GROUP_VERSION
 
 from .kube import ApiError, KubeApi, api_path
 from .registry import PLURALS, Entry, World
-from .status import status_changed, status_patch
+from .status import set_condition, status_changed, status_patch
 
 
 class StatusWriter:
@@ -34,3 +36,16 @@ class StatusWriter:
         entry.body = {**entry.body, "status": {k: v for k, v in merged.items() if v is not None}}
         self.world.update_status(entry.kind, entry.key, status)
         return True
+
+    async def write_paused(
+        self,
+        entry: Entry,
+        status_type: Callable[..., ApiModel],
+        conditions: Sequence[Condition],
+        now_s: float,
+        message: str = "reconciliation is paused",
+    ) -> bool:
+        """The ``prfaas.io/paused`` step every reconcile starts with: set the Paused condition and write only it
+        (``status_type`` is the kind's status model); False when nothing changed."""
+        conds = set_condition(conditions, "Paused", True, "PausedByAnnotation", message, now_s, entry.generation)
+        return await self.write(entry, status_type(conditions=conds))

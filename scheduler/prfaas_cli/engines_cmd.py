@@ -22,7 +22,7 @@ from prfaas_core.engine_render import Cluster, RenderError, engine_specs, render
 from prfaas_core.engines import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT, EngineSpec
 from prfaas_core.validation import validate_documents
 
-from .manifests import InputError, load_documents
+from .manifests import InputError, add_manifest_args, load_documents
 
 
 def register(sub: Any) -> None:
@@ -31,9 +31,8 @@ def register(sub: Any) -> None:
         help="render the engines' command, args and env per cluster and role from the custom resources",
         description=__doc__,
     )
-    p.add_argument("files", nargs="+", metavar="FILE", help="manifest files or directories (YAML)")
+    add_manifest_args(p)
     p.add_argument("--output", "-o", choices=("json", "helm-values"), default="json", help="output format")
-    p.add_argument("--namespace", default="default", help="namespace of objects that name none")
     p.set_defaults(handler=run)
 
 

@@ -28,7 +28,14 @@ from prfaas_core.names import (
 from prfaas_core.plan_inputs import PlanInputs
 from prfaas_core.policy.link import LinkParams
 from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, ScarceLink, step
-from prfaas_core.policy.roles import InstanceState, Role, RoleDecision, RoleObservation, RolePolicyParams, StageLoad
+from prfaas_core.policy.role_types import (
+    InstanceState,
+    Role,
+    RoleDecision,
+    RoleObservation,
+    RolePolicyParams,
+    StageLoad,
+)
 from prfaas_core.workload import LengthDistribution, TruncatedLogNormal
 from prfaas_router.prom_text import sample_sum
 

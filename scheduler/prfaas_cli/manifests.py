@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -12,6 +13,12 @@ from prfaas_core.validation import Document
 
 class InputError(Exception):
     """Bad input on the command line: a missing file, unreadable YAML. Exit code 2."""
+
+
+def add_manifest_args(p: Any) -> None:
+    """The arguments of a command that reads manifests: FILE... and ``--namespace``."""
+    p.add_argument("files", nargs="+", metavar="FILE", help="manifest files or directories (YAML)")
+    p.add_argument("--namespace", default="default", help="namespace of objects that name none")
 
 
 def expand_paths(paths: Sequence[str]) -> list[Path]:

@@ -35,7 +35,7 @@ from prfaas_core import names
 from prfaas_core.api import RouterConfig
 from prfaas_core.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.planner import plan
-from prfaas_core.policy.roles import RolePolicyParams
+from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.trace import TraceRecord
 from prfaas_core.workload import TruncatedLogNormal
 from prfaas_router.prom_text import sample_sum

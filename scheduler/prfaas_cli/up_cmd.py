@@ -22,7 +22,7 @@ from typing import Any
 
 from prfaas_core.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.planner import plan
-from prfaas_core.policy.roles import RolePolicyParams
+from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.trace import TraceRecord, parse_trace
 
 from . import real_up
@@ -41,7 +41,7 @@ from .scenario import (
 )
 from .scenario import generate_trace as scenario_trace
 from .stack import LocalStack, StackSpec
-from .up_prom import LocalPrometheus, start_prometheus
+from .up_prom import LocalPrometheus, running_stack, start_prometheus
 from .up_report import loop_summary, print_summary, render_plot, summary
 from .up_session import run_session
 from .up_view import LiveView
@@ -302,20 +302,14 @@ def run(args: argparse.Namespace) -> int:
 
         return serve(args, up, stack_for(args, up, work), work)
     stack = stack_for(args, up, work)
-    prom = None
     try:
-        stack.start()
-        prom = local_prometheus(args, stack, work)
-        out = replay_run(args, up, stack, records)
-        if prom is not None and plot_dir is not None:
-            out["_dashboard"] = dashboard_picture(prom, out["_started_unix"], time.time())
+        with running_stack(stack, lambda: local_prometheus(args, stack, work)) as prom:
+            out = replay_run(args, up, stack, records)
+            if prom is not None and plot_dir is not None:
+                out["_dashboard"] = dashboard_picture(prom, out["_started_unix"], time.time())
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if prom is not None:
-            prom.stop()
-        stack.stop()
     return report(args, out, work, plot_dir)
 
 

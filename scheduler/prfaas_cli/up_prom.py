@@ -8,6 +8,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,3 +110,19 @@ def start_prometheus(stack: LocalStack, work: Path, timeout_s: float = 60.0) -> 
 
 
 __all__ = ["LocalPrometheus", "scrape_config", "start_prometheus"]
+
+
+@contextmanager
+def running_stack(
+    stack: LocalStack, prometheus: Callable[[], LocalPrometheus | None]
+) -> Iterator[LocalPrometheus | None]:
+    """Start ``stack``, then its local Prometheus (``prometheus()``: None for none); stop both on the way out."""
+    prom: LocalPrometheus | None = None
+    try:
+        stack.start()
+        prom = prometheus()
+        yield prom
+    finally:
+        if prom is not None:
+            prom.stop()
+        stack.stop()

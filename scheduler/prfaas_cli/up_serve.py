@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .stack import LocalStack
-from .up_prom import LocalPrometheus, start_prometheus
+from .up_prom import LocalPrometheus, running_stack, start_prometheus
 from .up_report import loop_summary, render_plot, summary
 from .up_session import run_session
 from .up_view import LiveView
@@ -65,22 +65,16 @@ def _print_endpoints(info: dict[str, Any], work: Path) -> None:
 
 def serve(args: argparse.Namespace, up: Any, stack: LocalStack, work: Path) -> int:
     stack = LocalStack(replace(stack.spec, served_models=(served_model(stack),)), stack.work_dir)
-    prom: LocalPrometheus | None = None
+    auto = args.prometheus == "auto"
     try:
-        stack.start()
-        if args.prometheus == "auto":
-            prom = start_prometheus(stack, work)
-        info = endpoints(stack, prom)
-        (work / "endpoints.json").write_text(json.dumps(info, indent=2))
-        _print_endpoints(info, work)
-        out = asyncio.run(_serve(args, up, stack))
+        with running_stack(stack, lambda: start_prometheus(stack, work) if auto else None) as prom:
+            info = endpoints(stack, prom)
+            (work / "endpoints.json").write_text(json.dumps(info, indent=2))
+            _print_endpoints(info, work)
+            out = asyncio.run(_serve(args, up, stack))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if prom is not None:
-            prom.stop()
-        stack.stop()
     png = out.pop("_png")
     (work / "summary.json").write_text(json.dumps(out, indent=2))
     if args.plot_dir:

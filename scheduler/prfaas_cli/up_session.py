@@ -27,7 +27,7 @@ from prfaas_core.names import (
 )
 from prfaas_core.plan_inputs import PlanInputs
 from prfaas_core.policy.loop import LoopDecision
-from prfaas_core.policy.roles import RolePolicyParams
+from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.trace import TraceRecord
 from prfaas_router.prom_text import sample_sum
 

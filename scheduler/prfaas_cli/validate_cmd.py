@@ -10,7 +10,7 @@ from typing import Any
 
 from prfaas_core.validation import Checked, validate_documents
 
-from .manifests import InputError, load_documents
+from .manifests import InputError, add_manifest_args, load_documents
 
 
 def register(sub: Any) -> None:
@@ -19,9 +19,8 @@ def register(sub: Any) -> None:
         help="validate PrFaaS manifests (CRD schema + CEL rules + typed models + cross-object references)",
         description=__doc__,
     )
-    p.add_argument("files", nargs="+", metavar="FILE", help="manifest files or directories (YAML)")
+    add_manifest_args(p)
     p.add_argument("--output", "-o", choices=("text", "json"), default="text", help="report format")
-    p.add_argument("--namespace", default="default", help="namespace of objects that name none")
     p.set_defaults(handler=run)
 
 

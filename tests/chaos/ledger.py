@@ -12,13 +12,13 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
+from testbed_support import prompt
 
 DOCUMENTED = {429, 502, 503}
 
@@ -30,11 +30,6 @@ def record(fault: str, **row: object) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"fault": fault, **row}) + "\n")
-
-
-def prompt(tokens: int) -> str:
-    head = uuid.uuid4().hex
-    return head + "x" * (tokens * 4 - len(head))
 
 
 @dataclass(frozen=True)

@@ -24,19 +24,12 @@ import httpx
 import pytest
 from ledger import Ledger, record
 from router_stack import Stack, start_stack
-from testbed_support import http, metric_value, processes, wait_for
+from testbed_support import counter, http, metric_value, processes, wait_for
 
 from prfaas_link.config import LinkConfig
 from prfaas_link.relay import PACER_LOOKAHEAD_S
 
 pytestmark = pytest.mark.chaos
-
-
-def counter(url: str, name: str, **labels: str) -> float:
-    try:
-        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
-    except KeyError:
-        return 0.0
 
 
 def proc(stack: Stack, name: str) -> subprocess.Popen[bytes]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import shutil
 import subprocess
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import httpx
 import yaml
 from router_stack import GATEWAY_AUTH, Stack, start_stack
-from testbed_support import Processes, http
+from testbed_support import Processes, http, prompt
 
 from prfaas_testbed.operator_harness import Harness, OperatorProcess
 from prfaas_testbed.prom import free_port, wait_until
@@ -36,12 +35,6 @@ LINK_CAP = "0.8"
 def substitute(expr: str) -> str:
     """A dashboard expression as Prometheus runs it (Grafana's macros replaced)."""
     return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$link_cap", LINK_CAP)
-
-
-def prompt(tokens: int) -> str:
-    """A prompt of ``tokens`` tokens (chars4 tokenizer) sharing no prefix block with any other."""
-    head = uuid.uuid4().hex
-    return head + "x" * (tokens * 4 - len(head))
 
 
 @dataclass

@@ -5,12 +5,11 @@ to its local alternative. The gateway's link is made tiny (5 Mbps) so one 40K-to
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import httpx
 from router_stack import start_stack
-from testbed_support import http, metric_value, processes
+from testbed_support import counter, http, processes, prompt
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline
@@ -18,18 +17,6 @@ from prfaas_core.kv import kv_model_from_profile
 from prfaas_core.profiles import builtin_model_profiles
 
 KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
-
-
-def prompt(tokens: int) -> str:
-    head = uuid.uuid4().hex
-    return head + "x" * (tokens * 4 - len(head))
-
-
-def counter(url: str, name: str, **labels: str) -> float:
-    try:
-        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
-    except KeyError:
-        return 0.0
 
 
 def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:

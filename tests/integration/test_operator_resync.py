@@ -8,12 +8,12 @@ reader but the watch sees the change): exactly what a dropped watch event looks 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from prfaas_router.prom_text import sample_sum
 from prfaas_testbed.operator_harness import Harness
 from prfaas_testbed.prom import wait_until
 
@@ -58,12 +58,8 @@ def watch_blind_to(h: Harness, plural: str, name: str) -> Iterator[list[dict[str
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    """One sample's value (0 when absent); labels match in any order."""
-    for line in text.splitlines():
-        m = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            return float(m.group(2))
-    return 0.0
+    """The sum of the samples of ``name`` whose labels include ``labels`` (0 when absent)."""
+    return sample_sum(text, name, labels) or 0.0
 
 
 def test_missed_creation_is_reconciled_and_vanished_object_cleaned_up_by_the_resync(h: Harness) -> None:

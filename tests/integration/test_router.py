@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,18 +13,12 @@ import httpx
 import openai
 import pytest
 from router_stack import BYTE_SCALE, Stack, start_stack
-from testbed_support import http, metric_value, processes, wait_for
+from testbed_support import counter, http, metric_value, processes, prompt, wait_for
 
 from prfaas_core.kv import kv_model_from_profile
 from prfaas_core.profiles import builtin_model_profiles
 
 KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
-
-
-def prompt(tokens: int) -> str:
-    """A prompt of ``tokens`` tokens (chars4) sharing no prefix block with any other."""
-    head = uuid.uuid4().hex  # 32 chars = 8 tokens, unique
-    return head + "x" * (tokens * 4 - len(head))
 
 
 def complete(stack: Stack, text: str, max_tokens: int = 4, **extra: object) -> tuple[int, object]:
@@ -39,13 +32,6 @@ def complete(stack: Stack, text: str, max_tokens: int = 4, **extra: object) -> t
 
 def metrics(url: str) -> str:
     return httpx.get(url + "/metrics", timeout=5).text
-
-
-def counter(url: str, name: str, **labels: str) -> float:
-    try:
-        return metric_value(metrics(url), name, labels)
-    except KeyError:
-        return 0.0
 
 
 @pytest.fixture(scope="module")

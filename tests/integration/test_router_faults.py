@@ -8,27 +8,14 @@ import asyncio
 import concurrent.futures
 import os
 import signal
-import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from router_stack import TIME_SCALE, Stack, start_stack
-from testbed_support import http, metric_value, processes, wait_for
+from testbed_support import counter, http, processes, prompt, wait_for
 
 from prfaas_core.hardware import builtin_hardware
-
-
-def prompt(tokens: int) -> str:
-    head = uuid.uuid4().hex
-    return head + "x" * (tokens * 4 - len(head))
-
-
-def counter(url: str, name: str, **labels: str) -> float:
-    try:
-        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
-    except KeyError:
-        return 0.0
 
 
 def engine_prompt_tokens(stack: Stack) -> float:

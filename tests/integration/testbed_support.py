@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,18 +97,29 @@ def http(
 
 
 def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """The sum of the samples of ``name`` (matching ``labels``) in Prometheus text."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """The sum of the samples of ``name`` (matching ``labels``) in Prometheus text (the router's one reader)."""
+    from prfaas_router.prom_text import sample_sum
 
-    total, found = 0.0, False
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
-                total += sample.value
-                found = True
-    if not found:
+    total = sample_sum(text, name, labels)
+    if total is None:
         raise KeyError(f"no sample {name} {labels or ''}")
     return total
+
+
+def prompt(tokens: int) -> str:
+    """A prompt of ``tokens`` tokens (chars4 tokenizer) sharing no prefix block with any other."""
+    head = uuid.uuid4().hex  # 32 chars = 8 tokens, unique
+    return head + "x" * (tokens * 4 - len(head))
+
+
+def counter(url: str, name: str, **labels: str) -> float:
+    """``metric_value`` of the server at ``url`` (its /metrics); 0 when it exports no such sample yet."""
+    import httpx
+
+    try:
+        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
+    except KeyError:
+        return 0.0
 
 
 class Processes:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from prfaas_core.plan_inputs import case_study_inputs
-from prfaas_core.policy.roles import InstanceState, RoleObservation, RolePolicyParams, RoleState, decide_roles
+from prfaas_core.policy.role_types import InstanceState, RoleObservation, RolePolicyParams, RoleState
+from prfaas_core.policy.roles import decide_roles
 
 INPUTS = case_study_inputs()
 PARAMS = RolePolicyParams(hysteresis_cycles=3, cooldown_s=300, drain_timeout_s=120, prefill_min=1, decode_min=1)

@@ -12,7 +12,14 @@ from prfaas_core.plan_inputs import case_study_inputs
 from prfaas_core.planner import compute_balanced_threshold, plan
 from prfaas_core.policy.link import LinkParams
 from prfaas_core.policy.loop import DRY_RUN_PREFIX, LoopState, LoopTick, ScarceLink, step
-from prfaas_core.policy.roles import InstanceState, PendingFlip, RoleObservation, RolePolicyParams, RoleState, StageLoad
+from prfaas_core.policy.role_types import (
+    InstanceState,
+    PendingFlip,
+    RoleObservation,
+    RolePolicyParams,
+    RoleState,
+    StageLoad,
+)
 from prfaas_core.policy.threshold import bandwidth_floor_tokens, egress_budget, published_bounds
 from prfaas_core.workload import expect
 

@@ -8,15 +8,15 @@ import pytest
 
 from prfaas_core.plan_inputs import case_study_inputs
 from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, step
-from prfaas_core.policy.roles import (
+from prfaas_core.policy.role_types import (
     InstanceState,
     RoleDecision,
     RoleObservation,
     RolePolicyParams,
     RoleState,
     StageLoad,
-    decide_roles,
 )
+from prfaas_core.policy.roles import decide_roles
 from prfaas_core.workload import EmpiricalDistribution
 
 INPUTS = case_study_inputs()

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from prfaas_core.policy.roles import RoleDecision, RoleState
+from prfaas_core.policy.role_types import RoleDecision, RoleState
 from prfaas_core.sim.arrivals import SimRequest
 from prfaas_core.sim.config import SimConfig
 from prfaas_core.sim.deployments import plan_deployments

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from .roles import InstanceState, PendingFlip, Role, RoleDecision, RoleObservation, RolePolicyParams, RoleState
+from .role_types import InstanceState, PendingFlip, Role, RoleDecision, RoleObservation, RolePolicyParams, RoleState
 
 EMERGENCY = "emergency"
 """The first word of an emergency decision's reason."""

@@ -29,7 +29,8 @@ from ..api.common import DecisionRecord, rfc3339
 from ..plan_inputs import PlanInputs
 from ..planner import compute_balanced_threshold, plan
 from .link import LinkParams
-from .roles import Role, RoleDecision, RoleObservation, RolePolicyParams, RoleState, decide_roles
+from .role_types import Role, RoleDecision, RoleObservation, RolePolicyParams, RoleState
+from .roles import decide_roles
 from .threshold import ThresholdBounds, bandwidth_floor_tokens, published_bounds, threshold_in_force
 
 DRY_RUN_PREFIX = "dry-run, not acted on: "

@@ -8,7 +8,7 @@ from typing import Literal
 from ..api.common import SloSpec
 from ..plan_inputs import PlanInputs
 from ..policy.link_calendar import StreamTiming
-from ..policy.roles import RolePolicyParams
+from ..policy.role_types import RolePolicyParams
 from .scenario import CacheSpec, SimLinkSpec
 
 Routing = Literal["local", "remote", "threshold", "oblivious"]

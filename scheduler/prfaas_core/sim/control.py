@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..policy.loop import LoopDecision
-from ..policy.roles import InstanceState, Role, RoleDecision, RoleObservation, StageLoad
+from ..policy.role_types import InstanceState, Role, RoleDecision, RoleObservation, StageLoad
 from ..workload import EmpiricalDistribution
 from .instances import Instance
 from .results import RoleEvent

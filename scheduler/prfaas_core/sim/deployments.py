@@ -31,7 +31,7 @@ from ..kv import kv_model_from_profile
 from ..names import NO_THRESHOLD_TOKENS
 from ..plan_inputs import PlanInputs
 from ..planner import Plan, compute_balanced_threshold, plan
-from ..policy.roles import RolePolicyParams
+from ..policy.role_types import RolePolicyParams
 from ..profiles import builtin_model_profiles
 from ..workload import EmpiricalDistribution, LengthDistribution, distribution_from_spec
 from .arrivals import SimRequest

@@ -10,18 +10,19 @@ cap, asks the gateway for a window.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..kv import KvModel
 from ..policy.link import EgressLedger, LinkParams
 from ..policy.link_calendar import StreamTiming, WaitChoice, Window, choose_window, earliest_window
 from ..policy.routing import RouteDecision, transfer_bytes
-from .results import ttft_slo_s
+from .config import SimConfig
+from .events import EventQueue
+from .instances import Instance, Job
+from .results import RunResult, ttft_slo_s
 from .state import Req
-
-if TYPE_CHECKING:
-    from .simulation import Simulation
 
 
 @dataclass
@@ -33,6 +34,47 @@ class WindowStats:
     wait_s_sum: float = 0.0
     wait_s_max: float = 0.0
     declined_to_local: int = 0
+
+
+class WindowHost(Protocol):
+    """What the gateway's dispatch reads and schedules on the simulation
+    (:class:`~.simulation.Simulation` provides it), so that this module does not import the loop."""
+
+    @property
+    def cfg(self) -> SimConfig: ...
+
+    @property
+    def events(self) -> EventQueue: ...
+
+    @property
+    def gateway(self) -> SimGateway | None: ...
+
+    @property
+    def link_params(self) -> LinkParams: ...
+
+    @property
+    def ledgers(self) -> Sequence[EgressLedger]: ...
+
+    @property
+    def pd(self) -> list[Instance]: ...
+
+    @property
+    def prfaas(self) -> list[Instance]: ...
+
+    @property
+    def result(self) -> RunResult: ...
+
+    @property
+    def prfaas_seconds(self) -> Callable[[float], float]: ...
+
+    @property
+    def pd_seconds(self) -> Callable[[float], float]: ...
+
+    def least_wait(self, pool: list[Instance], now: float) -> float | None: ...
+
+    def remote_start(self, arg: tuple[Job, int]) -> None: ...
+
+    def prefill_end(self, arg: tuple[Job, int]) -> None: ...
 
 
 class SimGateway:
@@ -97,7 +139,7 @@ def remote_candidate(
     return total - l_prf, transfer_bytes(kv, total, l_pd), True
 
 
-def dispatch(sim: Simulation, req: Req, ask: tuple[int, float, bool], replica: int, local_tokens: int) -> bool:
+def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: int, local_tokens: int) -> bool:
     """Ask the gateway for a window for this remote candidate; book it and schedule the prefill at its start
     (True), or leave the request to the local side (False)."""
     assert sim.gateway is not None
@@ -124,7 +166,7 @@ def dispatch(sim: Simulation, req: Req, ask: tuple[int, float, bool], replica: i
     return True
 
 
-def _window_start(sim: Simulation, req: Req, window: Window) -> None:
+def _window_start(sim: WindowHost, req: Req, window: Window) -> None:
     now = sim.events.now_s
     lane = window.lane if 0 <= window.lane < len(sim.prfaas) else 0
     job = sim.prfaas[lane].enqueue_prefill(req, now, window.prefill_s)
