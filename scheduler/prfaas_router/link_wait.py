@@ -6,22 +6,17 @@ The local ledger stays the router's fast pre-filter and its fallback when the ga
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
 from prfaas_core import names
-from prfaas_core.api import AdmissionDecline, RemoteGateway
+from prfaas_core.api import AdmissionDecline
 from prfaas_core.policy.link_calendar import max_wait_s, prefer_local
 from prfaas_core.policy.link_estimate import Available
-from prfaas_core.policy.routing import RouteDecision
 
 from .legs import LegError
-from .security import RequestIds
-
-if TYPE_CHECKING:
-    from .proxy import Proxy
 
 WAIT_SLACK = 1.25
 """A re-submission accepts this much more than the earliest start the gateway named (other routers book too)."""
@@ -66,7 +61,6 @@ __all__ = [
     "local_ttft_s",
     "max_wait_s",
     "parse_decline",
-    "remote_in_window",
     "resubmit_wait_s",
 ]
 
@@ -87,38 +81,3 @@ def resubmit_wait_s(
     if prefer_local(decline.predicted_ttft_ms / 1000.0, local_ttft, slo_ttft_s, local_wait_s):
         return None
     return decline.earliest_start_ms / 1000.0 * WAIT_SLACK + 0.001
-
-
-async def remote_in_window(
-    proxy: Proxy,
-    remote: RemoteGateway,
-    path: str,
-    body: dict[str, Any],
-    request_id: RequestIds,
-    decision: RouteDecision,
-    total: int,
-    probe: float | None = None,
-) -> tuple[dict[str, Any] | None, str]:
-    """The remote prefill under the gateway's admission: the first try accepts a window up to where the remote
-    TTFT reaches the local alternative's (or the request's SLO, when that is later); on a decline, wait
-    (re-submit) or go local by :func:`resubmit_wait_s`. Returns (the KV handle or None, the route)."""
-    rt, m, c = proxy.rt, proxy.metrics, proxy.rt.compiled
-    nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
-    queue = rt.local_wait_s()
-    local = local_ttft_s(queue, c.pd.prefill_seconds(float(total)))
-    slo = c.config.slo.ttft_seconds(total) if c.config.slo is not None else None
-    cap = rt.link_params(remote.link).cap_gbps
-    first = max_wait_s(max(local, slo or 0.0), c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
-    try:
-        kv = await proxy._remote_prefill(remote, path, body, request_id, nbytes, uncached, first, probe)
-        return kv, "remote"
-    except LinkDeclined as declined:
-        wait = resubmit_wait_s(declined.decline, local, slo, queue or 0.0)
-        m.link_waits.labels(remote.link, "local" if wait is None else "waited").inc()
-        if wait is None:
-            m.decisions.labels("local", names.REASON_WAIT_FOR_LINK).inc()
-            return None, "local"
-        m.decisions.labels("remote", names.REASON_WAIT_FOR_LINK).inc()
-        m.link_wait_seconds.labels(remote.link).observe(wait / WAIT_SLACK)
-        kv = await proxy._remote_prefill(remote, path, body, request_id, nbytes, uncached, wait, probe)
-        return kv, "remote"

@@ -22,19 +22,18 @@ import orjson
 import structlog
 from aiohttp import web
 
-from prfaas_core.api import RemoteGateway
 from prfaas_core.openai_params import check_request
 from prfaas_core.tokens import block_hashes
 
-from . import link_wait, release
-from .aborts import Aborts, SideLost, remote_side
+from . import prefill_legs, release
+from .aborts import Aborts, remote_side
 from .answer import PROMPT_TOKENS_HEADER, ROUTE_HEADER, DecodeLeg, answer_stream, answer_whole, failure_kind
 from .http_util import JSON_CONTENT, LegSession, is_chat, json_bytes, json_error, model_not_found, read_token
-from .legs import LINK_HEADER, LegError, decode_body, kv_handle, prefill_body, reported_prompt_tokens
+from .legs import LegError, decode_body
 from .metrics import RouterMetrics
 from .retry import prefill_with_retry
 from .runtime import LocalPlan, Runtime
-from .security import RequestIds, gateway_body
+from .security import RequestIds
 from .tokenizer import count_prompt
 from .ttft_limit import over_limit, retry_after_s
 
@@ -197,7 +196,7 @@ class Proxy:
             )
         if remote is not None:
             try:
-                kv, route = await link_wait.remote_in_window(
+                kv, route = await prefill_legs.remote_in_window(
                     self, remote, request.path, body, request_id, decision, len(ids), routed.probe
                 )
                 if kv is not None:
@@ -264,7 +263,11 @@ class Proxy:
             )
             plan = self._replan(plan, len(ids), hashes)
             try:
-                kv = await self._local_prefill(plan, request.path, body, request_id, len(ids)) if plan.prefill else None
+                kv = (
+                    await prefill_legs.local_prefill(self, plan, request.path, body, request_id, len(ids))
+                    if plan.prefill
+                    else None
+                )
                 prefilled = time.perf_counter() if kv is not None else None
                 plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
                 response = await self._decode(
@@ -295,102 +298,6 @@ class Proxy:
         if fresh is None:
             return plan
         return LocalPlan(fresh.prefill if bad_prefill else plan.prefill, fresh.decode if bad_decode else plan.decode)
-
-    # --- legs -------------------------------------------------------------------------------------------
-    async def _remote_prefill(
-        self,
-        remote: RemoteGateway,
-        path: str,
-        body: dict[str, Any],
-        request_id: RequestIds,
-        nbytes: float,
-        uncached: int,
-        max_wait_s: float = float("inf"),
-        probe: float | None = None,
-    ) -> dict[str, Any]:
-        """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation)."""
-        rt = self.rt
-        duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
-        rt.start_transfer(remote.link, request_id.key, nbytes, duration)
-        headers = {"x-request-id": request_id.trace, LINK_HEADER: remote.link}
-        if max_wait_s < float("inf"):
-            headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s, rt.available.get(remote.link)))
-        token = self.remote_tokens.get(remote.name)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        headers["Content-Type"] = JSON_CONTENT
-        timeout = aiohttp.ClientTimeout(total=remote.timeout_seconds, sock_connect=5.0)
-        now = rt.clock()
-
-        async def leg() -> tuple[dict[str, Any], Any]:
-            async with self.legs.post(
-                f"{remote.url}{path}",
-                data=json_bytes(gateway_body(prefill_body(body))),
-                headers=headers,
-                timeout=timeout,
-                ssl=self.remote_tls.get(remote.name, True),
-            ) as resp:
-                if resp.status == 429 and (decline := link_wait.parse_decline(429, await resp.read())):
-                    rt.finish_transfer(request_id.key)
-                    raise link_wait.LinkDeclined(decline)
-                if resp.status != 200:
-                    raise LegError(f"remote prefill answered {resp.status}")
-                answer = orjson.loads(await resp.read())
-                return kv_handle(answer), answer
-
-        try:
-            handle, answer = await self.aborts.run(remote_side(remote.name), leg())
-        except link_wait.LinkDeclined:  # no verdict on the remote: a probe's slot is freed
-            rt.remote_cancelled(remote.name, probe)
-            raise
-        except (aiohttp.ClientError, TimeoutError, ValueError, LegError, SideLost) as exc:
-            rt.finish_transfer(request_id.key)
-            if isinstance(exc, SideLost):
-                why = LegError(f"remote prefill cut short: {remote.name} turned unready ({exc})")
-            else:
-                why = exc if isinstance(exc, LegError) else LegError(f"remote prefill {exc.__class__.__name__}: {exc}")
-            rt.remote_failed(remote.name, str(why), now)
-            raise why from None
-        except BaseException:  # cancelled (the client went away): no verdict, but a probe's slot is freed
-            rt.finish_transfer(request_id.key)
-            rt.remote_cancelled(remote.name, probe)
-            raise
-        rt.remote_succeeded(remote.name)
-        # the KV now waits in region A for this region's decode to pull it: S_kv of what the engine prefilled
-        tokens = reported_prompt_tokens(answer, uncached)
-        self.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.block_kv_bytes(tokens))
-        return handle
-
-    async def _local_prefill(
-        self, plan: LocalPlan, path: str, body: dict[str, Any], request_id: RequestIds, uncached: int
-    ) -> dict[str, Any]:
-        rt = self.rt
-        assert plan.prefill is not None
-        endpoint = rt.compiled.by_name[plan.prefill]
-        seconds = rt.compiled.pd.prefill_seconds(float(uncached))
-        timeouts = rt.compiled.config.timeouts
-        with rt.prefill_queued(plan.prefill, seconds):
-            try:
-                async with self.legs.post(
-                    f"{endpoint.url}{path}",
-                    data=json_bytes(prefill_body(body)),
-                    headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
-                    timeout=aiohttp.ClientTimeout(
-                        total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds
-                    ),
-                ) as resp:
-                    data = await resp.read()
-                    if resp.status != 200:
-                        text = data[:200].decode(errors="replace")
-                        raise LegError(
-                            f"local prefill on {plan.prefill} answered {resp.status}: {text}",
-                            status=502 if resp.status >= 500 else resp.status,
-                        )
-                    return kv_handle(orjson.loads(data))
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise LegError(f"local prefill on {plan.prefill}: {exc.__class__.__name__}") from None
-            except ValueError:
-                raise LegError(f"local prefill on {plan.prefill} answered a body that is not JSON") from None
 
     async def _decode(
         self,

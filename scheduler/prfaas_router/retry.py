@@ -16,6 +16,7 @@ import structlog
 
 from prfaas_core.api import RemoteGateway
 
+from . import prefill_legs
 from .legs import LegError
 from .link_wait import LinkDeclined
 from .runtime import LocalPlan
@@ -53,7 +54,9 @@ async def prefill_with_retry(
 ) -> Prefilled:
     """The local prefill leg, and once more elsewhere if it failed retriably; LegError when both failed."""
     try:
-        return Prefilled(await proxy._local_prefill(plan, path, body, request_id, uncached), plan, route, None)
+        return Prefilled(
+            await prefill_legs.local_prefill(proxy, plan, path, body, request_id, uncached), plan, route, None
+        )
     except LegError as exc:
         if exc.status < 500 or plan.prefill is None:
             raise
@@ -83,11 +86,11 @@ async def prefill_with_retry(
     try:
         if remote is not None:
             d = routed.decision
-            kv = await proxy._remote_prefill(
-                remote, path, body, request_id, d.transfer_bytes, d.uncached_tokens, probe=routed.probe
+            kv = await prefill_legs.remote_prefill(
+                proxy, remote, path, body, request_id, d.transfer_bytes, d.uncached_tokens, probe=routed.probe
             )
         else:
-            kv = await proxy._local_prefill(again, path, body, request_id, routed.decision.uncached_tokens)
+            kv = await prefill_legs.local_prefill(proxy, again, path, body, request_id, routed.decision.uncached_tokens)
     except (LegError, LinkDeclined) as exc:
         m.prefill_retries.labels(target, "error").inc()
         status = exc.status if isinstance(exc, LegError) else 503
