@@ -54,9 +54,9 @@ from prfaas_cli.load import Result, Slo, prepare_bodies, replay, sample_egress, 
 from prfaas_cli.local_loop import write_router_config
 from prfaas_cli.stack import PRFAAS, LocalStack, StackSpec, free_port
 from prfaas_cli.up_cmd import generate_trace
-from prfaas_core.plan_inputs import case_study_inputs
-from prfaas_core.planner import plan
-from prfaas_core.trace import TraceRecord
+from prfaas_core.capacity.plan_inputs import case_study_inputs
+from prfaas_core.capacity.planner import plan
+from prfaas_core.request.trace import TraceRecord
 
 SYSTEMS = ("prfaas_pd", "vllm_router_pd", "all_local")
 BIN = Path(sys.executable).parent

@@ -37,8 +37,8 @@ from prfaas_cli.real_stack import LINK, TOKEN, EngineRef, RealStack
 from prfaas_cli.stack import free_port, spawn_process, stop_processes
 from prfaas_cli.vllm_engines import BLOCK_SIZE, EnginePool, RealEnv, example_specs
 from prfaas_core import names
-from prfaas_core.kv import kv_model_from_profile
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.kv import kv_model_from_profile
+from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_router.prom_text import sample_sum
 
 THRESHOLD = 768

@@ -18,9 +18,9 @@ import statistics
 import time
 
 from prfaas_core.api import RouterConfig
+from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.policy.routing import RouteRequest, RoutingView, decide_route
-from prfaas_core.profiles import builtin_model_profiles
-from prfaas_core.tokens import ModelTokenizer, Tokenizer, block_hashes, build_tokenizer
+from prfaas_core.request.tokens import ModelTokenizer, Tokenizer, block_hashes, build_tokenizer
 from prfaas_router.runtime import Runtime, compile_config
 
 
@@ -116,7 +116,7 @@ def main() -> None:
     rng = random.Random(0)
     rt = Runtime(compile_config(config()))
     tok = build_tokenizer("chars4")
-    dist = __import__("prfaas_core.plan_inputs", fromlist=["x"]).case_study_inputs().lengths
+    dist = __import__("prfaas_core.capacity.plan_inputs", fromlist=["x"]).case_study_inputs().lengths
     lengths = [dist.sample(rng) for _ in range(args.requests)]
     # warm the prefix index with half the sessions, so lookups find something
     prompts = [[rng.randrange(150_000) for _ in range(min(n, 4096))] for n in lengths[:200]]

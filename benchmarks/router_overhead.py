@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas_cli.stack import free_port, spawn_process, stop_processes
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.profiles import builtin_model_profiles
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 BIN = Path(sys.executable).parent

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from prfaas_core.kv import KvModel
-from prfaas_core.policy.link import LinkMode, LinkParams, LinkState
+from prfaas_core.capacity.kv import KvModel
+from prfaas_core.policy.link_state import LinkMode, LinkParams, LinkState
 from prfaas_core.policy.routing import (
     InstancePick,
     InstanceView,

@@ -5,7 +5,7 @@ observes every PD cluster through Prometheus, runs the core's long-term loop (``
 each, actuates role flips (relabel or scale, always after a drain), publishes each PD cluster's router
 configuration as a ConfigMap, and reports status, events, metrics and JSON logs. Only the Lease holder acts.
 
-The long-term decisions are the core's (:func:`prfaas_core.policy.loop.step`); the operator gathers the
+The long-term decisions are the core's (:func:`prfaas_core.policy.long_term.step`); the operator gathers the
 tick, carries out the effects and reports them (docs/ARCHITECTURE.md, "The long-term path").
 
 Module map: :mod:`.handlers` (kopf registrations only), :mod:`.runner` (wiring: builds the operator),

@@ -1,7 +1,7 @@
 """The ``EngineConfig`` condition of a PD cluster: do the running engine pods carry the args and env the resources
 imply? (An engine started without its KV connector serves, and quietly recomputes every remote prefill.)
 
-Rendered through the core's :func:`~prfaas_core.engine_render.cluster_launches` (the one engine-flag function) and
+Rendered through the core's :func:`~prfaas_core.launch.render.cluster_launches` (the one engine-flag function) and
 compared with each pod's engine container (the container with the port named ``http``) as the API server holds
 it. Pods that run no vLLM (the emulators of the tests and the demo) are not judged: Unknown.
 """
@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from prfaas_core.api import InterDCLink, ModelProfile, PDCluster, PrefillCluster
-from prfaas_core.engine_checks import cluster_engine_issues, link_issues
-from prfaas_core.engine_render import RenderError, cluster_launches, launch_diff
-from prfaas_core.engines import EngineRole
+from prfaas_core.launch.engines import EngineRole
+from prfaas_core.launch.render import RenderError, cluster_launches, launch_diff
+from prfaas_core.schema.engine_checks import cluster_engine_issues, link_issues
 
 from . import pods as podlib
 from .kube import JsonDict

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prfaas_core.api import InterDCLink, InterDCLinkStatus
+from prfaas_core.capacity.plan_inputs import PlanInputs
 from prfaas_core.names import KIND_INTER_DC_LINK, KIND_PD_CLUSTER, KIND_PREFILL_CLUSTER
-from prfaas_core.plan_inputs import PlanInputs
-from prfaas_core.policy.link import LinkMode, LinkParams, LinkState, next_link_state
+from prfaas_core.policy.link_state import LinkMode, LinkParams, LinkState, next_link_state
 from prfaas_core.policy.threshold import bandwidth_floor_tokens
 
 from .kube import KubeApi

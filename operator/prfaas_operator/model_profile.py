@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prfaas_core.api import ModelProfile
 from prfaas_core.api.model_profile import ModelProfileStatus
-from prfaas_core.kv import KvModelError, kv_model_from_profile
+from prfaas_core.capacity.kv import KvModelError, kv_model_from_profile
 from prfaas_core.names import KIND_MODEL_PROFILE
 
 from .kube import KubeApi

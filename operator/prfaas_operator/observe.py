@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from prfaas_core.api.link import LinkMeasurementSpec
+from prfaas_core.api.inter_dc_link import LinkMeasurementSpec
 from prfaas_core.api.pd_cluster import PDClusterSpec, PrometheusQueries
 from prfaas_core.names import (
     METRIC_ROUTER_REMOTE_BYTES,

@@ -1,6 +1,6 @@
 """PDCluster reconcile: validate, resolve references, then one long-term cycle in four named steps —
-*gather* the core's :class:`~prfaas_core.policy.loop.LoopTick` (pods, metrics, the state persisted in status
-and on the pods, the links measured scarce), *decide* (the core's :func:`~prfaas_core.policy.loop.step`),
+*gather* the core's :class:`~prfaas_core.policy.long_term.LoopTick` (pods, metrics, the state persisted in status
+and on the pods, the links measured scarce), *decide* (the core's :func:`~prfaas_core.policy.long_term.step`),
 *carry out* its effects (assign, drain, flip), *report* (publish the router config with the decision's
 bounds, write the status composed from the decision, metrics, Event, log).
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from prfaas_core.api import Condition, InterDCLinkStatus, PDCluster, PDClusterStatus, PrefillClusterStatus
+from prfaas_core.capacity.plan_inputs import PlanInputError, PlanInputs, plan_inputs_from_specs
+from prfaas_core.capacity.workload import WorkloadSpec
 from prfaas_core.names import ANNOTATION_PAUSED, KIND_PD_CLUSTER, LABEL_PD_CLUSTER
-from prfaas_core.plan_inputs import PlanInputError, PlanInputs, plan_inputs_from_specs
-from prfaas_core.policy.loop import LoopDecision, LoopTick, ScarceLink, step
+from prfaas_core.policy.long_term import LoopDecision, LoopTick, ScarceLink, step
 from prfaas_core.policy.role_types import RoleObservation, RolePolicyParams, Verdict
-from prfaas_core.workload import WorkloadSpec
 
 from . import pods as podlib
 from . import router_config

@@ -2,7 +2,7 @@
 bounds, the decision and its history, the loop's memory, printer columns and conditions.
 
 Nothing here decides: the desired counts, ``t`` and its bounds, the record and the history all come from
-the :class:`~prfaas_core.policy.loop.LoopDecision`; this module only lays them out as
+the :class:`~prfaas_core.policy.long_term.LoopDecision`; this module only lays them out as
 :class:`~prfaas_core.api.PDClusterStatus`.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prfaas_core.api import Condition, PDClusterStatus
 from prfaas_core.api.common import LoopMemory, PDClusterSummary, RoleStatus
-from prfaas_core.policy.loop import LoopDecision, controls_in_force
+from prfaas_core.policy.long_term import LoopDecision, controls_in_force
 from prfaas_core.policy.role_types import Role, RolePolicyParams
 
 from .kube import JsonDict

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from prfaas_core.api import PDClusterStatus, PrefillClusterStatus
 from prfaas_core.names import ANNOTATION_DRAIN_STARTED, ANNOTATION_LAST_FLIP, LABEL_DRAINING, LABEL_ROLE
-from prfaas_core.policy.loop import LoopState
+from prfaas_core.policy.long_term import LoopState
 from prfaas_core.policy.role_types import (
     InstanceState,
     PendingFlip,

@@ -25,7 +25,7 @@ from prfaas_core.names import (
     LABEL_PD_CLUSTER,
     LABEL_PREFILL_CLUSTER,
 )
-from prfaas_core.validation import model_issues
+from prfaas_core.schema.validation import model_issues
 
 from .kube import JsonDict
 from .status import read_status

@@ -8,9 +8,9 @@ import asyncio
 import sys
 from typing import Any
 
-from prfaas_core.engines import PROMPT_TOKENS_DETAILS_FLAG
-from prfaas_core.profiles import builtin_model_profiles
-from prfaas_core.scale import DEFAULT_BYTE_SCALE, DEFAULT_TIME_SCALE, ScaleSettings
+from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_core.launch.emulation import DEFAULT_BYTE_SCALE, DEFAULT_TIME_SCALE, ScaleSettings
+from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
 
 
 def add_scale_arguments(p: argparse.ArgumentParser) -> None:

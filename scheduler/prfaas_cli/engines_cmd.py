@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from prfaas_core.api import ModelProfile, PDCluster, PrefillCluster
-from prfaas_core.engine_render import Cluster, RenderError, engine_specs, render_all
-from prfaas_core.engines import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT, EngineSpec
-from prfaas_core.validation import validate_documents
+from prfaas_core.launch.engines import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT, EngineSpec
+from prfaas_core.launch.render import Cluster, RenderError, engine_specs, render_all
+from prfaas_core.schema.validation import validate_documents
 
 from .manifests import InputError, add_manifest_args, load_documents
 

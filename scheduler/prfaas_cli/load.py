@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from prfaas_core.trace import TraceRecord
+from prfaas_core.request.trace import TraceRecord
 
 ROUTE_HEADER = "x-prfaas-route"
 EGRESS = "prfaas_link_egress_bytes_total"

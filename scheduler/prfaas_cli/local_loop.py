@@ -1,7 +1,7 @@
 """The core's long-term loop on one machine (``prfaas up``): an observation read from the emulated engines'
 admin state and the gateway's status, and the effects carried out through the engines' admin API (drain,
 flip) and the routers' configuration file — the same RouterConfig the operator publishes as a ConfigMap.
-The decision is the core's (:func:`prfaas_core.policy.loop.step`); only the observation and the effects
+The decision is the core's (:func:`prfaas_core.policy.long_term.step`); only the observation and the effects
 differ from the operator's."""
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ from typing import Any
 import httpx
 
 from prfaas_core.api import RouterConfig, RouterEndpoint
+from prfaas_core.capacity.plan_inputs import PlanInputs
+from prfaas_core.capacity.workload import LengthDistribution, TruncatedLogNormal
 from prfaas_core.names import (
     METRIC_ROUTER_LINK_EGRESS_GBPS,
     METRIC_ROUTER_LINK_SCARCE,
     METRIC_ROUTER_ROUTE_DECISIONS,
     METRIC_ROUTER_UNCACHED_TOKENS,
 )
-from prfaas_core.plan_inputs import PlanInputs
-from prfaas_core.policy.link import LinkParams
-from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, ScarceLink, step
+from prfaas_core.policy.link_state import LinkParams
+from prfaas_core.policy.long_term import LoopDecision, LoopState, LoopTick, ScarceLink, step
 from prfaas_core.policy.role_types import (
     InstanceState,
     Role,
@@ -36,7 +37,6 @@ from prfaas_core.policy.role_types import (
     RolePolicyParams,
     StageLoad,
 )
-from prfaas_core.workload import LengthDistribution, TruncatedLogNormal
 from prfaas_router.prom_text import sample_sum
 
 MIN_MIX_REQUESTS = 20

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from prfaas_core.validation import Document
+from prfaas_core.schema.validation import Document
 
 
 class InputError(Exception):

@@ -4,7 +4,7 @@ the paper's throughput model (Eqs. 1–8), and compare it with homogeneous PD an
 With no FILES it plans the paper's case study (4×H200 PrFaaS, 8×H20 PD, 100 Gbps, the internal 1T model).
 With FILES (YAML manifests or directories) it validates them like ``prfaas validate`` and plans the one
 ModelProfile, PrefillCluster, PDCluster and InterDCLink they hold. ``--workload`` takes a WorkloadSpec
-(YAML) or a trace (JSONL, see ``prfaas_core.trace``). Exit 0 ok, 2 bad input (nothing written).
+(YAML) or a trace (JSONL, see ``prfaas_core.request.trace``). Exit 0 ok, 2 bad input (nothing written).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from prfaas_core.api import InterDCLinkSpec, ModelProfileSpec, PDClusterSpec, PrefillClusterSpec
-from prfaas_core.hardware import HardwareProfile, list_builtin_hardware
-from prfaas_core.names import K_TOKENS
-from prfaas_core.plan_inputs import case_study_specs
-from prfaas_core.planner import (
+from prfaas_core.capacity.hardware import HardwareProfile, list_builtin_hardware
+from prfaas_core.capacity.plan_inputs import case_study_specs
+from prfaas_core.capacity.planner import (
     Deployment,
     Plan,
     PlanInputs,
@@ -33,9 +32,10 @@ from prfaas_core.planner import (
     sweep_splits,
     sweep_thresholds,
 )
-from prfaas_core.trace import TraceError, parse_trace
-from prfaas_core.validation import validate_documents, validation_message
-from prfaas_core.workload import WorkloadSpec, mean, workload_from_trace
+from prfaas_core.capacity.workload import WorkloadSpec, mean, workload_from_trace
+from prfaas_core.names import K_TOKENS
+from prfaas_core.request.trace import TraceError, parse_trace
+from prfaas_core.schema.validation import validate_documents, validation_message
 
 from .manifests import InputError, load_documents
 from .plots import PlotDirError, check_plot_dir, figure, png, write_plots

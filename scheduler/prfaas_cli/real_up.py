@@ -33,11 +33,11 @@ import httpx
 
 from prfaas_core import names
 from prfaas_core.api import RouterConfig
-from prfaas_core.plan_inputs import PlanInputs, case_study_inputs
-from prfaas_core.planner import plan
+from prfaas_core.capacity.plan_inputs import PlanInputs, case_study_inputs
+from prfaas_core.capacity.planner import plan
+from prfaas_core.capacity.workload import TruncatedLogNormal
 from prfaas_core.policy.role_types import RolePolicyParams
-from prfaas_core.trace import TraceRecord
-from prfaas_core.workload import TruncatedLogNormal
+from prfaas_core.request.trace import TraceRecord
 from prfaas_router.prom_text import sample_sum
 
 from .load import Result, Slo, replay, summarize

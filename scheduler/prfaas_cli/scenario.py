@@ -21,8 +21,8 @@ import yaml
 from pydantic import Field, ValidationError
 
 from prfaas_core.api.base import ApiModel
-from prfaas_core.trace import TraceRecord
-from prfaas_core.workload import InputLengthSpec, LengthDistribution, distribution_from_spec
+from prfaas_core.capacity.workload import InputLengthSpec, LengthDistribution, distribution_from_spec
+from prfaas_core.request.trace import TraceRecord
 
 DEFAULT_SCENARIO = Path(__file__).parent / "data" / "up-phases.yaml"
 

@@ -26,6 +26,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from prfaas_core.request.trace import TraceError, TraceRecord, dump_trace, parse_trace
+from prfaas_core.schema.validation import validation_message
 from prfaas_core.sim.arrivals import to_trace_records
 from prfaas_core.sim.deployments import ScenarioError, static_split_configs
 from prfaas_core.sim.report import comparison_to_dict, render_table
@@ -39,8 +41,6 @@ from prfaas_core.sim.search import (
     quick,
     static_split_report,
 )
-from prfaas_core.trace import TraceError, TraceRecord, dump_trace, parse_trace
-from prfaas_core.validation import validation_message
 
 from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
 

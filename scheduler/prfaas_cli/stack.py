@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 
 from prfaas_core.api import RouterConfig
-from prfaas_core.engines import PROMPT_TOKENS_DETAILS_FLAG
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
 
 from .local_loop import write_router_config
 

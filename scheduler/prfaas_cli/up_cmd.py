@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from prfaas_core.plan_inputs import PlanInputs, case_study_inputs
-from prfaas_core.planner import plan
+from prfaas_core.capacity.plan_inputs import PlanInputs, case_study_inputs
+from prfaas_core.capacity.planner import plan
 from prfaas_core.policy.role_types import RolePolicyParams
-from prfaas_core.trace import TraceRecord, parse_trace
+from prfaas_core.request.trace import TraceRecord, parse_trace
 
 from . import real_up
 from .dashboard_png import DASHBOARD, without_exporter
@@ -78,7 +78,7 @@ def register(sub: Any) -> None:
         "machine's cores, and a faster clock turns their CPU time into model latency)",
     )
     p.add_argument("--output-tokens", type=int, help="output tokens per request (scenario's; 128 with --engines vllm)")
-    p.add_argument("--trace", help="replay this trace (JSONL, prfaas_core.trace) instead of generating one")
+    p.add_argument("--trace", help="replay this trace (JSONL, prfaas_core.request.trace) instead of generating one")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="where configs, logs and summary.json go (default: a temp dir)")
     p.add_argument("--output", "-o", choices=("table", "json"), default="table")

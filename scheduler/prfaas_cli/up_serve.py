@@ -25,7 +25,7 @@ from .up_view import LiveView
 def served_model(stack: LocalStack) -> str:
     """The model name ``prfaas up --serve`` serves: the model profile's served name, what /v1/models lists
     (the only one the router accepts)."""
-    from prfaas_core.profiles import builtin_model_profiles
+    from prfaas_core.capacity.profiles import builtin_model_profiles
 
     return builtin_model_profiles()[stack.spec.model_profile].served_model_name or "prfaas"
 

@@ -19,16 +19,16 @@ from typing import Any
 import aiohttp
 import httpx
 
+from prfaas_core.capacity.plan_inputs import PlanInputs
 from prfaas_core.names import (
     METRIC_ROUTER_LINK_CAP_GBPS,
     METRIC_ROUTER_LINK_EGRESS_GBPS,
     METRIC_ROUTER_LINK_SCARCE,
     METRIC_ROUTER_THRESHOLD_TOKENS,
 )
-from prfaas_core.plan_inputs import PlanInputs
-from prfaas_core.policy.loop import LoopDecision
+from prfaas_core.policy.long_term import LoopDecision
 from prfaas_core.policy.role_types import RolePolicyParams
-from prfaas_core.trace import TraceRecord
+from prfaas_core.request.trace import TraceRecord
 from prfaas_router.prom_text import sample_sum
 
 from .load import Result, prepare_bodies, replay, sample_egress

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from prfaas_core.validation import Checked, validate_documents
+from prfaas_core.schema.validation import Checked, validate_documents
 
 from .manifests import InputError, add_manifest_args, load_documents
 

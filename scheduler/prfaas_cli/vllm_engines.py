@@ -2,7 +2,7 @@
 
 Used by the real-engine test tier (``tests/real``) and the benchmarks on real engines. ``scripts/real-engines.sh``
 sets up vLLM's own virtual environment and the model (idempotent; :meth:`RealEnv.prepare` runs it). Engines start
-only through the core's :func:`prfaas_core.engines.engine_launch`, each in a process group of its own (SIGKILL of
+only through the core's :func:`prfaas_core.launch.engines.engine_launch`, each in a process group of its own (SIGKILL of
 vLLM's API server leaves its EngineCore running, so the whole group is ended), optionally inside a network
 namespace. Field references (``status.podIP``) resolve to the engine's address: 127.0.0.1, or the namespace's.
 """
@@ -28,8 +28,8 @@ import httpx
 
 from prfaas_core import names
 from prfaas_core.api import PDCluster
-from prfaas_core.engine_render import engine_specs, runs_engines_here
-from prfaas_core.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
+from prfaas_core.launch.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
+from prfaas_core.launch.render import engine_specs, runs_engines_here
 from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from prfaas_router.tokenizer import load_model_tokenizer

@@ -12,7 +12,7 @@ sends it with ``--vllm-pd-disaggregation --kv-connector nixl``, and SGLang's ``b
 
 Behaviour is modelled, not computed: token counts from a pluggable tokenizer (:mod:`.tokenizer`, ~4 chars per
 token by default); prefill and decode times from the core's hardware profile (:mod:`.timing`) scaled by one
-:class:`~prfaas_core.scale.ScaleSettings`; continuous batching with a waiting queue (:mod:`.batching`); a
+:class:`~prfaas_core.launch.emulation.ScaleSettings`; continuous batching with a waiting queue (:mod:`.batching`); a
 prefix cache of hashed blocks (:mod:`.prefix_cache`); KV really crosses TCP, ``S_kv(l)·byte_scale`` bytes pulled
 by the decode engine from the address the prefill engine *advertises* (:mod:`.kv_transfer`), so the bytes can
 go through the link emulator. Runtime control: drain, role flips and fault knobs under ``/admin``

@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prfaas_core.kv import whole_blocks
-from prfaas_core.scale import ScaleSettings
-from prfaas_core.tokens import block_hashes, output_token
+from prfaas_core.capacity.kv import whole_blocks
+from prfaas_core.launch.emulation import ScaleSettings
+from prfaas_core.request.tokens import block_hashes, output_token
 
 from .clock import Clock
 from .config import EngineConfig

@@ -6,11 +6,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
-from prfaas_core.hardware import HardwareProfile, builtin_hardware
-from prfaas_core.kv import KvModel, kv_model_from_profile
+from prfaas_core.capacity.hardware import HardwareProfile, builtin_hardware
+from prfaas_core.capacity.kv import KvModel, kv_model_from_profile
+from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_core.names import ROLE_BOTH, ROLE_DECODE, ROLE_PREFILL
-from prfaas_core.profiles import builtin_model_profiles
-from prfaas_core.scale import ScaleSettings
 
 Role = Literal["prefill", "decode", "both"]
 ROLES: tuple[Role, ...] = (ROLE_PREFILL, ROLE_DECODE, ROLE_BOTH)
@@ -58,7 +58,7 @@ class EngineConfig:
     served_model_name: str | None = None
     """Name in /v1/models and responses; any requested name is accepted. None: the model profile's name."""
     model_profile: str = "internal-1t"
-    """Built-in model profile giving S_kv(l) (prfaas_core.profiles)."""
+    """Built-in model profile giving S_kv(l) (prfaas_core.capacity.profiles)."""
     scale: ScaleSettings = field(default_factory=ScaleSettings)
     max_batch: int | None = None
     """Running requests at most (vLLM max_num_seqs); None: the hardware's decode BS_max."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prfaas_core.tokens import Tokenizer, build_tokenizer
+from prfaas_core.request.tokens import Tokenizer, build_tokenizer
 
 from .batching import EngineCore, EngineRequest
 from .clock import Clock

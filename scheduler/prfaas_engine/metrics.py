@@ -2,7 +2,7 @@
 
 Names follow vLLM v1 (the ``vllm:`` prefix, labels ``model_name`` and ``engine``; ``engine="0"`` is also what
 vllm-router 0.1.17 counts to discover data-parallel ranks). Values are model quantities (see
-:mod:`prfaas_core.scale`): histograms observe model seconds, byte counters count model bytes.
+:mod:`prfaas_core.launch.emulation`): histograms observe model seconds, byte counters count model bytes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from prfaas_core.tokens import Tokenizer
+from prfaas_core.request.tokens import Tokenizer
 
 
 class BadRequest(ValueError):

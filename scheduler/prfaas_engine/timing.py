@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prfaas_core.hardware import DecodeCapacity, HardwareProfile
+from prfaas_core.capacity.hardware import DecodeCapacity, HardwareProfile
 
 DECODE_FIXED_FRACTION = 0.5
 FALLBACK_DECODE = DecodeCapacity(max_batch_size=32, step_time_s=0.025)

@@ -10,7 +10,8 @@ concurrent transfers), round-trip time and loss, reconfigurable mid-run, with Pr
 * :mod:`.admin` — ``/metrics``, ``/admin/state``, ``POST /admin/link`` (capacity, RTT, loss), ``POST
   /admin/faults``.
 
-Capacity and RTT are model values scaled by the scenario's :class:`~prfaas_core.scale.ScaleSettings` (the same
+Capacity and RTT are model values scaled by the scenario's :class:`~prfaas_core.launch.emulation.ScaleSettings` (the
+same
 setting the engines take): the real rate is ``capacity·byte_scale·time_scale``, so KV of ``S`` model bytes,
 sent as ``S·byte_scale`` real bytes, takes ``S·8/capacity`` model seconds. A kernel ``tc`` qdisc in network
 namespaces would shape more faithfully (real TCP congestion control), but needs privileges; this relay works

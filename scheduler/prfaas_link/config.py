@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prfaas_core.scale import ScaleSettings
+from prfaas_core.launch.emulation import ScaleSettings
 
 
 class LinkConfigError(ValueError):

@@ -1,7 +1,7 @@
 """The link's Prometheus metrics (label ``link``), on a registry of its own.
 
 ``prfaas_link_egress_bytes_total`` counts *model* bytes delivered towards the decode side (wire bytes ÷
-``byte_scale``; see :mod:`prfaas_core.scale`), the series routers and the operator read;
+``byte_scale``; see :mod:`prfaas_core.launch.emulation`), the series routers and the operator read;
 ``prfaas_link_wire_bytes_total`` the real bytes. ``prfaas_link_utilization_ratio`` is the egress over the last
 second divided by the capacity in force (both in wire terms, so it is the same ratio in model terms).
 """

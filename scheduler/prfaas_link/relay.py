@@ -9,7 +9,8 @@ plus the propagation delay, concurrent transfers share the rate round-robin, and
 
 Loss is modelled by its cost, not by corrupting the stream: with probability ``loss`` a chunk is "lost" — it is
 sent again (its bytes charged to the link twice) and arrives one RTT later, blocking the chunks behind it like
-TCP's in-order delivery. All rates and delays are model values scaled by :class:`~prfaas_core.scale.ScaleSettings`.
+TCP's in-order delivery. All rates and delays are model values scaled by
+:class:`~prfaas_core.launch.emulation.ScaleSettings`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Source-side admission at the gateway: every remote prefill passes through it, so its link calendar (the
-core's :mod:`prfaas_core.policy.link_calendar` on an :class:`~prfaas_core.policy.link.EgressLedger`) sees every
+core's :mod:`prfaas_core.policy.link_calendar` on an :class:`~prfaas_core.policy.link_state.EgressLedger`) sees every
 KV stream the PrFaaS cluster sends, whichever router sent the request.
 
 Per prefill: the router's headers (:data:`~prfaas_core.names.ADMISSION_HEADERS`) give the KV bytes (default: the
@@ -33,9 +33,9 @@ from aiohttp import web
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
-from prfaas_core.policy.link import EgressLedger, LinkParams, Transfer
 from prfaas_core.policy.link_calendar import Window, booked_gbps, earliest_window
 from prfaas_core.policy.link_estimate import Available
+from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
 
 from .http_util import json_error
 from .metrics import RouterMetrics

@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from prfaas_core.api import RouterConfig
-from prfaas_core.validation import model_issues
+from prfaas_core.schema.validation import model_issues
 
 
 class ConfigError(ValueError):

@@ -22,7 +22,7 @@ from aiohttp import web
 from prfaas_core.api import GatewayStatus
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.routing import InstanceView
-from prfaas_core.tokens import block_hashes
+from prfaas_core.request.tokens import block_hashes
 
 from .aborts import Aborts, SideLost, engine_side
 from .admission import LinkAdmission, admission_for

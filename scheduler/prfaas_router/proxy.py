@@ -22,8 +22,8 @@ import orjson
 import structlog
 from aiohttp import web
 
-from prfaas_core.openai_params import check_request
-from prfaas_core.tokens import block_hashes
+from prfaas_core.request.params import check_request
+from prfaas_core.request.tokens import block_hashes
 
 from . import prefill_legs, release
 from .aborts import Aborts, remote_side

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from prfaas_core.api import RemoteGateway, RouterConfig, RouterEndpoint
-from prfaas_core.hardware import HardwareProfile, builtin_hardware, hardware_from_spec
-from prfaas_core.kv import KvModel, kv_model_from_profile
+from prfaas_core.capacity.hardware import HardwareProfile, builtin_hardware, hardware_from_spec
+from prfaas_core.capacity.kv import KvModel, kv_model_from_profile
+from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams, Transition
-from prfaas_core.policy.link import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
+from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.routing import InstanceView, RouteDecision, RouteRequest
 from prfaas_core.policy.short_term import (
     PRODUCTION,
@@ -33,8 +34,7 @@ from prfaas_core.policy.short_term import (
     route,
 )
 from prfaas_core.policy.threshold import ThresholdBounds, ThresholdDecision
-from prfaas_core.scale import ScaleSettings
-from prfaas_core.tokens import PrefixIndex, Tokenizer
+from prfaas_core.request.tokens import PrefixIndex, Tokenizer
 
 from .tokenizer import router_tokenizer
 

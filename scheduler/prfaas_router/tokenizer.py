@@ -1,7 +1,7 @@
 """The router's token counter: the served model's own tokenizer when RouterConfig names its file, the character
 estimate only when it does not (``routing.tokenizer``).
 
-Reads the files (the core's :class:`~prfaas_core.tokens.ModelTokenizer` does no I/O): ``tokenizerFile``, the
+Reads the files (the core's :class:`~prfaas_core.request.tokens.ModelTokenizer` does no I/O): ``tokenizerFile``, the
 chat template (``chatTemplateFile``, else ``chat_template.jinja`` beside the tokenizer, else
 ``tokenizer_config.json``'s ``chat_template``) and the template's named tokens (``bos_token``, ``eos_token``).
 A tokenizer already loaded is reused while its files are unchanged (reloads of the configuration are cheap).
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas_core.api import RouterConfig
-from prfaas_core.tokens import ModelTokenizer, Tokenizer, build_tokenizer, prompt_token_ids
+from prfaas_core.request.tokens import ModelTokenizer, Tokenizer, build_tokenizer, prompt_token_ids
 
 OFFLOAD_BODY_BYTES = 64 * 1024
 """Bodies at least this large (~16K tokens) are tokenised in a worker thread: a model tokenizer takes ~40 ms for

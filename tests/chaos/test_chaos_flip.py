@@ -18,7 +18,7 @@ from prfaas_cli.local_loop import LocalCluster, LocalLoop
 from prfaas_cli.scenario import DEFAULT_SCENARIO, load_scenario
 from prfaas_cli.stack import LocalStack, StackSpec
 from prfaas_cli.up_cmd import role_params
-from prfaas_core.plan_inputs import case_study_inputs
+from prfaas_core.capacity.plan_inputs import case_study_inputs
 
 pytestmark = pytest.mark.chaos
 

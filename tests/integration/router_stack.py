@@ -11,8 +11,8 @@ from typing import Any
 
 from testbed_support import PRFAAS, Processes, free_port, http, wait_for
 
-from prfaas_core.engines import PROMPT_TOKENS_DETAILS_FLAG
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
 
 TIME_SCALE = 200.0
 TOKEN = "s3cret-token"

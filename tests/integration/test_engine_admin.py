@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from testbed_support import await_for, metric_value, serving
 
-from prfaas_core.scale import ScaleSettings
+from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_engine import ENGINE_KEY, EngineConfig, create_app
 from prfaas_engine.engine import Engine
 from prfaas_engine.timing import ServiceTimes

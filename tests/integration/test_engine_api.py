@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from testbed_support import await_for, metric_value, serving, sse_payloads
 
-from prfaas_core.scale import ScaleSettings
-from prfaas_core.tokens import OUTPUT_WORDS, render_chat
+from prfaas_core.launch.emulation import ScaleSettings
+from prfaas_core.request.tokens import OUTPUT_WORDS, render_chat
 from prfaas_engine import ENGINE_KEY, EngineConfig, create_app
 from prfaas_engine.engine import Engine
 from prfaas_engine.timing import ServiceTimes

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from testbed_support import await_for, free_port, metric_value, serving, sse_payloads
 
-from prfaas_core.scale import ScaleSettings
+from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_engine import ENGINE_KEY, EngineConfig, HostPort, create_app
 from prfaas_engine.batching import kv_pull_tokens
 from prfaas_engine.engine import Engine

@@ -13,8 +13,8 @@ from testbed_support import counter, http, processes, prompt
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline
-from prfaas_core.kv import kv_model_from_profile
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.kv import kv_model_from_profile
+from prfaas_core.capacity.profiles import builtin_model_profiles
 
 KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
 

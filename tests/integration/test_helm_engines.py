@@ -16,7 +16,7 @@ import yaml
 from test_helm import CHART, K8S_VERSION, NAMESPACE, helm, render, run_helm
 
 from prfaas_cli.engines_cmd import helm_values, load_clusters
-from prfaas_core.engine_render import cluster_launches
+from prfaas_core.launch.render import cluster_launches
 
 __all__ = ["helm"]  # the session fixture of test_helm
 

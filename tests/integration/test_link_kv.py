@@ -9,7 +9,7 @@ import time
 import aiohttp
 from testbed_support import free_port, metric_value, serving
 
-from prfaas_core.scale import ScaleSettings
+from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_engine import ENGINE_KEY, EngineConfig, HostPort, create_app
 from prfaas_link import Endpoint, Link, LinkConfig
 

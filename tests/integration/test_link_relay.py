@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from testbed_support import metric_value, serving
 
-from prfaas_core.scale import ScaleSettings
+from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_link import Endpoint, Link, LinkConfig
 from prfaas_link.admin import create_admin_app
 from prfaas_link.relay import PACER_LOOKAHEAD_S

@@ -18,8 +18,8 @@ from router_stack import GATEWAY_AUTH, TIME_SCALE, start_stack
 from testbed_support import PRFAAS, free_port, http, metric_value, processes, wait_for
 
 from prfaas_core import names
-from prfaas_core.kv import kv_model_from_profile
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.kv import kv_model_from_profile
+from prfaas_core.capacity.profiles import builtin_model_profiles
 
 KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
 GATEWAY_GBPS = 0.1

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from prfaas_core.capacity.plan_inputs import plan_inputs_from_specs
+from prfaas_core.capacity.workload import WorkloadSpec, expect
 from prfaas_core.names import GBPS_BITS, METRIC_ROUTER_REMOTE_BYTES
-from prfaas_core.plan_inputs import plan_inputs_from_specs
-from prfaas_core.workload import WorkloadSpec, expect
 from prfaas_operator.registry import parse
 from prfaas_testbed.operator_harness import Harness
 from prfaas_testbed.prom import wait_until

@@ -15,8 +15,8 @@ import pytest
 from router_stack import BYTE_SCALE, Stack, start_stack
 from testbed_support import counter, http, metric_value, processes, prompt, wait_for
 
-from prfaas_core.kv import kv_model_from_profile
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.kv import kv_model_from_profile
+from prfaas_core.capacity.profiles import builtin_model_profiles
 
 KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
 

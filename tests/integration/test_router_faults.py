@@ -15,7 +15,7 @@ import pytest
 from router_stack import TIME_SCALE, Stack, start_stack
 from testbed_support import counter, http, processes, prompt, wait_for
 
-from prfaas_core.hardware import builtin_hardware
+from prfaas_core.capacity.hardware import builtin_hardware
 
 
 def engine_prompt_tokens(stack: Stack) -> float:

@@ -19,7 +19,7 @@ import pytest
 
 from prfaas_cli.real_stack import RealStack
 from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_slo, example_specs
-from prfaas_core.engines import EngineSpec
+from prfaas_core.launch.engines import EngineSpec
 from support.real_engines import prepare_or_skip
 
 THRESHOLD_TOKENS = 768

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prfaas_core.api import InterDCLink, PDCluster
-from prfaas_core.crdgen import crd_schema_by_kind
-from prfaas_core.schema_check import cel_environment, check_against_crd
-from prfaas_core.validation import model_issues
+from prfaas_core.schema.check import cel_environment, check_against_crd
+from prfaas_core.schema.crds import crd_schema_by_kind
+from prfaas_core.schema.validation import model_issues
 
 SETTINGS = settings(max_examples=60, deadline=None)
 cel_environment()  # raises the recursion limit once, before hypothesis starts watching it

@@ -14,7 +14,7 @@ import yaml
 
 from prfaas_cli.crds_cmd import render_all
 from prfaas_core.api import KINDS
-from prfaas_core.crdgen import all_crds
+from prfaas_core.schema.crds import all_crds
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"

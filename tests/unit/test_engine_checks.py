@@ -13,7 +13,7 @@ import yaml
 
 from prfaas_cli.main import main
 from prfaas_core.api import ModelProfile
-from prfaas_core.engine_checks import is_hybrid
+from prfaas_core.schema.engine_checks import is_hybrid
 
 REPO = Path(__file__).resolve().parents[2]
 EX04 = REPO / "examples" / "04-real-engines"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from prfaas_core.tokens import CharEstimateTokenizer
+from prfaas_core.request.tokens import CharEstimateTokenizer
 from prfaas_engine import openai_api as api
 
 TOK = CharEstimateTokenizer(4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_core.tokens import block_hashes
+from prfaas_core.request.tokens import block_hashes
 from prfaas_engine.prefix_cache import PrefixCache
 
 

@@ -1,4 +1,4 @@
-"""Engine configuration rendered from the custom resources (prfaas_core.engine_render, `prfaas engines`)."""
+"""Engine configuration rendered from the custom resources (prfaas_core.launch.render, `prfaas engines`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import yaml
 from prfaas_cli.engines_cmd import render_files
 from prfaas_cli.main import main
 from prfaas_core.api import ModelProfile, PDCluster, PrefillCluster
-from prfaas_core.engine_render import RenderError, cluster_launches, engine_specs, launch_diff
-from prfaas_core.engines import engine_launch
+from prfaas_core.launch.engines import engine_launch
+from prfaas_core.launch.render import RenderError, cluster_launches, engine_specs, launch_diff
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "data" / "golden"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prfaas_core.hardware import builtin_hardware
-from prfaas_core.scale import ScaleSettings
+from prfaas_core.capacity.hardware import builtin_hardware
+from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_engine.config import ConfigError, EngineConfig, HostPort
 from prfaas_engine.timing import ServiceTimes, chunk_ends
 

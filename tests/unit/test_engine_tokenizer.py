@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_core.tokens import (
+from prfaas_core.request.tokens import (
     OUTPUT_WORDS,
     CharEstimateTokenizer,
     WhitespaceTokenizer,

@@ -13,10 +13,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prfaas_core.crdgen import crd_schema_by_kind
 from prfaas_core.names import GROUP_VERSION
-from prfaas_core.schema_check import cel_environment, check_against_crd
-from prfaas_core.validation import Document, check_document
+from prfaas_core.schema.check import cel_environment, check_against_crd
+from prfaas_core.schema.crds import crd_schema_by_kind
+from prfaas_core.schema.validation import Document, check_document
 
 cel_environment()  # raises the recursion limit once, before hypothesis starts watching it
 REPO = Path(__file__).resolve().parents[2]

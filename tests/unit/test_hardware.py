@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prfaas_core.api import DecodeCapacitySpec, HardwareSpec, PrefillPolynomial, PrefillTimePoint, PrefillTimeSpec
-from prfaas_core.hardware import (
+from prfaas_core.capacity.hardware import (
     HardwareProfileError,
     builtin_hardware,
     hardware_from_spec,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prfaas_core.validation import Document, check_document
+from prfaas_core.schema.validation import Document, check_document
 
 INVALID = Path(__file__).resolve().parents[1] / "data" / "invalid"
 FILES = sorted(INVALID.glob("*.yaml"))

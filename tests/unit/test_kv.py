@@ -6,10 +6,10 @@ import pytest
 
 from prfaas_core.api import MeasuredKvPoint, MeasuredKvTable, ModelArchitecture, ModelProfileSpec
 from prfaas_core.api.model_profile import SlidingWindowSpec
-from prfaas_core.kv import KvModelError, kv_model_from_profile, whole_blocks
+from prfaas_core.capacity.kv import KvModelError, kv_model_from_profile, whole_blocks
+from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.names import KIB, MIB
 from prfaas_core.policy.routing import transfer_bytes
-from prfaas_core.profiles import builtin_model_profiles
 
 TABLE5 = [
     (1024, 190.8, 0.44, 3.61),

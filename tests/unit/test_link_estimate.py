@@ -8,7 +8,6 @@ import itertools
 
 import pytest
 
-from prfaas_core.policy.link import LinkParams
 from prfaas_core.policy.link_estimate import (
     Available,
     EstimateParams,
@@ -17,6 +16,7 @@ from prfaas_core.policy.link_estimate import (
     StreamSample,
     busy_gbps,
 )
+from prfaas_core.policy.link_state import LinkParams
 
 GBIT = 1e9 / 8  # bytes
 

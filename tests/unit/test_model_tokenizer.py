@@ -10,8 +10,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from prfaas_core.api import RouterConfig
-from prfaas_core.profiles import builtin_model_profiles
-from prfaas_core.tokens import ModelTokenizer, prompt_token_ids
+from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_core.request.tokens import ModelTokenizer, prompt_token_ids
 from prfaas_router.tokenizer import load_model_tokenizer, router_tokenizer
 
 TEMPLATE = (

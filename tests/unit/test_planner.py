@@ -11,11 +11,11 @@ from functools import cache
 import pytest
 
 from prfaas_core.api import HardwareSpec, PrefillPolynomial, PrefillTimePoint, PrefillTimeSpec
-from prfaas_core.curves import PiecewisePolynomial
-from prfaas_core.hardware import HardwareProfileError, hardware_from_spec
-from prfaas_core.kv import KvModel
-from prfaas_core.plan_inputs import case_study_specs
-from prfaas_core.planner import (
+from prfaas_core.capacity.curves import PiecewisePolynomial
+from prfaas_core.capacity.hardware import HardwareProfileError, hardware_from_spec
+from prfaas_core.capacity.kv import KvModel
+from prfaas_core.capacity.plan_inputs import case_study_specs
+from prfaas_core.capacity.planner import (
     DECODE,
     PD_PREFILL,
     PRFAAS_COMPUTE,
@@ -35,7 +35,7 @@ from prfaas_core.planner import (
     sweep_thresholds,
     ttft_stats,
 )
-from prfaas_core.workload import EmpiricalDistribution, mean
+from prfaas_core.capacity.workload import EmpiricalDistribution, mean
 
 
 @cache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prfaas_core.plan_inputs import case_study_inputs
+from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.policy.role_types import InstanceState, RoleObservation, RolePolicyParams, RoleState
 from prfaas_core.policy.roles import decide_roles
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_core.policy.link import EgressLedger, LinkParams, LinkState, admit, next_link_state
+from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState, admit, next_link_state
 
 LINK = LinkParams("a-to-b", capacity_gbps=100, max_utilization=0.8, scarce_watermark=0.9, abundant_watermark=0.7)
 

@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prfaas_core.names import GBPS_BITS
-from prfaas_core.policy.link import EgressLedger, LinkParams
 from prfaas_core.policy.link_calendar import (
     booked_gbps,
     choose_window,
     earliest_window,
     max_wait_s,
 )
+from prfaas_core.policy.link_state import EgressLedger, LinkParams
 
 LINK = LinkParams("l", capacity_gbps=10.0, max_utilization=0.8)  # cap 8 Gbps
 

@@ -7,11 +7,12 @@ import math
 
 import pytest
 
+from prfaas_core.capacity.plan_inputs import case_study_inputs
+from prfaas_core.capacity.planner import compute_balanced_threshold, plan
+from prfaas_core.capacity.workload import expect
 from prfaas_core.names import GBPS_BITS, NO_THRESHOLD_TOKENS
-from prfaas_core.plan_inputs import case_study_inputs
-from prfaas_core.planner import compute_balanced_threshold, plan
-from prfaas_core.policy.link import LinkParams
-from prfaas_core.policy.loop import DRY_RUN_PREFIX, LoopState, LoopTick, ScarceLink, step
+from prfaas_core.policy.link_state import LinkParams
+from prfaas_core.policy.long_term import DRY_RUN_PREFIX, LoopState, LoopTick, ScarceLink, step
 from prfaas_core.policy.role_types import (
     InstanceState,
     PendingFlip,
@@ -21,7 +22,6 @@ from prfaas_core.policy.role_types import (
     StageLoad,
 )
 from prfaas_core.policy.threshold import bandwidth_floor_tokens, egress_budget, published_bounds
-from prfaas_core.workload import expect
 
 INPUTS = case_study_inputs()
 PARAMS = RolePolicyParams(hysteresis_cycles=1, cooldown_s=300, drain_timeout_s=120)

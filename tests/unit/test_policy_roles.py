@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from prfaas_core.plan_inputs import case_study_inputs
-from prfaas_core.policy.loop import LoopDecision, LoopState, LoopTick, step
+from prfaas_core.capacity.plan_inputs import case_study_inputs
+from prfaas_core.capacity.workload import EmpiricalDistribution
+from prfaas_core.policy.long_term import LoopDecision, LoopState, LoopTick, step
 from prfaas_core.policy.role_types import (
     InstanceState,
     RoleDecision,
@@ -17,7 +18,6 @@ from prfaas_core.policy.role_types import (
     StageLoad,
 )
 from prfaas_core.policy.roles import decide_roles
-from prfaas_core.workload import EmpiricalDistribution
 
 INPUTS = case_study_inputs()
 PARAMS = RolePolicyParams(hysteresis_cycles=2, cooldown_s=300, drain_timeout_s=120, prefill_min=1, decode_min=1)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_core.plan_inputs import case_study_inputs
-from prfaas_core.policy.link import LinkParams
+from prfaas_core.capacity.plan_inputs import case_study_inputs
+from prfaas_core.policy.link_state import LinkParams
 from prfaas_core.policy.routing import (
     InstanceView,
     RouteRequest,
@@ -152,8 +152,8 @@ def test_without_cache_moves_each_cluster_is_priced_by_its_own_prefix() -> None:
     sent to PD as if it were cached there (it would be recomputed in full)."""
     from dataclasses import replace as _replace
 
-    from prfaas_core.plan_inputs import case_study_inputs
-    from prfaas_core.policy.link import LinkParams
+    from prfaas_core.capacity.plan_inputs import case_study_inputs
+    from prfaas_core.policy.link_state import LinkParams
     from prfaas_core.policy.routing import RouteRequest, RoutingView, decide_route
 
     inputs = case_study_inputs()
@@ -175,7 +175,7 @@ def test_without_cache_moves_each_cluster_is_priced_by_its_own_prefix() -> None:
 def test_a_stream_faster_than_a_squeezed_cap_is_shaped_to_it_not_refused() -> None:
     """A 3 Gbps link (cap 2.4): one H200 prefill's KV (~3.2 Gbps unshaped) is admitted on the idle link at the
     cap — it lasts longer — and refused while another stream holds the link; the ledger books it at the cap."""
-    from prfaas_core.policy.link import EgressLedger
+    from prfaas_core.policy.link_state import EgressLedger
 
     squeezed = LinkParams("a-to-b", 3.0)
     idle = RoutingView(19_400, "abundant", 0.0, squeezed, True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from prfaas_core.plan_inputs import case_study_inputs
+from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.policy.breaker import BreakerBoard, BreakerParams
-from prfaas_core.policy.link import EgressLedger, LinkParams, LinkState
+from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.routing import InstancePick, InstanceView, RouteRequest
 from prfaas_core.policy.short_term import (
     NO_LINK,

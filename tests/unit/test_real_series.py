@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from prfaas_core import names
-from prfaas_core.api.link import LinkMeasurementSpec
+from prfaas_core.api.inter_dc_link import LinkMeasurementSpec
 from prfaas_core.api.pd_cluster import PrometheusQueries
 from prfaas_operator import observe
 

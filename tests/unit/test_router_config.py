@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from prfaas_core.api.engine import EngineSettingsSpec
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_operator.router_config import routing_for
 from prfaas_router.config import ConfigError, ConfigWatcher, load_config
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from prfaas_core.api import RouterConfig
-from prfaas_core.profiles import builtin_model_profiles
+from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.proxy import Proxy
 from prfaas_router.runtime import LocalPlan, Runtime, compile_config

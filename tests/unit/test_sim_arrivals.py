@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 
+from prfaas_core.capacity.workload import InputLengthSpec, LogNormalSpec
 from prfaas_core.sim.arrivals import (
     Curve,
     generate_requests,
@@ -21,7 +22,6 @@ from prfaas_core.sim.scenario import (
     SessionSpec,
     TimeCurveSpec,
 )
-from prfaas_core.workload import InputLengthSpec, LogNormalSpec
 
 CASE = [RequestClassSpec(name="case")]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_core.plan_inputs import case_study_inputs
+from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.sim.cache import HybridPrefixPool
 
 KV = case_study_inputs().kv

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from prfaas_core.capacity.workload import InputLengthSpec, LogNormalSpec
 from prfaas_core.policy.role_types import RoleDecision, RoleState
 from prfaas_core.sim.arrivals import SimRequest
 from prfaas_core.sim.config import SimConfig
@@ -13,7 +14,6 @@ from prfaas_core.sim.deployments import plan_deployments
 from prfaas_core.sim.scenario import RequestClassSpec, Scenario, default_scenario
 from prfaas_core.sim.search import prepare, run_config
 from prfaas_core.sim.simulation import Req, Simulation
-from prfaas_core.workload import InputLengthSpec, LogNormalSpec
 
 SCENARIO = default_scenario()
 PLANNED = plan_deployments(SCENARIO, ())

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prfaas_core.sim.events import EventQueue
-from prfaas_core.sim.link import FluidLink
+from prfaas_core.sim.fluid_link import FluidLink
 
 GB = 1e9  # bytes
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prfaas_core.planner import compute_balanced_threshold, split_lengths
-from prfaas_core.planner import evaluate as planner_point
+from prfaas_core.capacity.planner import compute_balanced_threshold, split_lengths
+from prfaas_core.capacity.planner import evaluate as planner_point
 from prfaas_core.sim.scenario import Scenario, TimeCurveSpec, default_scenario
 from prfaas_core.sim.search import compare, compare_static_splits, evaluate, prepare, quick, run_config
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prfaas_core.trace import TraceError, TraceRecord, dump_trace, parse_trace
+from prfaas_core.request.trace import TraceError, TraceRecord, dump_trace, parse_trace
 
 GOOD = [
     '{"arrival_s": 0.0, "input_tokens": 18000, "output_tokens": 1024, "session_id": "s1", "shared_prefix_tokens": 0}',

@@ -8,9 +8,8 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from prfaas_core.curves import PiecewisePolynomial
-from prfaas_core.trace import TraceRecord
-from prfaas_core.workload import (
+from prfaas_core.capacity.curves import PiecewisePolynomial
+from prfaas_core.capacity.workload import (
     EmpiricalDistribution,
     TruncatedLogNormal,
     WorkloadSpec,
@@ -20,6 +19,7 @@ from prfaas_core.workload import (
     partial_expectation,
     workload_from_trace,
 )
+from prfaas_core.request.trace import TraceRecord
 
 CASE = TruncatedLogNormal(9.90, 1.00, 128, 131_072)
 

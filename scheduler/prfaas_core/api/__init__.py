@@ -5,7 +5,7 @@ from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, Secr
 from .common import DecisionRecord, GatewayEndpointSpec, KvTransportSpec, RoleRange, SloSpec, TtftSlo
 from .gateway import GatewayStatus
 from .hardware import DecodeCapacitySpec, HardwareSpec, PrefillPolynomial, PrefillTimePoint, PrefillTimeSpec
-from .link import InterDCLink, InterDCLinkSpec, InterDCLinkStatus
+from .inter_dc_link import InterDCLink, InterDCLinkSpec, InterDCLinkStatus
 from .model_profile import (
     MeasuredKvPoint,
     MeasuredKvTable,

@@ -1,7 +1,7 @@
 """How the engines of a cluster are started: the parts of the engine command line a cluster's resources own.
 
-Read by :mod:`prfaas_core.engine_render`, which turns a PrefillCluster or PDCluster (with its ModelProfile and
-``kvTransport``) into one :class:`~prfaas_core.engines.EngineSpec` per role and so, through the one engine-flag
+Read by :mod:`prfaas_core.launch.render`, which turns a PrefillCluster or PDCluster (with its ModelProfile and
+``kvTransport``) into one :class:`~prfaas_core.launch.engines.EngineSpec` per role and so, through the one engine-flag
 function, into container args and env (``prfaas engines``, the chart's engine workloads, the operator's
 ``EngineConfig`` condition).
 """

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..names import API_GROUP
 from .base import ApiModel
-from .link import InterDCLink
+from .inter_dc_link import InterDCLink
 from .model_profile import ModelProfile
 from .pd_cluster import PDCluster
 from .prefill_cluster import PrefillCluster

@@ -1,10 +1,10 @@
-"""The link as a scheduled resource: the :class:`~.link.EgressLedger`'s transfers read as a reservation
+"""The link as a scheduled resource: the :class:`~.link_state.EgressLedger`'s transfers read as a reservation
 calendar of KV streams (start, end, rate) on the PrFaaS instances' lanes, with the cap as a hard ceiling.
 
 Given a request (its prefill time and ``S_kv``), :func:`earliest_window` answers with the earliest window whose
 stream fits under the ceiling next to every stream already booked, and the TTFT predicted through it (window
 wait, which includes the PrFaaS queue since a lane is an instance, + prefill + the stream's tail after the last
-layer). :meth:`~.link.EgressLedger.reserve` books it. A window found here never takes the booked egress above
+layer). :meth:`~.link_state.EgressLedger.reserve` books it. A window found here never takes the booked egress above
 the ceiling at any instant (property-tested): the ceiling is ``min(cap, available)`` less the other replicas'
 measured egress, where *available* is what the link delivers now (:mod:`.link_estimate`).
 
@@ -29,9 +29,9 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ..kv import KvModel
+from ..capacity.kv import KvModel
 from ..names import GBPS_BITS
-from .link import EgressLedger, LinkMode, LinkParams, Transfer
+from .link_state import EgressLedger, LinkMode, LinkParams, Transfer
 from .threshold import ThresholdBounds, ThresholdDecision, decide_threshold
 
 StreamTiming = Literal["layer-wise", "pull-after-prefill"]
@@ -69,7 +69,7 @@ class Window:
         return max(self.stream_end_s, self.start_s + self.prefill_s) - self.now_s
 
     def transfer(self) -> Transfer:
-        """The booking :meth:`~.link.EgressLedger.reserve` records."""
+        """The booking :meth:`~.link_state.EgressLedger.reserve` records."""
         return Transfer(
             self.bytes,
             self.start_s,

@@ -22,7 +22,7 @@ capacity is an upper bound. :class:`LinkEstimator` turns what the KV streams ach
   capacity) until it reaches the configured capacity, where it lifts (source ``configured``): a restored link is
   found again, since a squeezed bound admits less and would otherwise never see more.
 
-:meth:`Available.bound` applies a bound to :class:`~.link.LinkParams` (the capacity; the cap, the watermarks and
+:meth:`Available.bound` applies a bound to :class:`~.link_state.LinkParams` (the capacity; the cap, the watermarks and
 ``t_bw`` follow), which the router's link states, the gateway's calendar and the simulator all use. Pure: time
 and bytes are parameters; times are on the caller's clock, rates in model Gbps (``time_scale``: the router
 passes its refresher's wall clock, whose window, stall and probe rate are about the control loop).
@@ -37,12 +37,12 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..names import GBPS_BITS
-from .link import LinkParams
+from .link_state import LinkParams
 
 EstimateSource = Literal["configured", "streams", "stalled"]
 ESTIMATE_SOURCES: tuple[EstimateSource, ...] = ("configured", "streams", "stalled")
 MIN_CAPACITY_GBPS = 1e-6
-"""A stalled link's capacity in :class:`~.link.LinkParams` (which must stay positive): nothing fits under it."""
+"""A stalled link's capacity in :class:`~.link_state.LinkParams` (which must stay positive): nothing fits under it."""
 
 
 @dataclass(frozen=True)

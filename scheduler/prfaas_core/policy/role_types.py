@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from ..api.common import DecisionAction
 from ..api.pd_cluster import LongTermPolicySpec, PDClusterSpec
-from ..workload import LengthDistribution
+from ..capacity.workload import LengthDistribution
 
 ORDINAL_KINDS = frozenset({"StatefulSet", "LeaderWorkerSet"})
 """Workload kinds that remove their highest ordinal on a scale-down."""

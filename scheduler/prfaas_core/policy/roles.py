@@ -24,9 +24,9 @@ from dataclasses import replace
 from typing import Literal
 
 from ..api.common import DecisionAction
+from ..capacity.plan_inputs import PlanInputs
+from ..capacity.planner import compute_balanced_threshold, evaluate, split_lengths
 from ..names import NO_THRESHOLD_TOKENS
-from ..plan_inputs import PlanInputs
-from ..planner import compute_balanced_threshold, evaluate, split_lengths
 from .emergency import emergency
 from .role_types import PendingFlip, Role, RoleDecision, RoleObservation, RolePolicyParams, RoleState, Verdict
 

@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ..kv import KvModel
+from ..capacity.kv import KvModel
 from ..names import GBPS_BITS
-from .link import LinkMode, LinkParams, admit
+from .link_state import LinkMode, LinkParams, admit
 
 Target = Literal["local", "remote"]
 DecisionKind = Literal["threshold", "unavailable", "admission", "spill", "wait_for_link", "no-local-prefill"]

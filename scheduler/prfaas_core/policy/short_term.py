@@ -1,7 +1,7 @@
 """The short-term pipeline as two entry points, shared by the router, the gateway and the simulator.
 
 * :func:`refresh` (about once a second): the links' egress measurements go into their
-  :class:`~.link.EgressLedger`, each ledger's estimate gives the link's next scarce/abundant state, and the
+  :class:`~.link_state.EgressLedger`, each ledger's estimate gives the link's next scarce/abundant state, and the
   threshold ``t`` is re-evaluated from the recent incremental lengths against the scarcest link's budget.
 * :func:`route` (per request): the routing view (``t`` in force, the remote link's mode, the ledger's
   admission estimate and queue wait, the local queue) -> :func:`~.routing.decide_route` -> the prefill and
@@ -22,10 +22,10 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..kv import KvModel
+from ..capacity.kv import KvModel
 from .breaker import BreakerBoard, BreakerParams
-from .link import EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
 from .link_calendar import calendar_threshold
+from .link_state import EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
 from .routing import (
     InstancePick,
     InstanceView,

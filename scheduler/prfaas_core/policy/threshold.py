@@ -21,12 +21,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..kv import KvModel
+from ..capacity.kv import KvModel
+from ..capacity.plan_inputs import PlanInputs
+from ..capacity.planner import egress_floor_threshold
+from ..capacity.workload import EmpiricalDistribution, expect
 from ..names import GBPS_BITS, NO_THRESHOLD_TOKENS
-from ..plan_inputs import PlanInputs
-from ..planner import egress_floor_threshold
-from ..workload import EmpiricalDistribution, expect
-from .link import LinkMode, LinkParams
+from .link_state import LinkMode, LinkParams
 
 
 @dataclass(frozen=True)

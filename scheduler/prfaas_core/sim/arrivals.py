@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..trace import TraceRecord
-from ..workload import LengthDistribution, distribution_from_spec
+from ..capacity.workload import LengthDistribution, distribution_from_spec
+from ..request.trace import TraceRecord
 from .scenario import ArrivalSpec, RequestClassSpec, TimeCurveSpec
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..kv import KvModel
+from ..capacity.kv import KvModel
 
 
 class _Entry:

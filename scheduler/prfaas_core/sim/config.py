@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..api.common import SloSpec
-from ..plan_inputs import PlanInputs
+from ..capacity.plan_inputs import PlanInputs
 from ..policy.link_calendar import StreamTiming
 from ..policy.role_types import RolePolicyParams
 from .scenario import CacheSpec, SimLinkSpec

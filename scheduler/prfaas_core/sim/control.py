@@ -1,4 +1,4 @@
-"""The simulator's side of the long-term loop: the observation for :func:`~prfaas_core.policy.loop.step`, and
+"""The simulator's side of the long-term loop: the observation for :func:`~prfaas_core.policy.long_term.step`, and
 its effects carried out on the simulated instances.
 
 *Observe* (what a Prometheus observer would read): per-stage queue depth and utilisation averaged over the
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..policy.loop import LoopDecision
+from ..capacity.workload import EmpiricalDistribution
+from ..policy.long_term import LoopDecision
 from ..policy.role_types import InstanceState, Role, RoleDecision, RoleObservation, StageLoad
-from ..workload import EmpiricalDistribution
 from .instances import Instance
 from .results import RoleEvent
 from .state import Req, SimState

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..policy.link import EgressLedger
+from ..policy.link_state import EgressLedger
 from ..policy.routing import InstanceView
 from ..policy.short_term import ShortTermPolicy
 from .cache import HybridPrefixPool

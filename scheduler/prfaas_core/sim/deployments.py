@@ -8,7 +8,7 @@
   and admits remote prefills only under the cap);
 * ``prfaas_pd`` — the same start with both timescales live: ``t`` re-evaluated every second
   (:func:`~prfaas_core.policy.threshold.decide_threshold`) and the role loop flipping PD instances
-  (:func:`~prfaas_core.policy.loop.step`), which also re-optimises ``t_min``; remote prefills book windows in
+  (:func:`~prfaas_core.policy.long_term.step`), which also re-optimises ``t_min``; remote prefills book windows in
   the gateway's link calendar (``policy.linkWindows``, on by default) and wait for one when that beats local
   (then ``t_bw`` keeps the recent traffic under the whole cap, not a watermark: the calendar packs the link
   up to the cap, so ``t`` rises only when the traffic above it would not fit even then);
@@ -26,14 +26,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..hardware import builtin_hardware, list_builtin_hardware
-from ..kv import kv_model_from_profile
+from ..capacity.hardware import builtin_hardware, list_builtin_hardware
+from ..capacity.kv import kv_model_from_profile
+from ..capacity.plan_inputs import PlanInputs
+from ..capacity.planner import Plan, compute_balanced_threshold, plan
+from ..capacity.profiles import builtin_model_profiles
+from ..capacity.workload import EmpiricalDistribution, LengthDistribution, distribution_from_spec
 from ..names import NO_THRESHOLD_TOKENS
-from ..plan_inputs import PlanInputs
-from ..planner import Plan, compute_balanced_threshold, plan
 from ..policy.role_types import RolePolicyParams
-from ..profiles import builtin_model_profiles
-from ..workload import EmpiricalDistribution, LengthDistribution, distribution_from_spec
 from .arrivals import SimRequest
 from .config import SimConfig
 from .scenario import DeploymentName, Scenario

@@ -1,4 +1,4 @@
-"""The simulated PrFaaS gateway's link calendar: the one :class:`~prfaas_core.policy.link.EgressLedger` that
+"""The simulated PrFaaS gateway's link calendar: the one :class:`~prfaas_core.policy.link_state.EgressLedger` that
 sees every KV stream on the link (every remote prefill passes through the gateway), booked with
 :func:`~prfaas_core.policy.link_calendar.earliest_window` and chosen against the local alternative with
 :func:`~prfaas_core.policy.link_calendar.choose_window` — the same functions the real gateway and routers call.
@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..kv import KvModel
-from ..policy.link import EgressLedger, LinkParams
+from ..capacity.kv import KvModel
 from ..policy.link_calendar import StreamTiming, WaitChoice, Window, choose_window, earliest_window
+from ..policy.link_state import EgressLedger, LinkParams
 from ..policy.routing import RouteDecision, transfer_bytes
 from .config import SimConfig
 from .events import EventQueue

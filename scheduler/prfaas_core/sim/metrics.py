@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..planner import DECODE, PD_PREFILL, PRFAAS_COMPUTE
+from ..capacity.planner import DECODE, PD_PREFILL, PRFAAS_COMPUTE
 from .results import RunResult
 
 

@@ -21,7 +21,7 @@ from pydantic import Field
 from ..api.base import ApiModel, CelRule
 from ..api.common import SloSpec
 from ..api.pd_cluster import LongTermPolicySpec
-from ..workload import InputLengthSpec, LogNormalSpec
+from ..capacity.workload import InputLengthSpec, LogNormalSpec
 
 DeploymentName = Literal["homogeneous_pd", "naive_heterogeneous", "prfaas_pd_static", "prfaas_pd", "oblivious_pd"]
 ALL_DEPLOYMENTS: tuple[DeploymentName, ...] = ("homogeneous_pd", "naive_heterogeneous", "prfaas_pd_static", "prfaas_pd")

@@ -21,8 +21,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..planner import Plan
-from ..trace import TraceRecord
+from ..capacity.planner import Plan
+from ..request.trace import TraceRecord
 from .arrivals import Curve, SimRequest, generate_requests, requests_from_trace
 from .config import SimConfig
 from .deployments import PlannedDeployments, ScenarioError, plan_deployments, static_split_configs

@@ -9,7 +9,7 @@ decode picker -> decode slot -> done. The policies are a parameter (``policy``: 
 Short term, once per simulated second: the link's 1-s egress goes to the core's
 :func:`~prfaas_core.policy.short_term.refresh` (the router's ledger, the scarce/abundant state, and with a
 live threshold ``t`` re-evaluated from the last window of incremental lengths), as the router's refresher
-does. Long term: the core's :func:`~prfaas_core.policy.loop.step` on :mod:`.control`'s observation, its
+does. Long term: the core's :func:`~prfaas_core.policy.long_term.step` on :mod:`.control`'s observation, its
 effects carried out by :mod:`.control`, on its own schedule (``next_due_s``). Cross-cluster cache moves of
 the abundant mode take the link too (PD -> PrFaaS moves the reverse direction, a link of its own).
 
@@ -24,9 +24,9 @@ import math
 from collections.abc import Callable, Sequence
 
 from ..names import GBPS_BITS
-from ..policy import loop as long_term
-from ..policy.link import EgressLedger, LinkParams, LinkState
+from ..policy import long_term
 from ..policy.link_estimate import LinkEstimator, Pull, StreamSample
+from ..policy.link_state import EgressLedger, LinkParams, LinkState
 from ..policy.routing import InstanceView, RouteRequest, transfer_bytes
 from ..policy.short_term import (
     PRODUCTION,
@@ -47,9 +47,9 @@ from .config import SimConfig
 from .control import SimControl
 from .decode import DecodeSide
 from .events import EventQueue
+from .fluid_link import FluidLink
 from .gateway import SimGateway
 from .instances import Instance, Job
-from .link import FluidLink
 from .results import RunResult
 from .state import Req
 

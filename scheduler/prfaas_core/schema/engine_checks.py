@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .api.base import ApiModel
-from .api.link import InterDCLink
-from .api.model_profile import ModelProfile
-from .api.pd_cluster import PDCluster
-from .api.prefill_cluster import PrefillCluster
-from .engine_render import Cluster, RenderError, engine_specs
-from .kv import KvModelError, kv_model_from_profile
-from .schema_check import Issue
+from ..api.base import ApiModel
+from ..api.inter_dc_link import InterDCLink
+from ..api.model_profile import ModelProfile
+from ..api.pd_cluster import PDCluster
+from ..api.prefill_cluster import PrefillCluster
+from ..capacity.kv import KvModelError, kv_model_from_profile
+from ..launch.render import Cluster, RenderError, engine_specs
+from .check import Issue
 
 PINNED_VLLM = "0.32.0"
 """The vLLM version the engine flags are written for (scripts/real-engines.sh pins the same)."""

@@ -1,7 +1,7 @@
 """The planner's inputs: everything Eqs. 3–8 need, gathered from the API specs (or the paper's case study).
 
 :func:`plan_inputs_from_specs` turns a ModelProfile, a PrefillCluster, a PDCluster, an InterDCLink and a
-:class:`~prfaas_core.workload.WorkloadSpec` into a frozen :class:`PlanInputs`; :func:`case_study_inputs` is
+:class:`~prfaas_core.capacity.workload.WorkloadSpec` into a frozen :class:`PlanInputs`; :func:`case_study_inputs` is
 the embedded default (paper §4.1: the internal 1T model, 4×H200 PrFaaS instances, 8×H20 PD instances, a
 100 Gbps link, log-normal lengths μ 9.90 σ 1.00 on [128, 131072], 1024 output tokens).
 """
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api.base import LocalObjectRef, WorkloadRef
-from .api.hardware import HardwareSpec
-from .api.link import InterDCLinkSpec
-from .api.model_profile import ModelProfileSpec
-from .api.pd_cluster import PDClusterSpec, PDWorkloads
-from .api.prefill_cluster import PrefillClusterSpec
+from ..api.base import LocalObjectRef, WorkloadRef
+from ..api.hardware import HardwareSpec
+from ..api.inter_dc_link import InterDCLinkSpec
+from ..api.model_profile import ModelProfileSpec
+from ..api.pd_cluster import PDClusterSpec, PDWorkloads
+from ..api.prefill_cluster import PrefillClusterSpec
+from ..names import GBPS_BITS
 from .hardware import HardwareProfile, hardware_from_spec
 from .kv import KvModel, kv_model_from_profile
-from .names import GBPS_BITS
 from .profiles import INTERNAL_1T
 from .workload import LengthDistribution, WorkloadSpec, distribution_from_spec
 
@@ -76,7 +76,7 @@ def plan_inputs_from_specs(
 ) -> PlanInputs:
     """Gather the planner's inputs from the four kinds and a workload.
 
-    Raises :class:`PlanInputError` (or :class:`~prfaas_core.hardware.HardwareProfileError`, a ValueError too)
+    Raises :class:`PlanInputError` (or :class:`~prfaas_core.capacity.hardware.HardwareProfileError`, a ValueError too)
     naming the object and field: unknown hardware without overrides, a PD hardware without decode capacity.
     """
     kv = kv_model_from_profile(model_profile)

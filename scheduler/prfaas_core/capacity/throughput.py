@@ -1,5 +1,5 @@
 """The throughput model of paper §3.4.1 at one configuration: Eqs. 2–6, the two threshold bounds of
-paper-spec §2.4, and TTFT over the length distribution. :mod:`prfaas_core.planner` searches over it; the
+paper-spec §2.4, and TTFT over the length distribution. :mod:`prfaas_core.capacity.planner` searches over it; the
 long-term role policy and the threshold policy call the same functions (one implementation of each).
 
 For a threshold ``t`` the workload splits into ``p = P(L > t)``, ``l_long = E[L | L > t]`` and
@@ -27,9 +27,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..names import GBPS_BITS
 from .curves import PiecewisePolynomial
 from .kv import KvModel
-from .names import GBPS_BITS
 from .plan_inputs import PlanInputs
 from .workload import LengthDistribution, expect, mean
 

@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from .api.model_profile import ModelArchitecture, ModelProfileSpec
+from ..api.model_profile import ModelArchitecture, ModelProfileSpec
+from ..names import GBPS_BITS, MIB
 from .curves import PiecewisePolynomial, least_squares_line
-from .names import GBPS_BITS, MIB
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 

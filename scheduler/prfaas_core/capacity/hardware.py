@@ -25,9 +25,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .api.hardware import HardwareSpec, PrefillTimeSpec
+from ..api.hardware import HardwareSpec, PrefillTimeSpec
+from ..names import K_TOKENS
 from .curves import PiecewisePolynomial
-from .names import K_TOKENS
 
 
 class HardwareProfileError(ValueError):

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..api.common import DecisionRecord, rfc3339
-from ..plan_inputs import PlanInputs
-from ..planner import compute_balanced_threshold, plan
-from .link import LinkParams
+from ..capacity.plan_inputs import PlanInputs
+from ..capacity.planner import compute_balanced_threshold, plan
+from .link_state import LinkParams
 from .role_types import Role, RoleDecision, RoleObservation, RolePolicyParams, RoleState
 from .roles import decide_roles
 from .threshold import ThresholdBounds, bandwidth_floor_tokens, published_bounds, threshold_in_force

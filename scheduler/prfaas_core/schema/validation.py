@@ -13,12 +13,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .api.base import ApiModel
-from .api.resources import KINDS_BY_NAME
-from .crdgen import crd_schema_by_kind
+from ..api.base import ApiModel
+from ..api.resources import KINDS_BY_NAME
+from ..names import API_GROUP, GROUP_VERSION
+from .check import Issue, check_against_crd, format_path
+from .crds import crd_schema_by_kind
 from .engine_checks import engine_issues
-from .names import API_GROUP, GROUP_VERSION
-from .schema_check import Issue, check_against_crd, format_path
 
 
 @dataclass

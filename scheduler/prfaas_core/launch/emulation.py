@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .names import GBPS_BITS
+from ..names import GBPS_BITS
 
 DEFAULT_TIME_SCALE = 1.0
 DEFAULT_BYTE_SCALE = 1e-3

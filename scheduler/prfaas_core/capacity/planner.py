@@ -1,5 +1,5 @@
 """The capacity planner: paper Eqs. 7–8 solved by search over the threshold ``t`` and the split ``N_p/N_d``,
-on the throughput model of Eqs. 2–6 (:mod:`prfaas_core.throughput`, re-exported here).
+on the throughput model of Eqs. 2–6 (:mod:`prfaas_core.capacity.throughput`, re-exported here).
 
 The optimum (§3.4.2) is found like the paper, by exhaustive search: a grid on ``t`` (every 100 tokens by
 default) × every integer split with ``N_p + N_d`` = the PD instances (within the roles' bounds), then a local
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .names import GBPS_BITS
+from ..names import GBPS_BITS
 from .plan_inputs import PlanInputError, PlanInputs, case_study_inputs, plan_inputs_from_specs
 from .throughput import (
     DECODE,

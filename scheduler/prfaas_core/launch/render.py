@@ -1,6 +1,6 @@
 """Engine configuration from the custom resources: a PrefillCluster or PDCluster (its ``kvTransport``,
 ``engine``, hardware, role-assignment mode) and its ModelProfile become one :class:`EngineSpec` per role, and
-so, through the one engine-flag function :func:`~prfaas_core.engines.engine_launch`, the container ``command``,
+so, through the one engine-flag function :func:`~prfaas_core.launch.engines.engine_launch`, the container ``command``,
 ``args`` and ``env`` of every engine the cluster runs. Pure: no I/O.
 
 Roles: a PrefillCluster's instances are ``prfaas-prefill`` (``kv_producer``); a PDCluster in Relabel mode runs
@@ -17,18 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .api.model_profile import ModelProfile
-from .api.pd_cluster import PDCluster
-from .api.prefill_cluster import PrefillCluster
-from .engines import (
-    CONNECTORS,
-    DEFAULT_KV_ROLE,
-    EngineLaunch,
-    EngineRole,
-    EngineSpec,
-    KvRole,
-    engine_launch,
-)
+from ..api.model_profile import ModelProfile
+from ..api.pd_cluster import PDCluster
+from ..api.prefill_cluster import PrefillCluster
+from .engines import CONNECTORS, DEFAULT_KV_ROLE, EngineLaunch, EngineRole, EngineSpec, KvRole, engine_launch
 
 Cluster = PrefillCluster | PDCluster
 

@@ -21,9 +21,9 @@ from typing import Protocol
 
 from pydantic import Field
 
-from .api.base import ApiModel, CelRule
+from ..api.base import ApiModel, CelRule
+from ..request.trace import TraceRecord
 from .curves import PiecewisePolynomial
-from .trace import TraceRecord
 
 _STD_NORMAL = NormalDist()
 

@@ -13,8 +13,8 @@ import copy
 from functools import lru_cache
 from typing import Any
 
-from .api.resources import KINDS, ResourceKind
-from .names import API_GROUP, API_VERSION
+from ..api.resources import KINDS, ResourceKind
+from ..names import API_GROUP, API_VERSION
 
 JsonDict = dict[str, Any]
 

@@ -3,7 +3,7 @@
 The KV size ``S_kv(l)`` (paper Eq. 1) and the prefill latency ``T_prefill(l)`` of a hardware class are both
 piecewise polynomials in the length ``l``: measured tables are interpolated piecewise-linearly (and extended
 linearly past their ends), fitted curves are quadratics, architectures give affine or capped-affine sizes.
-Keeping one representation lets :mod:`prfaas_core.workload` take exact expectations of any of them over a
+Keeping one representation lets :mod:`prfaas_core.capacity.workload` take exact expectations of any of them over a
 length distribution (``E[f(L)·1{lo < L ≤ hi}]`` is a sum of partial moments), which the planner needs for
 egress and TTFT.
 """

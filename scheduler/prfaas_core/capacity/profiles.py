@@ -12,13 +12,7 @@ Linear-layer state per layer = heads × key dim × value dim × 4 B, plus a shor
 
 from __future__ import annotations
 
-from .api.model_profile import (
-    MeasuredKvPoint,
-    MeasuredKvTable,
-    ModelArchitecture,
-    ModelProfileSpec,
-    SlidingWindowSpec,
-)
+from ..api.model_profile import MeasuredKvPoint, MeasuredKvTable, ModelArchitecture, ModelProfileSpec, SlidingWindowSpec
 
 _FP32 = 4
 _BF16 = 2
