@@ -113,3 +113,10 @@ class Instance:
 
     def in_flight(self) -> int:
         return len(self.prefill_jobs) + self.active + len(self.waiting)
+
+
+def least_wait(pool: list[Instance], now: float) -> float | None:
+    """The queued prefill work on the least-loaded available prefill instance (what a router predicts)."""
+    ready = [i for i in pool if i.role == "prefill" and not i.draining and now >= i.available_at_s]
+    waits = [i.queued_prefill_s(now) for i in ready]
+    return min(waits) if waits else None

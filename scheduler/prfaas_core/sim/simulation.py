@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 
 from ..names import GBPS_BITS
 from ..policy import long_term
-from ..policy.link_estimate import LinkEstimator, Pull, StreamSample
 from ..policy.link_state import EgressLedger, LinkParams, LinkState
 from ..policy.routing import InstanceView, RouteRequest, transfer_bytes
 from ..policy.short_term import (
@@ -49,9 +48,10 @@ from .decode import DecodeSide
 from .events import EventQueue
 from .fluid_link import FluidLink
 from .gateway import SimGateway
-from .instances import Instance, Job
+from .instances import Instance, Job, least_wait
 from .results import RunResult
 from .state import Req
+from .stream_timer import StreamTimer
 
 __all__ = ["Req", "Simulation"]
 
@@ -95,9 +95,7 @@ class Simulation(DecodeSide):
         """The link as configured (a schedule step is an operator changing the capacity)."""
         self.link_params = self.configured_params
         """The configured link bounded by the available bandwidth the routers measure (:mod:`.link_estimate`)."""
-        self.estimator = LinkEstimator()
-        self._on_wire: dict[int, tuple[float, float, float]] = {}
-        """KV streams on the link: request id -> (start, bytes, least seconds: production or pacing)."""
+        self.streams = StreamTimer()
         one_way = link.rtt_ms / 2000.0
         cap = link.capacity_gbps * GBPS_BITS / 8.0
         self.link = FluidLink(self.events, cap, one_way)
@@ -231,13 +229,7 @@ class Simulation(DecodeSide):
         else:
             self._to_pd_prefill(req, decision.uncached_tokens)
 
-    @staticmethod
-    def least_wait(pool: list[Instance], now: float) -> float | None:
-        """The queued prefill work on the least-loaded available prefill instance (what a router predicts)."""
-        waits = [
-            i.queued_prefill_s(now) for i in pool if i.role == "prefill" and not i.draining and now >= i.available_at_s
-        ]
-        return min(waits) if waits else None
+    least_wait = staticmethod(least_wait)
 
     def _record_length(self, now: float, uncached: int) -> None:
         if self.cfg.live_threshold:
@@ -336,8 +328,7 @@ class Simulation(DecodeSide):
 
     def _stream(self, req: Req, prod_start_s: float, prod_end_s: float, pace: float = math.inf) -> None:
         """Put a request's KV on the link (timed for the available-bandwidth estimate)."""
-        floor = max(prod_end_s - prod_start_s, req.transfer_bytes / pace if pace < math.inf else 0.0)
-        self._on_wire[req.spec.id] = (self.events.now_s, req.transfer_bytes, floor)
+        self.streams.start(req.spec.id, self.events.now_s, req.transfer_bytes, prod_end_s - prod_start_s, pace)
         self.link.start(req, req.transfer_bytes, prod_start_s, prod_end_s, self._kv_arrived, pace)
 
     def prefill_end(self, arg: tuple[Job, int]) -> None:
@@ -366,10 +357,7 @@ class Simulation(DecodeSide):
 
     def _kv_arrived(self, req: Req) -> None:
         req.kv_ready_s = self.events.now_s
-        timed = self._on_wire.pop(req.spec.id, None)
-        if timed is not None:
-            start, nbytes, floor = timed
-            self.estimator.stream(StreamSample(start, self.events.now_s, nbytes, floor))
+        self.streams.arrived(req.spec.id, self.events.now_s)
         if self.gateway is not None:
             self.gateway.finish(str(req.spec.id))
         self.result.transferred_bytes += req.transfer_bytes
@@ -383,7 +371,7 @@ class Simulation(DecodeSide):
         self.reverse.set_capacity(cap)
         p = self.configured_params
         self.configured_params = LinkParams(p.name, gbps, p.max_utilization, p.scarce_watermark, p.abundant_watermark)
-        self.link_params = self.estimator.current.bound(self.configured_params)
+        self.link_params = self.streams.estimator.current.bound(self.configured_params)
         self.result.capacity_changes.append((self.events.now_s, gbps))
         self._window_capacity_gbps = max(self._window_capacity_gbps, gbps)
 
@@ -392,8 +380,7 @@ class Simulation(DecodeSide):
         sent = self.link.bytes_sent(now)
         egress = (sent - self._last_sent) * 8.0 / GBPS_BITS
         self._last_sent = sent
-        pulls = [Pull(start, nbytes, least) for start, nbytes, least in self._on_wire.values()]
-        avail = self.estimator.update(now, self.configured_params.capacity_gbps, pulls, egress)
+        avail = self.streams.update(now, self.configured_params.capacity_gbps, egress)
         params = self.link_params = avail.bound(self.configured_params)
         live = self.cfg.live_threshold and now <= self.duration_s  # after the last arrival nothing reads t
         window_s = self.cfg.threshold_window_s

@@ -1,0 +1,31 @@
+"""The simulator's KV streams timed for the available-bandwidth estimate (:mod:`..policy.link_estimate`): the
+same estimator the routers run on their pulls, fed here from the fluid link's streams."""
+
+from __future__ import annotations
+
+import math
+
+from ..policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
+
+
+class StreamTimer:
+    """KV streams on the link by request id: when each started, its bytes and its least duration (production or
+    pacing); a stream that arrives is one sample, the ones in flight are the estimator's pulls."""
+
+    def __init__(self) -> None:
+        self.estimator = LinkEstimator()
+        self._on_wire: dict[int, tuple[float, float, float]] = {}
+
+    def start(self, rid: int, now_s: float, nbytes: float, production_s: float, pace: float = math.inf) -> None:
+        floor = max(production_s, nbytes / pace if pace < math.inf else 0.0)
+        self._on_wire[rid] = (now_s, nbytes, floor)
+
+    def arrived(self, rid: int, now_s: float) -> None:
+        timed = self._on_wire.pop(rid, None)
+        if timed is not None:
+            start, nbytes, floor = timed
+            self.estimator.stream(StreamSample(start, now_s, nbytes, floor))
+
+    def update(self, now_s: float, capacity_gbps: float, egress_gbps: float) -> Available:
+        pulls = [Pull(start, nbytes, least) for start, nbytes, least in self._on_wire.values()]
+        return self.estimator.update(now_s, capacity_gbps, pulls, egress_gbps)
