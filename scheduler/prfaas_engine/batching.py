@@ -239,15 +239,17 @@ class EngineCore:
         if req.finished:
             return
         self.loading.discard(req)
-        # what vLLM 0.32 reports on a decode leg: the prefill side's reuse when the handle names it, else its own
-        # count, every prompt token (they all came by the connector)
+        self.prefix_cache.insert(req.hashes)
+        # as vLLM counts it: the prompt tokens its own prefix cache held (matched on admission: the blocks it did
+        # not pull), and the rest came by the connector
+        own_hit = req.cached_tokens
+        self.metrics.prompt_tokens_l.inc(req.prompt_tokens)
+        self.metrics.prompt_by_source["local_cache_hit"].inc(own_hit)
+        self.metrics.prompt_by_source["external_kv_transfer"].inc(req.prompt_tokens - own_hit)
+        # what vLLM 0.32 reports in the answer's usage on a decode leg: the prefill side's reuse when the handle
+        # names it, else its own count, every prompt token (they all came by the connector)
         remote = getattr(req.leg, "remote_cached_tokens", None)
         req.cached_tokens = remote if remote is not None else req.prompt_tokens
-        self.prefix_cache.insert(req.hashes)
-        # as vLLM counts it: the prompt tokens its own prefix cache held, and the rest came by the connector
-        self.metrics.prompt_tokens_l.inc(req.prompt_tokens)
-        self.metrics.prompt_by_source["local_cache_hit"].inc(req.cached_tokens)
-        self.metrics.prompt_by_source["external_kv_transfer"].inc(req.prompt_tokens - req.cached_tokens)
         req.phase = "ready"
         self.waiting.appendleft(req)
         self._update_gauges()
