@@ -118,9 +118,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Link egress vs cap",
                 "KV egress over each link (Gbps): the KV bytes this region's routers admitted (S_kv of the "
-                "remote engine's prompt tokens; the InterDCLink's default egress source) and the routers' "
-                "in-flight estimate, against the link's cap (capacity x the InterDCLink's maxUtilization, as "
-                "the routers enforce it).",
+                "whole KV blocks holding the remote engine's prompt tokens; the InterDCLink's default egress "
+                "source) and the routers' in-flight estimate, against the link's cap (capacity x the "
+                "InterDCLink's maxUtilization, as the routers enforce it).",
                 (
                     _t(
                         f"sum by (link) (rate(prfaas_router_remote_kv_bytes_total[{RATE}])) * 8 / 1e9",

@@ -51,7 +51,8 @@ def problems() -> list[str]:
             found.append(f"extra: {extra.relative_to(REPO)} has no source in crds/")
     if not ENGINES_FILE.exists() or ENGINES_FILE.read_bytes() != engines_json():
         found.append(
-            f"stale: {ENGINES_FILE.relative_to(REPO)} differs from prfaas engines {' '.join(ENGINES_SOURCES)} -o helm-values"
+            f"stale: {ENGINES_FILE.relative_to(REPO)} differs from "
+            f"prfaas engines {' '.join(ENGINES_SOURCES)} -o helm-values"
         )
     return found
 
