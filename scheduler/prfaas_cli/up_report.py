@@ -73,6 +73,10 @@ def phase_summary(st: SessionState, phase: Phase, slo: Slo) -> dict[str, Any]:
         "egress_mean_gbps": round(sum(egress) / len(egress), 3) if egress else 0.0,
         "link_cap_gbps": round(phase.link_gbps * st.link_max_utilization, 3),
         "egress_peak_settled_gbps": round(max(settled), 3) if settled else 0.0,
+        "egress_mean_settled_gbps": round(sum(settled) / len(settled), 3) if settled else 0.0,
+        # 1-s windows above the cap: admission books each stream at most at the cap, but a pull is not paced to its
+        # booking (vLLM's NixlConnector pulls at wire speed), so overlapping pulls can run the link above it
+        "egress_windows_over_cap": sum(g > phase.link_gbps * st.link_max_utilization for g in settled),
         "link_scarce_share": round(sum(s.scarce for s in router) / len(router), 3) if router else 0.0,
         "router_threshold_tokens": {
             "min": int(min(ts)) if ts else None,
@@ -159,7 +163,8 @@ def print_summary(out: dict[str, Any]) -> None:
                 f"(model), SLO {s['slo_attainment']:.1%}"
             )
         print(
-            f"  egress peak {p['egress_peak_gbps']:.1f} / cap {p['link_cap_gbps']:g} Gbps (scarce "
+            f"  egress peak {p['egress_peak_gbps']:.1f}, mean {p['egress_mean_gbps']:.2f} / cap {p['link_cap_gbps']:g}"
+            f" Gbps (scarce "
             f"{p['link_scarce_share']:.0%} of the time); t at the router {t['min']}..{t['max']}; roles at the end "
             + (f"{roles['prefill']}P/{roles['decode']}D" if roles else "-")
         )

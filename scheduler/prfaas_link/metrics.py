@@ -47,8 +47,9 @@ class RecentRate:
 
 
 class EgressWindows:
-    """The relay's own 1-s *model* windows of delivered model bytes, keyed by ``floor(model time)`` on the
-    machine's monotonic clock (so several relays' windows line up, and summing them gives the link's)."""
+    """The relay's own 1-s *model* windows of delivered model bytes, keyed by ``floor(model time)`` of each
+    chunk's serialisation on the emulated wire, on the machine's monotonic clock (so several relays' windows
+    line up, summing them gives the link's, and a relay process starved of CPU does not bunch them)."""
 
     def __init__(self, keep: int = 7200) -> None:
         self.keep = keep

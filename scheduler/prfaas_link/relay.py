@@ -266,14 +266,16 @@ class Link:
             for w in (client_w, target_w):
                 w.close()
 
-    def _count_up(self, nbytes: int) -> None:
+    def _count_up(self, nbytes: int, wire_at: float) -> None:
         self.metrics.reverse.inc(self.scale.model_bytes(nbytes))
 
-    def _count_down(self, nbytes: int) -> None:
+    def _count_down(self, nbytes: int, wire_at: float) -> None:
         self.metrics.wire.inc(nbytes)
         self.metrics.egress.inc(self.scale.model_bytes(nbytes))
         self._recent.add(nbytes)
-        self.windows.add(self.scale.model_seconds(self.clock.now()), self.scale.model_bytes(nbytes))
+        # the window of the chunk's serialisation on the emulated wire, not of the moment this process got round
+        # to delivering it: a relay starved of CPU must not show the link carrying more than its rate
+        self.windows.add(self.scale.model_seconds(wire_at), self.scale.model_bytes(nbytes))
 
     async def _pipe(
         self,
@@ -281,10 +283,12 @@ class Link:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         direction: Direction,
-        count: Callable[[int], None],
+        count: Callable[[int, float], None],
         drop_after_first: bool,
     ) -> None:
-        line: asyncio.Queue[tuple[float, bytes] | Exception | None] = asyncio.Queue(maxsize=DELAY_LINE_CHUNKS)
+        """Relay ``reader`` to ``writer`` through ``direction``'s shaper; ``count(nbytes, wire_at)`` once a chunk
+        is delivered, ``wire_at`` the (loop clock) moment its serialisation on the emulated wire ended."""
+        line: asyncio.Queue[tuple[float, float, bytes] | Exception | None] = asyncio.Queue(maxsize=DELAY_LINE_CHUNKS)
 
         async def shape() -> None:
             while True:
@@ -298,11 +302,13 @@ class Link:
                     return
                 grant = await direction.acquire(flow, len(data))
                 one_way = self.one_way_s()
+                wire_at = grant.finish
                 deliver_at = grant.finish + one_way
                 if self.shape.loss > 0 and self._rng.random() < self.shape.loss:
                     resent = await direction.acquire(flow, len(data))  # the retransmission uses capacity again
+                    wire_at = resent.finish
                     deliver_at = resent.finish + 2 * one_way + one_way  # noticed one RTT late, then propagates
-                await line.put((deliver_at, data))
+                await line.put((deliver_at, wire_at, data))
 
         shaper = asyncio.create_task(shape())
         try:
@@ -312,11 +318,11 @@ class Link:
                     break
                 if isinstance(item, Exception):
                     raise item
-                deliver_at, data = item
+                deliver_at, wire_at, data = item
                 await self.clock.sleep_until(deliver_at)
                 writer.write(data)
                 await writer.drain()
-                count(len(data))
+                count(len(data), wire_at)
                 if drop_after_first:
                     raise ConnectionAbortedError("drop_mid_stream fault")
             await shaper
