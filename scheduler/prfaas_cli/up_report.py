@@ -129,7 +129,8 @@ def summary(st: SessionState, slo: Slo, wall_s: float) -> dict[str, Any]:
 def loop_summary(st: SessionState, counts: tuple[int, int], t_min: int, published: dict[str, Any]) -> dict[str, Any]:
     """Where the long-term loop left things: the roles, ``t_min``, its cycles, what the routers were told
     (``published``: the router config file) and the ``t`` in force at the router at the end."""
-    last_t = next((s.threshold_tokens for s in reversed(st.router) if s.threshold_tokens is not None), None)
+    last = next((s for s in reversed(st.router) if s.threshold_tokens is not None), None)
+    last_t = last.threshold_tokens if last is not None else None
     return {
         "final_roles": {"prefill": counts[0], "decode": counts[1]},
         "threshold_tokens": t_min,
@@ -138,6 +139,10 @@ def loop_summary(st: SessionState, counts: tuple[int, int], t_min: int, publishe
             "actions": _count(c.action for c in st.cycles),
             "published_threshold_min_tokens": published["thresholdMinTokens"],
             "router_threshold_tokens": last_t,
+            # why the router's t may stand above t_min: its link is scarce, or its available-bandwidth estimate
+            # bounds the capacity (a cap below the configured one)
+            "router_link_scarce": last.scarce if last is not None else None,
+            "router_link_cap_gbps": last.cap_gbps if last is not None else None,
         },
     }
 

@@ -150,7 +150,13 @@ def test_the_phases_show_both_timescales(tmp_path: Path) -> None:
     rec = phases["recovery"]
     assert rec["link_scarce_share"] < 1
     assert rec["router_threshold_tokens"]["min"] < squeeze["router_threshold_tokens"]["max"]
-    assert s["loop"]["router_threshold_tokens"] == s["loop"]["published_threshold_min_tokens"]
+    # the router applied the last published t_min: its t never stands below it, and equals it once the router
+    # sees the whole link again (abundant, its cap the configured one). On a loaded machine slow pulls can keep the
+    # router's available-bandwidth estimate bounding the cap for a while after the squeeze (then t stays above)
+    loop = s["loop"]
+    assert loop["router_threshold_tokens"] >= loop["published_threshold_min_tokens"], loop
+    if not loop["router_link_scarce"] and loop["router_link_cap_gbps"] == pytest.approx(rec["link_cap_gbps"]):
+        assert loop["router_threshold_tokens"] == loop["published_threshold_min_tokens"], loop
     back = [f for f in flips if f["action"] == "FlipToDecode" and f["model_s"] > first["model_s"]]
     assert back, [c["reason"] for c in s["last_decisions"]]
     assert "decode-bound" in back[0]["reason"]
