@@ -14,6 +14,14 @@ from pydantic import Field
 from ..names import GROUP_VERSION, KIND_INTER_DC_LINK, METRIC_ROUTER_REMOTE_BYTES
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta
 
+WATERMARK_ORDER = CelRule(
+    rule="self.abundantWatermark < self.scarceWatermark",
+    message="abundantWatermark must be below scarceWatermark (the gap is the hysteresis band)",
+    check=lambda s: s.abundant_watermark < s.scarce_watermark,
+    field_path=".abundantWatermark",
+)
+"""The one rule every link spec with watermarks carries (the InterDCLink, the router's link, the simulator's)."""
+
 
 class LinkMeasurementSpec(ApiModel):
     """Where the link's measured egress comes from."""
@@ -41,14 +49,7 @@ class LinkMeasurementSpec(ApiModel):
 class InterDCLinkSpec(ApiModel):
     """Desired state of an inter-datacenter link."""
 
-    __cel_rules__ = (
-        CelRule(
-            rule="self.abundantWatermark < self.scarceWatermark",
-            message="abundantWatermark must be below scarceWatermark (the gap is the hysteresis band)",
-            check=lambda s: s.abundant_watermark < s.scarce_watermark,
-            field_path=".abundantWatermark",
-        ),
-    )
+    __cel_rules__ = (WATERMARK_ORDER,)
 
     prefill_cluster_ref: LocalObjectRef = Field(description="The PrefillCluster sending KV over the link.")
     pd_cluster_ref: LocalObjectRef = Field(description="The PDCluster receiving KV.")

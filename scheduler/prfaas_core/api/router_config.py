@@ -14,6 +14,7 @@ from .admission import GatewayAdmission
 from .base import ApiModel, CelRule, obj_default
 from .common import URL_PATTERN, SloSpec
 from .hardware import HardwareSpec
+from .inter_dc_link import WATERMARK_ORDER
 from .model_profile import ModelProfileSpec
 
 
@@ -40,14 +41,7 @@ class RemoteGateway(ApiModel):
 class RouterLink(ApiModel):
     """An inter-datacenter link as the router sees it."""
 
-    __cel_rules__ = (
-        CelRule(
-            rule="self.abundantWatermark < self.scarceWatermark",
-            message="abundantWatermark must be below scarceWatermark",
-            check=lambda s: s.abundant_watermark < s.scarce_watermark,
-            field_path=".abundantWatermark",
-        ),
-    )
+    __cel_rules__ = (WATERMARK_ORDER,)
 
     name: str = Field(min_length=1, description="Link name (the InterDCLink's).")
     capacity_gbps: float = Field(gt=0, description="Capacity, Gbps.")

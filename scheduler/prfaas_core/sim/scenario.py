@@ -20,6 +20,7 @@ from pydantic import Field
 
 from ..api.base import ApiModel, CelRule
 from ..api.common import SloSpec
+from ..api.inter_dc_link import WATERMARK_ORDER
 from ..api.pd_cluster import LongTermPolicySpec
 from ..capacity.workload import InputLengthSpec, LogNormalSpec
 
@@ -146,14 +147,7 @@ class CapacityStepSpec(ApiModel):
 class SimLinkSpec(ApiModel):
     """The PrFaaS -> PD link (fields as InterDCLink's) and its capacity over time."""
 
-    __cel_rules__ = (
-        CelRule(
-            rule="self.abundantWatermark < self.scarceWatermark",
-            message="abundantWatermark must be below scarceWatermark (the gap is the hysteresis band)",
-            check=lambda s: s.abundant_watermark < s.scarce_watermark,
-            field_path=".abundantWatermark",
-        ),
-    )
+    __cel_rules__ = (WATERMARK_ORDER,)
 
     capacity_gbps: float = Field(default=100.0, gt=0, le=1_000_000, description="Capacity at the start, Gbps.")
     max_utilization: float = Field(default=0.8, gt=0, le=1, description="Cap admission enforces (fraction).")
