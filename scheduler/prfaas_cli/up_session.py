@@ -157,13 +157,15 @@ def read_router(url: str, model_s: float, client: httpx.Client) -> RouterSample 
 def _settled_router(
     url: str, st: SessionState, cluster: LocalCluster, client: httpx.Client, timeout_s: float = 5.0
 ) -> RouterSample | None:
-    """The router's sample once its ``t`` gauge reflects the published ``t_min`` (the gauge follows a reload at
-    the router's next signals refresh), or the last one read when ``timeout_s`` passes first."""
+    """The router's sample once its ``t`` gauge shows the published ``t_min`` (the gauge follows a reload at the
+    router's next signals refresh), or the last one read when ``timeout_s`` passes first: a router whose link is
+    scarce or bounded keeps ``t`` above ``t_min``. (Waiting for ``t >= t_min`` only would take the gauge's value
+    from before the reload whenever the last cycle lowered ``t_min``.)"""
     want = cluster.config.threshold_min_tokens
     deadline = time.monotonic() + timeout_s
     while True:
         sample = read_router(url, st.model_now(), client)
-        done = sample is None or (sample.threshold_tokens or 0) >= want
+        done = sample is None or sample.threshold_tokens == want
         if done or time.monotonic() >= deadline:
             return sample
         time.sleep(0.1)
