@@ -61,6 +61,7 @@ def phase_summary(st: SessionState, phase: Phase, slo: Slo) -> dict[str, Any]:
     ts = [s.threshold_tokens for s in router if s.threshold_tokens is not None]
     cycles = [c for c in st.cycles if c.phase == phase.name]
     roles = [(c.prefill, c.decode) for c in cycles]
+    cap = phase.link_gbps * st.link_max_utilization
     return {
         "name": phase.name,
         "start_model_s": phase.start_s,
@@ -71,12 +72,12 @@ def phase_summary(st: SessionState, phase: Phase, slo: Slo) -> dict[str, Any]:
         "requests": _requests(results, slo),
         "egress_peak_gbps": round(max(egress), 3) if egress else 0.0,
         "egress_mean_gbps": round(sum(egress) / len(egress), 3) if egress else 0.0,
-        "link_cap_gbps": round(phase.link_gbps * st.link_max_utilization, 3),
+        "link_cap_gbps": round(cap, 3),
         "egress_peak_settled_gbps": round(max(settled), 3) if settled else 0.0,
         "egress_mean_settled_gbps": round(sum(settled) / len(settled), 3) if settled else 0.0,
         # 1-s windows above the cap: admission books each stream at most at the cap, but a pull is not paced to its
         # booking (vLLM's NixlConnector pulls at wire speed), so overlapping pulls can run the link above it
-        "egress_windows_over_cap": sum(g > phase.link_gbps * st.link_max_utilization for g in settled),
+        "egress_windows_over_cap": sum(g > cap for g in settled),
         "link_scarce_share": round(sum(s.scarce for s in router) / len(router), 3) if router else 0.0,
         "router_threshold_tokens": {
             "min": int(min(ts)) if ts else None,

@@ -14,18 +14,16 @@ class StreamTimer:
 
     def __init__(self) -> None:
         self.estimator = LinkEstimator()
-        self._on_wire: dict[int, tuple[float, float, float]] = {}
+        self._on_wire: dict[int, Pull] = {}
 
     def start(self, rid: int, now_s: float, nbytes: float, production_s: float, pace: float = math.inf) -> None:
         floor = max(production_s, nbytes / pace if pace < math.inf else 0.0)
-        self._on_wire[rid] = (now_s, nbytes, floor)
+        self._on_wire[rid] = Pull(now_s, nbytes, floor)
 
     def arrived(self, rid: int, now_s: float) -> None:
-        timed = self._on_wire.pop(rid, None)
-        if timed is not None:
-            start, nbytes, floor = timed
-            self.estimator.stream(StreamSample(start, now_s, nbytes, floor))
+        pull = self._on_wire.pop(rid, None)
+        if pull is not None:
+            self.estimator.stream(StreamSample(pull.start_s, now_s, pull.bytes, pull.least_s))
 
     def update(self, now_s: float, capacity_gbps: float, egress_gbps: float) -> Available:
-        pulls = [Pull(start, nbytes, least) for start, nbytes, least in self._on_wire.values()]
-        return self.estimator.update(now_s, capacity_gbps, pulls, egress_gbps)
+        return self.estimator.update(now_s, capacity_gbps, list(self._on_wire.values()), egress_gbps)
