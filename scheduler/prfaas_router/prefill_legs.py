@@ -4,7 +4,7 @@ window (:mod:`.link_wait`) and the one retry (:mod:`.retry`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
@@ -16,16 +16,14 @@ from prfaas_core.policy.routing import RouteDecision
 from . import link_wait
 from .aborts import SideLost, remote_side
 from .http_util import JSON_CONTENT, json_bytes
+from .leg_host import LegHost
 from .legs import LINK_HEADER, LegError, kv_handle, prefill_body, reported_prompt_tokens
 from .runtime import LocalPlan
 from .security import RequestIds, gateway_body
 
-if TYPE_CHECKING:
-    from .proxy import Proxy
-
 
 async def remote_prefill(
-    proxy: Proxy,
+    proxy: LegHost,
     remote: RemoteGateway,
     path: str,
     body: dict[str, Any],
@@ -90,7 +88,7 @@ async def remote_prefill(
 
 
 async def local_prefill(
-    proxy: Proxy, plan: LocalPlan, path: str, body: dict[str, Any], request_id: RequestIds, uncached: int
+    proxy: LegHost, plan: LocalPlan, path: str, body: dict[str, Any], request_id: RequestIds, uncached: int
 ) -> dict[str, Any]:
     rt = proxy.rt
     assert plan.prefill is not None
@@ -120,7 +118,7 @@ async def local_prefill(
 
 
 async def remote_in_window(
-    proxy: Proxy,
+    proxy: LegHost,
     remote: RemoteGateway,
     path: str,
     body: dict[str, Any],

@@ -17,17 +17,15 @@ can take it (the only decode is dead), the handle waits out the producer's lease
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import structlog
 
 from .http_util import JSON_CONTENT, json_bytes
+from .leg_host import LegHost
 from .runtime import EngineLoad
-
-if TYPE_CHECKING:
-    from .proxy import Proxy
-    from .security import RequestIds
+from .security import RequestIds
 
 log = structlog.get_logger("prfaas.router")
 
@@ -42,14 +40,14 @@ def release_body(kv: dict[str, Any]) -> dict[str, Any]:
     return {"model": RELEASE_MODEL, "prompt": [0], "max_tokens": 0, "stream": False, "kv_transfer_params": kv}
 
 
-def consumers(proxy: Proxy, failed: str) -> list[str]:
+def consumers(proxy: LegHost, failed: str) -> list[str]:
     """Healthy instances that can decode (and so can notify a producer), the failed decode last."""
     c, engines = proxy.rt.compiled, proxy.rt.snapshot.engines
     healthy = [e.name for e in (*c.decode, *c.both) if engines.get(e.name, EngineLoad()).healthy]
     return sorted(healthy, key=lambda name: name == failed)
 
 
-def abandon(proxy: Proxy, kv: dict[str, Any], cluster: str, failed: str, request_id: RequestIds, error: str) -> None:
+def abandon(proxy: LegHost, kv: dict[str, Any], cluster: str, failed: str, request_id: RequestIds, error: str) -> None:
     """Count the abandoned handle and release it in the background (the client's answer does not wait)."""
     proxy.metrics.abandoned_kv.labels(cluster).inc()
     leg = _release(proxy, kv, cluster, consumers(proxy, failed), request_id, error)
@@ -59,7 +57,7 @@ def abandon(proxy: Proxy, kv: dict[str, Any], cluster: str, failed: str, request
 
 
 async def _release(
-    proxy: Proxy, kv: dict[str, Any], cluster: str, candidates: list[str], request_id: RequestIds, error: str
+    proxy: LegHost, kv: dict[str, Any], cluster: str, candidates: list[str], request_id: RequestIds, error: str
 ) -> None:
     by_name = proxy.rt.compiled.by_name
     for name in candidates[:2]:

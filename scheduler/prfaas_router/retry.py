@@ -10,20 +10,18 @@ and logs one line with its cause.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from prfaas_core.api import RemoteGateway
 
 from . import prefill_legs
+from .leg_host import LegHost
 from .legs import LegError
 from .link_wait import LinkDeclined
 from .runtime import LocalPlan
 from .security import RequestIds
-
-if TYPE_CHECKING:
-    from .proxy import Proxy
 
 log = structlog.get_logger("prfaas.router")
 
@@ -41,7 +39,7 @@ class Prefilled:
 
 
 async def prefill_with_retry(
-    proxy: Proxy,
+    proxy: LegHost,
     plan: LocalPlan,
     route: str,
     path: str,
