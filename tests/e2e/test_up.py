@@ -158,7 +158,7 @@ def test_the_phases_show_both_timescales(tmp_path: Path) -> None:
     if not loop["router_link_scarce"] and loop["router_link_cap_gbps"] == pytest.approx(rec["link_cap_gbps"]):
         assert loop["router_threshold_tokens"] == loop["published_threshold_min_tokens"], loop
     back = [f for f in flips if f["action"] == "FlipToDecode" and f["model_s"] > first["model_s"]]
-    assert back, [c["reason"] for c in s["last_decisions"]]
+    assert back, ([(f["action"], f["model_s"], f["phase"]) for f in flips], [c["reason"] for c in s["last_decisions"]])
     assert "decode-bound" in back[0]["reason"]
     assert s["final_roles"] == {"prefill": 2, "decode": 2}
     print(f"phases: flips {[(f['action'], f['model_s']) for f in flips]}, {req['requests']} requests")
