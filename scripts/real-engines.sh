@@ -6,7 +6,8 @@
 #
 #   PRFAAS_REAL_HOME   where it lives (default ~/.cache/prfaas/real)
 #
-# Re-installs only when this script, the pins or the glue changed. Safe to run any number of times.
+# Re-installs only when the pins change; the glue (sitecustomize) is copied whenever it differs. Safe to run any
+# number of times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 home=${PRFAAS_REAL_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/prfaas/real}
@@ -20,7 +21,7 @@ mkdir -p "$home"
 exec 9>"$home/.lock"
 flock 9                                   # two test runs on one machine set up one after the other
 
-want=$( (cat "$0" "$glue"/*.py; printf '%s\n' "${pins[@]}" "${meta_pins[@]}") | sha256sum | cut -d' ' -f1)
+want=$(printf '%s\n' "${pins[@]}" "${meta_pins[@]}" "${drop[@]}" | sha256sum | cut -d' ' -f1)
 stamp="$venv/.prfaas-real-installed"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   start=$(date +%s)
@@ -31,11 +32,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "${pipq[@]}" "${pins[@]}" 2> >(grep -v "^WARNING: Location" >&2)
   "${pipq[@]}" --no-deps "${meta_pins[@]}" 2> >(grep -v "^WARNING: Location" >&2)
   "$venv/bin/python" -m pip uninstall --quiet --yes "${drop[@]}" >/dev/null 2>&1 || true
-  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  cp "$glue/sitecustomize.py" "$site/sitecustomize.py"
   echo "$want" > "$stamp"
   echo "real-engines: installed in $(( $(date +%s) - start )) s" >&2
 fi
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cmp -s "$glue/sitecustomize.py" "$site/sitecustomize.py" || cp "$glue/sitecustomize.py" "$site/sitecustomize.py"
 
 model="$home/models/tiny-llama-$(sha256sum "$glue/tiny_model.py" | cut -c1-12)"
 if [ ! -f "$model/.complete" ]; then

@@ -256,6 +256,9 @@ class EnginePool:
             "OMP_NUM_THREADS": "1",
             "OMP_WAIT_POLICY": "PASSIVE",
             "PRFAAS_NIXL_PROGRESS_DELAY_US": NIXL_PROGRESS_DELAY_US,
+            # ask for AMX tile state at start (the glue's sitecustomize): vLLM's AMX attention kernel would
+            # otherwise die with SIGILL in a decode engine's worker on AMX machines
+            "PRFAAS_AMX_PERMISSION": "1",
             "NO_PROXY": "*",
             **launch.resolved_env({POD_IP: host}),
         }
