@@ -1,11 +1,10 @@
 """Faults with real engines, every request counted (this file runs last in the tier: it kills and restarts
 engines, and leaves the set healthy again).
 
-* the PrFaaS engine SIGKILLed: long requests are prefilled locally; the remote serves again after a restart;
 * the PrFaaS engine frozen (SIGSTOP) longer than the remote leg's timeout, then resumed;
 * the PrFaaS engine killed between the prefill leg and the decode leg (the decode leg held by a proxy until the
   engine is dead): the decode cannot pull (vLLM answers 500), the router prefills locally, the client gets a
-  normal answer;
+  normal answer; while it stays dead long requests are prefilled locally; the remote serves again after a restart;
 * the decode engine killed mid-stream: a clean error event ends that stream, the router then answers with clean
   errors and reports not ready with the reason, nothing hangs; it serves again after a restart.
 """
@@ -60,22 +59,6 @@ def wait_remote_again(url: str, env: RealEnv, prompts: Prompts, timeout_s: float
 def restore_prfaas(pool: EnginePool) -> None:
     pool.restart("prfaas")
     pool.warm_up(pool.engines["prfaas"], pool.engines["pdd"])
-
-
-def test_prfaas_engine_killed_then_restarted(
-    stack: RealStack, engines: Engines, vllm_pool: EnginePool, real_env: RealEnv, prompts: Prompts
-) -> None:
-    router = stack.url("router")
-    vllm_pool.engines["prfaas"].signal_group(signal.SIGKILL)
-    vllm_pool.engines["prfaas"].proc.wait(timeout=30)
-    for _ in range(3):
-        prompt = prompts.text(LONG)
-        r = ask(router, real_env, prompt)
-        assert r.status_code == 200, r.text
-        assert r.headers["x-prfaas-route"] in ("fallback", "local")
-        assert r.json()["choices"][0]["text"] == single(vllm_pool, real_env, prompt)
-    restore_prfaas(vllm_pool)
-    wait_remote_again(router, real_env, prompts)
 
 
 def test_prfaas_engine_frozen_longer_than_the_leg_timeout(
@@ -175,9 +158,16 @@ def held_router(stack: RealStack, engines: Engines) -> Iterator[tuple[str, Holdi
             stack.stop("held")
 
 
-def test_prfaas_engine_killed_between_the_prefill_and_the_decode_leg(
-    held_router: tuple[str, HoldingProxy], vllm_pool: EnginePool, real_env: RealEnv, prompts: Prompts
+def test_prfaas_engine_killed_between_the_legs_then_restarted(
+    held_router: tuple[str, HoldingProxy],
+    stack: RealStack,
+    vllm_pool: EnginePool,
+    real_env: RealEnv,
+    prompts: Prompts,
 ) -> None:
+    """Killed between the prefill leg and the decode leg: that request falls back; while the engine stays dead the
+    long requests are prefilled locally with the same answers; after a restart the remote serves again (one kill
+    and one restart for both cases: a restart is the tier's dearest step)."""
     url, proxy = held_router
     prompt = prompts.text(LONG)
     proxy.armed.set()
@@ -191,7 +181,15 @@ def test_prfaas_engine_killed_between_the_prefill_and_the_decode_leg(
     assert r.status_code == 200, r.text
     assert r.headers["x-prfaas-route"] == "fallback"
     assert r.json()["choices"][0]["text"] == single(vllm_pool, real_env, prompt)
+    router = stack.url("router")
+    for _ in range(3):
+        prompt = prompts.text(LONG)
+        r = ask(router, real_env, prompt)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-prfaas-route"] in ("fallback", "local")
+        assert r.json()["choices"][0]["text"] == single(vllm_pool, real_env, prompt)
     restore_prfaas(vllm_pool)
+    wait_remote_again(router, real_env, prompts)
     wait_remote_again(url, real_env, prompts)
 
 
