@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -222,13 +223,16 @@ def _metric(url: str, name: str) -> float:
 
 
 async def drive(
-    up: RealUp, cluster: RealCluster, loop: LocalLoop, records: list[TraceRecord], body: list[bytes]
+    up: RealUp, cluster: RealCluster, loop: LocalLoop, records: list[TraceRecord] | None, body: list[bytes]
 ) -> list[Result]:
-    """Replay ``records`` at the router (real time) while the long-term loop runs; a line of progress every 5 s."""
+    """Replay ``records`` at the router (real time) while the long-term loop runs; a line of progress every 5 s.
+    ``records`` None (``--serve``): no built-in load, the loop runs on the traffic of your own clients until
+    Ctrl-C or SIGTERM."""
     router = up.stack.url("router")
     results: list[Result] = []
     stop = asyncio.Event()
     start = time.perf_counter()
+    served = f"serving {router}/v1" if records is None else ""
 
     async def driver() -> None:
         while not stop.is_set():
@@ -250,7 +254,9 @@ async def drive(
             last = cluster.decisions[-1].reason[:60] if cluster.decisions else "-"
             print(
                 f"[{time.perf_counter() - start:5.0f}s] roles P/D {p}/{d} draining {list(cluster.config.draining)} | "
-                f"t {cluster.config.threshold_min_tokens} | done {len(results)}/{len(records)} {routes} | {last}",
+                f"t {cluster.config.threshold_min_tokens} | "
+                + (served or f"done {len(results)}/{len(records or [])} {routes}")
+                + f" | {last}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -259,11 +265,42 @@ async def drive(
 
     tasks = [asyncio.create_task(driver()), asyncio.create_task(viewer())]
     try:
-        await replay(router, records, 1.0, model=up.env.served_model_name, on_result=results.append, bodies=body)
+        if records is None:
+            await _until_stopped()
+        else:
+            await replay(router, records, 1.0, model=up.env.served_model_name, on_result=results.append, bodies=body)
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
     return results
+
+
+async def _until_stopped() -> None:
+    """Wait for Ctrl-C or SIGTERM (then the caller stops the stack and writes its summary)."""
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopped.set)
+    try:
+        await stopped.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def endpoints(up: RealUp) -> dict[str, Any]:
+    """What ``prfaas up --engines vllm --serve`` asks a user to point a client or a scraper at."""
+    router, gateway = up.stack.url("router"), up.stack.url("gateway")
+    return {
+        "model": up.env.served_model_name,
+        "openai_base_url": f"{router}/v1",
+        "router_url": router,
+        "router_metrics": f"{router}/metrics",
+        "gateway_metrics": f"{gateway}/metrics",
+        "gateway_token_file": str(up.stack.token_file),
+        "engines": {e.name: e.reach_url for e in up.engines.engines.values()},
+        "time_note": "real engines: every figure is wall time",
+    }
 
 
 OUTPUT_TOKENS = 128
@@ -324,9 +361,9 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
     params = replace(REAL_ROLE_PARAMS, override_prefill=args.pin_prefill)
     up = RealUp(env, work, n_pd, shape, pool)
     where = f" in two namespaces over a {shape.rate_mbit:g} Mbit/s tbf veth" if shape else ""
+    doing = "serving your requests" if args.serve else f"replaying {len(records)} requests over {duration:g} s"
     print(
-        f"real engines: 1 PrFaaS + {n_pd} PD (tiny model, CPU vLLM){where}; t = {t0}; replaying {len(records)} "
-        f"requests over {duration:g} s; logs in {work / 'logs'}",
+        f"real engines: 1 PrFaaS + {n_pd} PD (tiny model, CPU vLLM){where}; t = {t0}; {doing}; logs in {work / 'logs'}",
         file=sys.stderr,
     )
     started = time.perf_counter()
@@ -347,7 +384,20 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
         counters0 = up.pair.counters("a") if up.pair else None
         remote0 = _metric(up.stack.url("router"), names.METRIC_ROUTER_REMOTE_BYTES)
         prompts = Prompts(env.tokenizer_file, args.seed)
-        results = asyncio.run(drive(up, cluster, loop, records, bodies(records, prompts, env.served_model_name)))
+        if args.serve:
+            info = endpoints(up)
+            (work / "endpoints.json").write_text(json.dumps(info, indent=2))
+            print(
+                f"serving model {info['model']!r}: OpenAI base URL {info['openai_base_url']}\n"
+                f"  router metrics  {info['router_metrics']}\n"
+                f"  gateway metrics {info['gateway_metrics']} (Authorization: Bearer <{info['gateway_token_file']}>)\n"
+                f"  {info['time_note']}; endpoints.json {work / 'endpoints.json'}; Ctrl-C stops the stack",
+                file=sys.stderr,
+                flush=True,
+            )
+            results = asyncio.run(drive(up, cluster, loop, None, []))
+        else:
+            results = asyncio.run(drive(up, cluster, loop, records, bodies(records, prompts, env.served_model_name)))
         out = summary(up, cluster, results, ready_s, time.perf_counter() - started, remote0, counters0)
         cluster.close()
     except (RuntimeError, OSError) as exc:
@@ -360,6 +410,8 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
         print(json.dumps(out, indent=2))
     else:
         print_summary(out, work)
+    if args.serve:
+        return 0
     return 0 if out["requests"]["ok"] == out["requests"]["requests"] else 1
 
 
@@ -382,6 +434,8 @@ def summary(
     return {
         "engines": "vllm",
         "requests": summarize(results, slo).as_json(),
+        # every request the router answered, the built-in load's and your own clients' (--serve)
+        "router_requests_total": _metric(up.stack.url("router"), names.METRIC_ROUTER_REQUESTS),
         "by_route": by_route,
         "link": link,
         "final_roles": dict(zip(("prefill", "decode"), cluster.counts(), strict=True)),
@@ -396,7 +450,10 @@ def summary(
 
 def print_summary(out: dict[str, Any], work: Path) -> None:
     r = out["requests"]
-    print(f"requests {r['requests']}, ok {r['ok']}; TTFT p50/p90 {r['ttft_p50_s']}/{r['ttft_p90_s']} s (wall)")
+    print(
+        f"requests {r['requests']}, ok {r['ok']}; TTFT p50/p90 {r['ttft_p50_s']}/{r['ttft_p90_s']} s (wall); "
+        f"the router answered {out['router_requests_total']:g} in all"
+    )
     for route, s in out["by_route"].items():
         print(f"  {route:9s} {s['requests']:4d} requests, TTFT p50/p90 {s['ttft_p50_s']}/{s['ttft_p90_s']} s")
     print(f"link: {out['link']}")

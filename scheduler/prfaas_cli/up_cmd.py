@@ -91,7 +91,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--serve",
         action="store_true",
-        help="no built-in load: keep the stack up for your own OpenAI client (and Prometheus) until Ctrl-C",
+        help="no built-in load: keep the stack up for your own OpenAI client (and Prometheus) until Ctrl-C; "
+        "with --engines vllm the real engines serve (endpoints.json in the work dir)",
     )
     p.add_argument(
         "--prometheus",
