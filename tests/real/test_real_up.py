@@ -15,7 +15,7 @@ import pytest
 
 from prfaas_cli import real_up
 from prfaas_cli.main import build_parser
-from prfaas_cli.vllm_engines import EnginePool
+from prfaas_cli.vllm_engines import EnginePool, Prompts
 
 pytestmark = pytest.mark.slow
 
@@ -38,3 +38,43 @@ def test_up_on_real_engines_serves_every_request_and_flips_by_relabel(vllm_pool:
     assert {e["name"]: e["role"] for e in published["endpoints"]} == {"pd-0": "both", "pd-1": "both"}
     assert published.get("draining", []) == []
     assert not vllm_pool.engines, "the run left engines behind"
+
+
+def test_up_on_real_engines_serves_your_own_openai_client_until_sigterm(tmp_path: Path, prompts: Prompts) -> None:
+    """``prfaas up --engines vllm --serve``: no built-in load; the openai SDK from outside gets a short (local) and a
+    long (remote) answer through the router; SIGTERM stops the stack and the summary counts both."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import openai
+
+    work = tmp_path / "serve"
+    argv = [sys.executable, "-m", "prfaas_cli.main", "up", "--engines", "vllm", "--serve", "--work-dir", str(work)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 600  # bounds a hang only: three engines start in 2-4 minutes here
+        while not (work / "endpoints.json").exists():
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no endpoints.json"
+            time.sleep(1)
+        info = json.loads((work / "endpoints.json").read_text())
+        t = json.loads((work / "router.json").read_text())["thresholdMinTokens"]
+        assert t < 1800, t  # the planner's t for the tiny model's lengths leaves room for a remote prompt
+        with openai.OpenAI(base_url=info["openai_base_url"], api_key="none", max_retries=0, timeout=180) as client:
+            routes = []
+            for tokens in (150, t + 200):
+                raw = client.completions.with_raw_response.create(
+                    model=info["model"], prompt=prompts.text(tokens), max_tokens=8, temperature=0
+                )
+                assert raw.parse().usage is not None
+                routes.append(raw.headers["x-prfaas-route"])
+        assert routes[0] == "local" and routes[1] in ("remote", "fallback"), routes
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    out = json.loads((work / "summary.json").read_text())
+    assert out["router_requests_total"] >= 2, out
