@@ -46,6 +46,7 @@ from .local_loop import LocalCluster, LocalLoop, decision_json
 from .netns import LinkShape, NetnsPair, Side
 from .real_stack import LINK, RealStack
 from .stack import exit_on_sigterm
+from .up_serve import print_endpoints
 from .vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 
 LENGTHS = TruncatedLogNormal(6.6, 0.5, 128, 1900)
@@ -383,20 +384,13 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
         loop = LocalLoop(cluster, params, inputs)
         counters0 = up.pair.counters("a") if up.pair else None
         remote0 = _metric(up.stack.url("router"), names.METRIC_ROUTER_REMOTE_BYTES)
-        prompts = Prompts(env.tokenizer_file, args.seed)
         if args.serve:
             info = endpoints(up)
             (work / "endpoints.json").write_text(json.dumps(info, indent=2))
-            print(
-                f"serving model {info['model']!r}: OpenAI base URL {info['openai_base_url']}\n"
-                f"  router metrics  {info['router_metrics']}\n"
-                f"  gateway metrics {info['gateway_metrics']} (Authorization: Bearer <{info['gateway_token_file']}>)\n"
-                f"  {info['time_note']}; endpoints.json {work / 'endpoints.json'}; Ctrl-C stops the stack",
-                file=sys.stderr,
-                flush=True,
-            )
+            print_endpoints(info, work)
             results = asyncio.run(drive(up, cluster, loop, None, []))
         else:
+            prompts = Prompts(env.tokenizer_file, args.seed)
             results = asyncio.run(drive(up, cluster, loop, records, bodies(records, prompts, env.served_model_name)))
         out = summary(up, cluster, results, ready_s, time.perf_counter() - started, remote0, counters0)
         cluster.close()

@@ -49,14 +49,21 @@ def endpoints(stack: LocalStack, prom: LocalPrometheus | None) -> dict[str, Any]
     }
 
 
-def _print_endpoints(info: dict[str, Any], work: Path) -> None:
+def print_endpoints(info: dict[str, Any], work: Path) -> None:
+    """Tell the user what to point at (``info`` from :func:`endpoints`, or the real-engine stack's, which runs no
+    Prometheus and so has no ``prometheus`` key)."""
     lines = [
         f"serving model {info['model']!r}: OpenAI base URL {info['openai_base_url']}",
         f"  e.g. OpenAI(base_url={info['openai_base_url']!r}, api_key='none')",
         f"  router metrics  {info['router_metrics']}",
         f"  gateway metrics {info['gateway_metrics']} (Authorization: Bearer <{info['gateway_token_file']}>)",
-        "  prometheus      "
-        + (info["prometheus"] or "not started (install Debian's prometheus: scripts/system-deps.sh)"),
+    ]
+    if "prometheus" in info:
+        lines.append(
+            "  prometheus      "
+            + (info["prometheus"] or "not started (install Debian's prometheus: scripts/system-deps.sh)")
+        )
+    lines += [
         f"  {info['time_note']}",
         f"  endpoints.json  {work / 'endpoints.json'}; Ctrl-C stops the stack",
     ]
@@ -70,7 +77,7 @@ def serve(args: argparse.Namespace, up: Any, stack: LocalStack, work: Path) -> i
         with running_stack(stack, lambda: start_prometheus(stack, work) if auto else None) as prom:
             info = endpoints(stack, prom)
             (work / "endpoints.json").write_text(json.dumps(info, indent=2))
-            _print_endpoints(info, work)
+            print_endpoints(info, work)
             out = asyncio.run(_serve(args, up, stack))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -113,4 +120,4 @@ async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[s
     return out
 
 
-__all__ = ["endpoints", "serve", "served_model"]
+__all__ = ["endpoints", "print_endpoints", "serve", "served_model"]

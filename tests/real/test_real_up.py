@@ -9,8 +9,14 @@ half a minute of traffic (~2.5 min on 2 busy cores) do not fit the default tier'
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import openai
 import pytest
 
 from prfaas_cli import real_up
@@ -43,14 +49,6 @@ def test_up_on_real_engines_serves_every_request_and_flips_by_relabel(vllm_pool:
 def test_up_on_real_engines_serves_your_own_openai_client_until_sigterm(tmp_path: Path, prompts: Prompts) -> None:
     """``prfaas up --engines vllm --serve``: no built-in load; the openai SDK from outside gets a short (local) and a
     long (remote) answer through the router; SIGTERM stops the stack and the summary counts both."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import openai
-
     work = tmp_path / "serve"
     argv = [sys.executable, "-m", "prfaas_cli.main", "up", "--engines", "vllm", "--serve", "--work-dir", str(work)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
