@@ -160,6 +160,7 @@ def build(
             scarce_watermark=link.spec.scarce_watermark,
             abundant_watermark=link.spec.abundant_watermark,
             metrics_url=link.spec.measurement.metrics_url,
+            available_bandwidth=link.spec.measurement.available_bandwidth,
         )
         for link in links
     ]

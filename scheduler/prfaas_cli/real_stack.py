@@ -114,7 +114,10 @@ class RealStack:
             "model": tiny_model_profile(self.env),
             "tokenizerFile": self.env.tokenizer_file,
             "endpoints": endpoints,
-            "links": [{"name": LINK, "capacityGbps": 100}],
+            # engines on one host: the "link" is the loopback, whose capacity is not in doubt. A KV pull a loaded
+            # CPU decode engine is slow to start would otherwise read as a squeezed link and keep long prompts
+            # local for ~20 s (the netns tier, a shaped veth, measures its link: it sets its own links)
+            "links": [{"name": LINK, "capacityGbps": 100, "availableBandwidth": "Configured"}],
             "routing": {"prefixBlockTokens": BLOCK_SIZE, "refreshIntervalSeconds": 0.5, "breakerOpenSeconds": 3},
             # a KV pull on CPU vLLM occasionally stalls for many seconds on a loaded 2-core machine (the decode
             # engine busy-steps while it waits): only a dead producer (vLLM answers 500 within ~5 s) falls back

@@ -73,6 +73,11 @@ class Compiled:
         return frozenset(e.name for e in (self.prefill or self.both))
 
     @cached_property
+    def guaranteed_links(self) -> frozenset[str]:
+        """The links whose capacity is guaranteed (``availableBandwidth: Configured``): never estimated lower."""
+        return frozenset(link.name for link in self.config.links if link.available_bandwidth == "Configured")
+
+    @cached_property
     def by_name(self) -> dict[str, RouterEndpoint]:
         """Built once per configuration (the hot path looks endpoints up on every leg)."""
         return {e.name: e for e in self.config.endpoints}
@@ -114,6 +119,8 @@ def compile_config(config: RouterConfig) -> Compiled:
         ),
     )
 
+
+GUARANTEED = Available(None, "configured", "availableBandwidth: Configured (the capacity is guaranteed)")
 
 SLOW_PROBE_S = 0.25
 """A health probe slower than this (wall seconds) deprioritises the engine by the excess."""
@@ -310,6 +317,9 @@ class Runtime:
         the control loop, which runs in wall time in a time-scaled stack too); its rates are model Gbps."""
         now = self.clock()
         for name, params in self.compiled.links.items():
+            if name in self.compiled.guaranteed_links:
+                self.available[name] = GUARANTEED
+                continue
             pulls = [p for link, p in self._pulls.values() if link == name]
             got = self._estimators[name].update(now, params.capacity_gbps, pulls, measured_gbps.get(name))
             self.available[name] = got

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from prfaas_core.api import InterDCLink, ModelProfile, PDCluster, PrefillCluster
 from prfaas_core.api.engine import EngineSettingsSpec
 from prfaas_core.capacity.profiles import builtin_model_profiles
-from prfaas_operator.router_config import routing_for
+from prfaas_core.policy.threshold import ThresholdBounds
+from prfaas_operator.router_config import build, routing_for
 from prfaas_router.config import ConfigError, ConfigWatcher, load_config
 
 MODEL = builtin_model_profiles()["internal-1t"].model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -82,3 +85,21 @@ def test_the_operator_gives_routers_the_engines_block_size() -> None:
     and count KV in the blocks vLLM holds and moves; the default when the engine keeps its own."""
     assert routing_for(EngineSettingsSpec.model_validate({"blockSize": 128})).prefix_block_tokens == 128
     assert routing_for(EngineSettingsSpec()).prefix_block_tokens == 16
+
+
+@pytest.mark.parametrize("available", ["Measured", "Configured"])
+def test_the_operator_gives_routers_the_links_available_bandwidth_mode(available: str) -> None:
+    """``spec.measurement.availableBandwidth`` of an InterDCLink reaches the routers' link unchanged."""
+    root = Path(__file__).parents[2] / "examples/01-two-region"
+    link = yaml.safe_load((root / "region-b/inter-dc-link.yaml").read_text())
+    link["spec"].setdefault("measurement", {})["availableBandwidth"] = available
+    pfc = PrefillCluster.model_validate(yaml.safe_load((root / "region-b/prefill-cluster-remote.yaml").read_text()))
+    config = build(
+        PDCluster.model_validate(yaml.safe_load((root / "region-b/pd-cluster.yaml").read_text())),
+        [],
+        ModelProfile.model_validate(yaml.safe_load((root / "common/model-profile.yaml").read_text())).spec,
+        [InterDCLink.model_validate(link)],
+        {pfc.metadata.name: pfc},
+        ThresholdBounds(0, 1_000_000),
+    )
+    assert [(x.name, x.available_bandwidth) for x in config.links] == [(link["metadata"]["name"], available)]

@@ -23,8 +23,19 @@ WATERMARK_ORDER = CelRule(
 """The one rule every link spec with watermarks carries (the InterDCLink, the router's link, the simulator's)."""
 
 
+AvailableBandwidth = Literal["Measured", "Configured"]
+AVAILABLE_BANDWIDTH_DOC = (
+    "Measured (default): routers bound the capacity by what their KV pulls achieve (a squeezed link is seen "
+    "from late pulls, a cut from a stalled one) and probe back up. Configured: the capacity is guaranteed (a "
+    "dedicated or committed-rate link, or engines on one host): routers never lower it, so a decode engine that "
+    "is slow to start its pulls is not taken for a squeezed link; a cut is still found by the breaker."
+)
+
+
 class LinkMeasurementSpec(ApiModel):
     """Where the link's measured egress comes from."""
+
+    available_bandwidth: AvailableBandwidth = Field(default="Measured", description=AVAILABLE_BANDWIDTH_DOC)
 
     egress_query: str = Field(
         default=f'sum(rate({METRIC_ROUTER_REMOTE_BYTES}{{link="$link"}}[1m])) * 8 / 1e9',

@@ -14,7 +14,7 @@ from .admission import GatewayAdmission
 from .base import ApiModel, CelRule, obj_default
 from .common import URL_PATTERN, SloSpec
 from .hardware import HardwareSpec
-from .inter_dc_link import WATERMARK_ORDER
+from .inter_dc_link import AVAILABLE_BANDWIDTH_DOC, WATERMARK_ORDER, AvailableBandwidth
 from .model_profile import ModelProfileSpec
 
 
@@ -49,6 +49,7 @@ class RouterLink(ApiModel):
     scarce_watermark: float = Field(default=0.9, gt=0, le=1, description="Scarce above this fraction of cap.")
     abundant_watermark: float = Field(default=0.7, gt=0, le=1, description="Abundant below this fraction of cap.")
     metrics_url: str | None = Field(default=None, pattern=URL_PATTERN, description="Measured-egress endpoint.")
+    available_bandwidth: AvailableBandwidth = Field(default="Measured", description=AVAILABLE_BANDWIDTH_DOC)
 
 
 class RouterTimeouts(ApiModel):
