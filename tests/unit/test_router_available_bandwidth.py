@@ -35,8 +35,10 @@ def runtime(available: str | None) -> tuple[Runtime, Clock]:
         "pdCluster": "pd",
         "thresholdMinTokens": 20_000,
         "model": builtin_model_profiles()["internal-1t"],
-        "endpoints": [{"name": "pd-0", "url": "http://pd-0", "role": "prefill"}]
-        + [{"name": "pd-1", "url": "http://pd-1", "role": "decode"}],
+        "endpoints": [
+            {"name": "pd-0", "url": "http://pd-0", "role": "prefill"},
+            {"name": "pd-1", "url": "http://pd-1", "role": "decode"},
+        ],
         "links": [link],
         "remotes": [{"name": "prfaas", "url": "http://gw", "link": LINK}],
     }
