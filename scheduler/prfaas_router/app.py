@@ -76,6 +76,8 @@ def create_app(
     proxy.models = models
     gateway = Gateway(runtime, http, metrics)
     gateway_mode = config.mode == "gateway"
+    if gateway_mode:
+        metrics.drop_router_series()
     security = SecurityMetrics(metrics.registry)
     sec = config.security
     auth = TokenAuth(config.gateway.token_file if config.gateway else None, security, sec.token_overlap_seconds, clock)

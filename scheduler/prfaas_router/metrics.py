@@ -203,6 +203,13 @@ class RouterMetrics:
             registry=r,
         )
 
+    def drop_router_series(self) -> None:
+        """Gateway mode routes nothing: unregister the router's own unlabelled series (``t``, the length mix, the
+        decision time, the SLO objective), which a gateway would otherwise export as 0 and draw as a false
+        ``t = 0`` instance on the dashboard's per-instance panels."""
+        for series in (self.threshold, self.uncached_tokens, self.decision_seconds, self.ttft_slo_objective):
+            self.registry.unregister(series)
+
 
 def judge_ttft(metrics: RouterMetrics, slo: SloSpec | None, route: str, ttft_s: float, prompt_tokens: int) -> None:
     """Observe a request's TTFT, and count it against its own objective when the router has the SLO."""
