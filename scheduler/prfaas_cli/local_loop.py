@@ -224,18 +224,24 @@ class LocalCluster:
                 self.config = new
                 write_router_config(self.config_path, new)
 
-    def wait_applied(self) -> bool:
-        """Until the router reports the digest of the file as written (its /ready), or the timeout."""
+    def applied(self) -> bool:
+        """Whether the router reports the digest of the file as written (its /ready, ready or not)."""
         if self.router_url is None:
             return False
         want = hashlib.sha256(self.config_path.read_bytes() + b"\0").hexdigest()
+        try:
+            return bool(self.http.get(f"{self.router_url}/ready").json().get("config_digest") == want)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
+    def wait_applied(self) -> bool:
+        """Until the router has applied the file as written, or the timeout."""
+        if self.router_url is None:
+            return False
         deadline = time.monotonic() + self.publish_timeout_s
         while time.monotonic() < deadline:
-            try:
-                if self.http.get(f"{self.router_url}/ready").json().get("config_digest") == want:
-                    return True
-            except (httpx.HTTPError, ValueError, AttributeError):
-                pass
+            if self.applied():
+                return True
             time.sleep(0.1)
         return False
 

@@ -19,7 +19,7 @@ from prfaas_core.api import RouterConfig
 
 from .config import ConfigWatcher, load_config
 from .gateway import Gateway
-from .http_util import CLIENT_KEEPALIVE_S, json_error
+from .http_util import CLIENT_KEEPALIVE_S
 from .hygiene import Hygiene, start_listener
 from .metrics import RouterMetrics
 from .proxy import Proxy
@@ -179,16 +179,17 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _ready(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    why = not_ready_reason(rt)
-    if why is not None:
-        return json_error(503, f"not ready: {why}", "service_unavailable")
-    healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
-    if not healthy:
-        return json_error(503, "no healthy engine behind the router yet", "service_unavailable")
     watcher = request.app.get(WATCHER)
     # the digest of the configuration file in force (sha256 of its bytes, NUL, the settings file's bytes):
-    # a writer of the file can wait until the router has applied what it wrote
+    # a writer of the file can wait until the router has applied what it wrote — also while the router is not
+    # ready, which is when the long-term loop's emergency flip publishes its drain
     digest = watcher.digest if watcher is not None else None
+    why = not_ready_reason(rt)
+    healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
+    if why is not None or not healthy:
+        message = f"not ready: {why}" if why is not None else "no healthy engine behind the router yet"
+        body = {"error": {"message": message, "type": "service_unavailable", "code": 503}, "config_digest": digest}
+        return web.json_response(body, status=503)
     # each remote PrFaaS cluster as the router sees it now: "ready", why not, or "unknown" before its first poll
     snap = rt.snapshot
     remotes = {

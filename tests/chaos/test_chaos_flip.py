@@ -51,6 +51,9 @@ def test_decode_killed_the_loop_flips_a_prefill_instance_and_service_returns(tmp
                 return r.json()["error"]["message"] if r.status_code == 503 else None
 
             why = wait_for(not_ready, 30, "the router to say it cannot serve")
+            # a not-ready router still says which config it runs: the emergency flip's drain is published and
+            # seen at once (it waited the whole publish timeout, ~60 s, while /ready had no digest)
+            assert cluster.applied()
             now, flipped = 0.0, None
             while flipped is None:  # the loop's cycles, on its own clock (drain polls)
                 d = loop.run_once(now)
