@@ -147,11 +147,15 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
             Panel(
                 "KV transfers",
-                "KV (Gbps) pulled by the decode engines (vLLM's NixlConnector histogram, whole blocks, every "
-                "source), served by the prefill gateway per link, and admitted by the routers per link.",
+                "KV (Gbps) pulled by the decode engines of each PD cluster (vLLM's NixlConnector histogram, whole "
+                "blocks, every source), served by the prefill gateway per link, and admitted by the routers per "
+                "link.",
                 (
                     _t(
-                        f"sum by (pd_cluster) (rate(vllm:nixl_bytes_transferred_sum[{RATE}])) * 8 / 1e9",
+                        # PrFaaS engines carry prefill_cluster, not pd_cluster: without the matcher they add an
+                        # unlabelled line at 0
+                        f'sum by (pd_cluster) (rate(vllm:nixl_bytes_transferred_sum{{pd_cluster!=""}}[{RATE}])) '
+                        "* 8 / 1e9",
                         "pulled {{pd_cluster}}",
                     ),
                     _t(
