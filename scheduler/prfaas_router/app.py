@@ -19,7 +19,7 @@ from prfaas_core.api import RouterConfig
 
 from .config import ConfigWatcher, load_config
 from .gateway import Gateway
-from .http_util import CLIENT_KEEPALIVE_S
+from .http_util import CLIENT_KEEPALIVE_S, error_body
 from .hygiene import Hygiene, start_listener
 from .metrics import RouterMetrics
 from .proxy import Proxy
@@ -188,8 +188,9 @@ async def _ready(request: web.Request) -> web.Response:
     healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
     if why is not None or not healthy:
         message = f"not ready: {why}" if why is not None else "no healthy engine behind the router yet"
-        body = {"error": {"message": message, "type": "service_unavailable", "code": 503}, "config_digest": digest}
-        return web.json_response(body, status=503)
+        return web.json_response(
+            {**error_body(503, message, "service_unavailable"), "config_digest": digest}, status=503
+        )
     # each remote PrFaaS cluster as the router sees it now: "ready", why not, or "unknown" before its first poll
     snap = rt.snapshot
     remotes = {

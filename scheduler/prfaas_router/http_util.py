@@ -26,9 +26,13 @@ CLIENT_KEEPALIVE_S = 4.0
 """How long the router's and gateway's clients keep an idle connection: below every server's idle timeout."""
 
 
+def error_body(status: int, message: str, kind: str = "invalid_request_error") -> dict[str, object]:
+    """OpenAI's error object: ``{"error": {"message", "type", "code"}}``."""
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
 def json_error(status: int, message: str, kind: str = "invalid_request_error", **headers: str) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.json_response(body, status=status, headers=headers or None)
+    return web.json_response(error_body(status, message, kind), status=status, headers=headers or None)
 
 
 def model_not_found(model: object) -> web.Response:
