@@ -49,11 +49,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_cli.load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
 from prfaas_cli.local_loop import write_router_config
 from prfaas_cli.stack import PRFAAS, LocalStack, StackSpec, free_port
 from prfaas_cli.up_cmd import generate_trace
+from prfaas_core import names
 from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.request.trace import TraceRecord
@@ -62,6 +64,37 @@ SYSTEMS = ("prfaas_pd", "vllm_router_pd", "all_local")
 BIN = Path(sys.executable).parent
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*", "no_proxy": "*"}
 ATTAINMENT = 0.9
+COUNTED = {
+    names.METRIC_ROUTER_ROUTE_DECISIONS: ("route", "reason"),
+    names.METRIC_ROUTER_FALLBACKS: ("kind",),
+    names.METRIC_ROUTER_LINK_WAITS: ("result",),
+    names.METRIC_ROUTER_LINK_WAIT_SECONDS + "_sum": (),
+    names.METRIC_ROUTER_LINK_WAIT_SECONDS + "_count": (),
+    names.METRIC_GATEWAY_ADMISSIONS: ("result",),
+    names.METRIC_GATEWAY_ADMISSION_WAIT_SECONDS + "_sum": (),
+    names.METRIC_GATEWAY_ADMISSION_WAIT_SECONDS + "_count": (),
+}
+"""What our router and gateway count per probe: decisions by reason, fallbacks, link waits and admissions."""
+
+
+def scrape(urls: list[str], headers: dict[str, str]) -> dict[str, float]:
+    """The :data:`COUNTED` samples summed over ``urls`` (router and gateway ``/metrics``), keyed
+    ``name{label=value,...}``; an unreachable one counts nothing."""
+    out: dict[str, float] = {}
+    for url in urls:
+        try:
+            text = httpx.get(url, headers=headers, timeout=5.0).text
+        except httpx.HTTPError:
+            continue
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                keys = COUNTED.get(sample.name)
+                if keys is None:
+                    continue
+                label = ",".join(f"{k}={sample.labels.get(k, '')}" for k in keys)
+                key = f"{sample.name}{{{label}}}" if label else sample.name
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 @dataclass
@@ -76,6 +109,7 @@ class Probe:
     egress_peak_gbps: float
     wall_s: float
     cpu_s: dict[str, float]
+    counted: dict[str, float]
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +126,7 @@ class Probe:
             "egress_mean_gbps": round(self.egress_mean_gbps, 3),
             "egress_peak_gbps": round(self.egress_peak_gbps, 3),
             "wall_s": round(self.wall_s, 1),
+            "router_counted": {k: round(v, 3) for k, v in sorted(self.counted.items()) if v},
         }
 
 
@@ -118,6 +153,8 @@ class Bench:
         self.scale = stack.spec.time_scale
         self.base = base_trace(args.max_requests, args.output_tokens, args.seed)
         self.probe_seq = 0
+        self.ours, self.system = False, ""
+        """Whether the system probed is our router (its and the gateway's counters go into each probe)."""
         lam = args.lambda_max
         self.grid = sorted({round(f * lam, 3) for f in args.grid} | {args.reference_rps})
 
@@ -205,6 +242,8 @@ class Bench:
                 await sampler
             return results, egress
 
+        ours = [self.stack.urls["router"] + "/metrics", self.stack.urls["gateway"] + "/metrics"] if self.ours else []
+        before = scrape(ours, self.stack.gateway_headers)
         cpu0 = self.stack.cpu_seconds()
         t0 = time.perf_counter()
         results, egress = asyncio.run(run())
@@ -212,6 +251,14 @@ class Bench:
         cpu1 = self.stack.cpu_seconds()
         if not self.stack.wait_idle():
             print("warning: engines still busy after 300 s", file=sys.stderr)
+        after = scrape(ours, self.stack.gateway_headers)
+        with (self.stack.work_dir / "requests.jsonl").open("a") as out:  # each request's figures, to look into
+            for r in results:
+                row = {"system": self.system, "rate_rps": round(rate, 4), "input_tokens": r.input_tokens}
+                row |= {"route": r.route, "status": r.status, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s}
+                row |= {"ttft_limit_s": slo.ttft_limit_s(r.uncached_tokens), "miss": r.miss_reason(slo)}
+                out.write(json.dumps(row) + "\n")
+        counted = {k: v - before.get(k, 0.0) for k, v in after.items()}
         summary = summarize(results, slo)
         by_route = {
             route: round(summarize([r for r in results if r.route == route], slo).attainment, 4)
@@ -230,6 +277,7 @@ class Bench:
             max(egress) if egress else 0.0,
             wall,
             cpu,
+            counted,
         )
         print(
             f"  {rate:6.3f} req/s x{len(records):4d}: SLO {p.attainment:6.1%} {'pass' if p.passed else 'FAIL'}"
@@ -249,6 +297,7 @@ class Bench:
         print(f"{name}:", file=sys.stderr)
         started = time.perf_counter()
         url = self.start_system(name)
+        self.ours, self.system = name == "prfaas_pd", name
         probes: dict[int, Probe] = {}
         try:
             i = grid.index(a.reference_rps)

@@ -57,12 +57,22 @@ HEADER_KV_BYTES: Final = "x-prfaas-kv-bytes"
 """The KV bytes the request's stream will carry over the link (the router's ``S_kv``)."""
 HEADER_MAX_WAIT_MS: Final = "x-prfaas-max-wait-ms"
 """The longest wait for a link window the router accepts, ms (from its local alternative's predicted TTFT)."""
+HEADER_MAX_TTFT_MS: Final = "x-prfaas-max-ttft-ms"
+"""The latest predicted time to first token the router accepts through a window, ms from now (model time): the
+gateway's calendar knows the stream's timing (a pull after the prefill, at what one pull achieves), so it judges
+the whole TTFT where the router could only bound the wait."""
 HEADER_LINK: Final = "x-prfaas-link"
 """The link the stream crosses."""
 HEADER_LINK_AVAILABLE_GBPS: Final = "x-prfaas-link-available-gbps"
 """The link's available bandwidth as the sending router estimates it (model Gbps; sent only while the estimate
 bounds the configured capacity): the gateway's calendar books under the lowest fresh report."""
-ADMISSION_HEADERS: Final = (HEADER_KV_BYTES, HEADER_MAX_WAIT_MS, HEADER_LINK, HEADER_LINK_AVAILABLE_GBPS)
+ADMISSION_HEADERS: Final = (
+    HEADER_KV_BYTES,
+    HEADER_MAX_WAIT_MS,
+    HEADER_MAX_TTFT_MS,
+    HEADER_LINK,
+    HEADER_LINK_AVAILABLE_GBPS,
+)
 """Stripped by the gateway before the engine (its forwarding allow-list passes them to it, no further)."""
 REASON_WAIT_FOR_LINK: Final = "wait_for_link"
 """The routing decision kind of a request that waited for a later link window."""

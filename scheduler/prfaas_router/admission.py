@@ -3,9 +3,11 @@ core's :mod:`prfaas_core.policy.link_calendar` on an :class:`~prfaas_core.policy
 KV stream the PrFaaS cluster sends, whichever router sent the request.
 
 Per prefill: the router's headers (:data:`~prfaas_core.names.ADMISSION_HEADERS`) give the KV bytes (default: the
-gateway's own ``S_kv`` of the prompt), the longest wait it accepts (default: any) and the link. The earliest
-window that fits under the ceiling is booked and the prefill held until it starts; a window later than the
-caller accepts is declined at once: 429, ``Retry-After`` and an :class:`~prfaas_core.api.AdmissionDecline`
+gateway's own ``S_kv`` of the prompt), the longest wait it accepts (default: any), the latest predicted TTFT it
+accepts (default: any; the calendar knows the stream's timing, the router does not) and the link. The earliest
+window that fits under the ceiling is booked and the prefill held until it starts; a later window than the
+caller accepts (its wait or, for a window that does not start now, its predicted TTFT) is declined at once:
+429, ``Retry-After`` and an :class:`~prfaas_core.api.AdmissionDecline`
 (``link_window`` with the earliest start and the predicted TTFT; ``overloaded`` when ``maxWaiting`` prefills
 already wait). The headers never reach the engine (the gateway forwards only ``x-request-id``).
 
@@ -109,12 +111,19 @@ class LinkAdmission:
         try:
             nbytes = float(headers.get(names.HEADER_KV_BYTES, kv_bytes))
             max_wait_ms = float(headers.get(names.HEADER_MAX_WAIT_MS, "inf"))
+            max_ttft_ms = float(headers.get(names.HEADER_MAX_TTFT_MS, "inf"))
         except ValueError:
             return json_error(
-                400, f"{names.HEADER_KV_BYTES} and {names.HEADER_MAX_WAIT_MS} must be numbers (bytes, ms)"
+                400,
+                f"{names.HEADER_KV_BYTES}, {names.HEADER_MAX_WAIT_MS} and {names.HEADER_MAX_TTFT_MS} must be "
+                "numbers (bytes, ms)",
             )
-        if not (nbytes >= 0 and math.isfinite(nbytes)) or not max_wait_ms >= 0:
-            return json_error(400, f"{names.HEADER_KV_BYTES} must be finite and >= 0, {names.HEADER_MAX_WAIT_MS} >= 0")
+        if not (nbytes >= 0 and math.isfinite(nbytes)) or not max_wait_ms >= 0 or not max_ttft_ms >= 0:
+            return json_error(
+                400,
+                f"{names.HEADER_KV_BYTES} must be finite and >= 0, {names.HEADER_MAX_WAIT_MS} and "
+                f"{names.HEADER_MAX_TTFT_MS} >= 0",
+            )
         link = headers.get(names.HEADER_LINK)
         if link is not None and link != self.link:
             return json_error(400, f"{names.HEADER_LINK}: this gateway schedules link {self.link!r}, not {link!r}")
@@ -140,6 +149,9 @@ class LinkAdmission:
             return self._decline("overloaded", None, "the link's ceiling is 0")
         if window.wait_s * 1000.0 > max_wait_ms:
             return self._decline("link_window", window, f"earliest window in {window.wait_s:.3f} s")
+        if window.wait_s > 0 and window.ttft_s * 1000.0 > max_ttft_ms:
+            why = f"earliest window in {window.wait_s:.3f} s gives a predicted TTFT of {window.ttft_s:.3f} s"
+            return self._decline("link_window", window, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
         if window.wait_s > 0 and self.waiting >= self.spec.max_waiting:
             return self._decline("overloaded", window, f"{self.waiting} prefills already wait for a window")
         self.ledger.reserve(key, window.transfer())

@@ -197,8 +197,17 @@ async def _ready(request: web.Request) -> web.Response:
         r.name: (snap.remote_ready[r.name] or "ready") if r.name in snap.remote_ready else "unknown"
         for r in rt.compiled.remotes
     }
+    # each remote whose gateway books the link in its calendar (its status lists the link in scheduledLinks):
+    # there the router's own ledger only pre-filters (long requests go to the gateway, which decides)
+    calendar = {r.name: snap.remote_scheduled.get(r.name, False) for r in rt.compiled.remotes}
     return web.json_response(
-        {"status": "ready", "healthy_engines": len(healthy), "config_digest": digest, "remotes": remotes}
+        {
+            "status": "ready",
+            "healthy_engines": len(healthy),
+            "config_digest": digest,
+            "remotes": remotes,
+            "link_calendar": calendar,
+        }
     )
 
 

@@ -183,6 +183,7 @@ class Gateway:
             measured_prefill_tokens_per_second=sum(n for _, n, _ in window) / WINDOW_S,
             time=datetime.now(UTC).isoformat(),
             kv_egress_bytes=dict(self.egress_bytes),
+            scheduled_links=[self.admission.link] if self.admission is not None else [],
         )
 
     async def status(self, request: web.Request) -> web.Response:

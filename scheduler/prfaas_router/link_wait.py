@@ -31,14 +31,21 @@ class LinkDeclined(LegError):
 
 
 def admission_headers(
-    link: str, kv_bytes: float, max_wait_s: float, available: Available | None = None
+    link: str,
+    kv_bytes: float,
+    max_wait_s: float,
+    available: Available | None = None,
+    max_ttft_s: float = float("inf"),
 ) -> dict[str, str]:
-    """The admission headers; the available bandwidth goes along only while it bounds the configured capacity."""
+    """The admission headers; the TTFT bound goes along when finite, the available bandwidth only while it
+    bounds the configured capacity."""
     headers = {
         names.HEADER_KV_BYTES: str(int(kv_bytes)),
         names.HEADER_MAX_WAIT_MS: f"{max(0.0, max_wait_s) * 1000.0:.0f}",
         names.HEADER_LINK: link,
     }
+    if max_ttft_s < float("inf"):
+        headers[names.HEADER_MAX_TTFT_MS] = f"{max(0.0, max_ttft_s) * 1000.0:.0f}"
     if available is not None and available.gbps is not None:
         headers[names.HEADER_LINK_AVAILABLE_GBPS] = f"{available.gbps:.6g}"
     return headers

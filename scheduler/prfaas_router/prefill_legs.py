@@ -32,6 +32,7 @@ async def remote_prefill(
     uncached: int,
     max_wait_s: float = float("inf"),
     probe: float | None = None,
+    max_ttft_s: float = float("inf"),
 ) -> dict[str, Any]:
     """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation)."""
     rt = proxy.rt
@@ -39,7 +40,8 @@ async def remote_prefill(
     rt.start_transfer(remote.link, request_id.key, nbytes, duration)
     headers = {"x-request-id": request_id.trace, LINK_HEADER: remote.link}
     if max_wait_s < float("inf"):
-        headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s, rt.available.get(remote.link)))
+        avail = rt.available.get(remote.link)
+        headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s, avail, max_ttft_s))
     token = proxy.remote_tokens.get(remote.name)
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -128,20 +130,24 @@ async def remote_in_window(
     probe: float | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
     """The remote prefill under the gateway's admission: the first try accepts a window up to where the remote
-    TTFT reaches the local alternative's (or the request's SLO, when that is later); on a decline, wait
-    (re-submit) or go local by :func:`.link_wait.resubmit_wait_s`. Returns (the KV handle or None, the route)."""
+    TTFT, as the gateway's calendar predicts it, reaches the local alternative's (or the request's SLO, when that
+    is later); on a decline, wait (re-submit) or go local by :func:`.link_wait.resubmit_wait_s`. A spill (a
+    request ``t`` kept local, sent remote for a PD queue surge) never waits: a window now, or local (as in the
+    simulator). Returns (the KV handle or None, the route)."""
     rt, m, c = proxy.rt, proxy.metrics, proxy.rt.compiled
     nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
     queue = rt.local_wait_s()
     local = link_wait.local_ttft_s(queue, c.pd.prefill_seconds(float(total)))
     slo = c.config.slo.ttft_seconds(total) if c.config.slo is not None else None
     cap = rt.link_params(remote.link).cap_gbps
-    first = link_wait.max_wait_s(max(local, slo or 0.0), c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
+    limit = max(local, slo or 0.0)
+    may_wait = decision.kind != "spill"
+    first = link_wait.max_wait_s(limit, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap) if may_wait else 0.0
     try:
-        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, first, probe)
+        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, first, probe, limit)
         return kv, "remote"
     except link_wait.LinkDeclined as declined:
-        wait = link_wait.resubmit_wait_s(declined.decline, local, slo, queue or 0.0)
+        wait = link_wait.resubmit_wait_s(declined.decline, local, slo, queue or 0.0) if may_wait else None
         m.link_waits.labels(remote.link, "local" if wait is None else "waited").inc()
         if wait is None:
             m.decisions.labels("local", names.REASON_WAIT_FOR_LINK).inc()

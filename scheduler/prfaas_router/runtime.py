@@ -23,6 +23,7 @@ from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.routing import InstanceView, RouteDecision, RouteRequest
 from prfaas_core.policy.short_term import (
     PRODUCTION,
+    SCHEDULED_LINK,
     RecentLengths,
     Refreshed,
     RefreshTick,
@@ -144,6 +145,8 @@ class Snapshot:
     engines: dict[str, EngineLoad]
     remote_ready: dict[str, str | None]
     """Remote name -> None when ready, else why not."""
+    remote_scheduled: dict[str, bool] = field(default_factory=dict)
+    """Remote name -> its gateway books this router's link to it in a calendar (``GatewayStatus.scheduledLinks``)."""
 
 
 @dataclass(frozen=True)
@@ -324,9 +327,11 @@ class Runtime:
             got = self._estimators[name].update(now, params.capacity_gbps, pulls, measured_gbps.get(name))
             self.available[name] = got
 
-    def refresh(self, measured_gbps: dict[str, float]) -> Refreshed:
+    def refresh(self, measured_gbps: dict[str, float], scheduled_links: frozenset[str] = frozenset()) -> Refreshed:
         """The core's refresh over this router's links (bounded by their available bandwidth), ledgers and
-        recent lengths."""
+        recent lengths. Where a gateway schedules every link (``scheduled_links``), ``t`` is the calendar's
+        (:data:`~prfaas_core.policy.short_term.SCHEDULED_LINK`, as in the simulator) unless the policy is a
+        baseline."""
         self.estimate_links(measured_gbps)
         c, now = self.compiled, self.model_now()
         window = c.config.routing.threshold_window_seconds
@@ -342,8 +347,11 @@ class Runtime:
                 window,
                 self.snapshot.threshold,
                 measured_gbps,
+                scheduled=scheduled_links,
             ),
-            self.policy,
+            SCHEDULED_LINK
+            if self.policy is PRODUCTION and c.links and scheduled_links >= set(c.links)
+            else self.policy,
         )
 
     # --- the hot path: pure arithmetic over the snapshot -------------------------------------------------
@@ -364,7 +372,14 @@ class Runtime:
         remote_hits = self.remote_index.match(hashes) if c.remotes else {}
         self.last_prefix = (l_pd, max(remote_hits.values(), default=0))
         remotes = [
-            RemoteSide(r.name, r.link, snap.remote_ready.get(r.name), remote_hits.get(r.name, 0)) for r in c.remotes
+            RemoteSide(
+                r.name,
+                r.link,
+                snap.remote_ready.get(r.name),
+                remote_hits.get(r.name, 0),
+                snap.remote_scheduled.get(r.name, False),
+            )
+            for r in c.remotes
         ]
         views = self._views(hits, exclude)
         return route(

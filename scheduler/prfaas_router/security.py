@@ -106,7 +106,7 @@ def refused_field(body: dict[str, Any], headers: Any) -> str | None:
         low = name.lower()
         if low.startswith("x-prfaas-") and low not in PRFAAS_HEADERS:
             return f"header {low!r} is not accepted by the gateway (allowed: {', '.join(sorted(PRFAAS_HEADERS))})"
-    for name in (names.HEADER_KV_BYTES, names.HEADER_MAX_WAIT_MS, names.HEADER_LINK_AVAILABLE_GBPS):
+    for name in (h for h in names.ADMISSION_HEADERS if h != names.HEADER_LINK):
         value = headers.get(name)
         if value is not None and not _non_negative_number(value):
             return f"header {name!r} must be a non-negative number, got {value[:40]!r}"

@@ -63,6 +63,8 @@ class Signals:
     remote_failures: dict[str, int] = field(default_factory=dict)
     """Consecutive failed status polls of each remote that answered once (two are ridden over)."""
     remote_answered: set[str] = field(default_factory=set)
+    remote_scheduled: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Each remote's links its gateway schedules (its last status answer's ``scheduledLinks``)."""
     """Remotes whose status endpoint has answered since the start: a remote that never answered is not
     usable (a fresh stack's first request went to a gateway that was not listening yet)."""
     health: HealthBook = field(default_factory=HealthBook)
@@ -131,6 +133,7 @@ class Signals:
             return name, why, None
         self.remote_failures[name] = 0
         self.remote_answered.add(name)
+        self.remote_scheduled[name] = frozenset(status.scheduled_links)
         ready = status.ready_instances
         return name, None if ready > 0 else "no ready PrFaaS instance", ready
 
@@ -153,14 +156,18 @@ class Signals:
                 lanes[remote.link] = lanes.get(remote.link, 0) + ready
         for link_name, count in lanes.items():
             rt.set_lanes(link_name, count)
-        done = rt.refresh({name: gbps for name, gbps in measured if gbps is not None})
+        scheduled = {r.name: r.link in self.remote_scheduled.get(r.name, frozenset()) for r in c.remotes}
+        done = rt.refresh(
+            {name: gbps for name, gbps in measured if gbps is not None},
+            frozenset(r.link for r in c.remotes if scheduled[r.name]),
+        )
         self._report(done)
         for name, why in remotes.items():
             if why != rt.snapshot.remote_ready.get(name):
                 log.warning("remote status changed", remote=name, ready=why is None, reason=why or "ready")
                 if why is not None:
                     self._abort(remote_side(name), why)
-        snap = Snapshot(done.threshold, done.links, engines, remotes)
+        snap = Snapshot(done.threshold, done.links, engines, remotes, scheduled)
         rt.snapshot = snap
         self._readiness()
         return snap

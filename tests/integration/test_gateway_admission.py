@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 from router_stack import start_stack
-from testbed_support import counter, http, processes, prompt
+from testbed_support import counter, http, processes, prompt, wait_for
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline
@@ -23,6 +23,14 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
     with processes(tmp_path) as procs:
         st = start_stack(procs, tmp_path, gateway_admission={"capacityGbps": 0.005})
         router, gateway = st.router, st.url("gateway")
+        # the gateway says it schedules the link, and the router reads it from the status it polls
+        status_body = httpx.get(gateway + "/status", headers={"Authorization": "Bearer s3cret-token"}, timeout=5)
+        assert status_body.json()["scheduledLinks"] == ["a-to-b"]
+        wait_for(
+            lambda: httpx.get(router + "/ready", timeout=5).json().get("link_calendar") == {"prfaas-h200": True},
+            30,
+            "the router to read scheduledLinks from the gateway's status",
+        )
         body = {"model": "m", "prompt": prompt(40_000), "max_tokens": 4}
         status, out = http("POST", router + "/v1/completions", body, timeout_s=30)
         assert status == 200, out

@@ -60,9 +60,34 @@ def test_a_window_later_than_accepted_is_declined_with_its_start() -> None:
     assert isinstance(ok, Booking) and ok.window.wait_s * 1000 <= decline.earliest_start_ms + 1
 
 
+def test_the_caller_bounds_the_predicted_ttft_which_only_the_calendar_knows() -> None:
+    """Pull-after-prefill: the TTFT through a window is its wait + the prefill + the pull. A caller that bounds
+    the TTFT gets a decline where the wait alone would pass; a window that starts now is always taken."""
+    adm = replica(1)
+    nbytes = 8.0 * GBPS_BITS / 8.0  # 8 Gbit: 1 s at the 8 Gbps cap, after a 1-s prefill
+    first = adm.decide("a", {names.HEADER_MAX_TTFT_MS: "100"}, nbytes, 1.0, 0.0)
+    assert isinstance(first, Booking) and first.window.wait_s == 0.0 and first.window.ttft_s > 0.1
+    # the second pull waits for the first (1 s): its TTFT is 1 + 1 + 1 = 3 s
+    ttft_ok = {names.HEADER_MAX_WAIT_MS: "1500", names.HEADER_MAX_TTFT_MS: "3000"}
+    too_late = {names.HEADER_MAX_WAIT_MS: "1500", names.HEADER_MAX_TTFT_MS: "2500"}
+    resp = adm.decide("b", too_late, nbytes, 1.0, 0.0)
+    assert not isinstance(resp, Booking) and resp.status == 429
+    decline = AdmissionDecline.model_validate(json.loads(bytes(resp.body)))  # type: ignore[arg-type]
+    assert decline.reason == "link_window" and decline.predicted_ttft_ms is not None
+    assert decline.predicted_ttft_ms > 2500 and "predicted TTFT" in decline.message
+    ok = adm.decide("c", ttft_ok, nbytes, 1.0, 0.0)
+    assert isinstance(ok, Booking) and abs(ok.window.ttft_s - 3.0) < 1e-6
+
+
 def test_bad_headers_are_400_naming_them() -> None:
     adm = replica(1)
-    for headers in ({names.HEADER_KV_BYTES: "x"}, {names.HEADER_MAX_WAIT_MS: "-1"}, {names.HEADER_LINK: "other"}):
+    bad = (
+        {names.HEADER_KV_BYTES: "x"},
+        {names.HEADER_MAX_WAIT_MS: "-1"},
+        {names.HEADER_MAX_TTFT_MS: "soon"},
+        {names.HEADER_LINK: "other"},
+    )
+    for headers in bad:
         resp = adm.decide("k", headers, 1.0, 1.0, 0.0)
         assert not isinstance(resp, Booking) and resp.status == 400
         assert resp.body is not None and "x-prfaas" in bytes(resp.body).decode()  # type: ignore[arg-type]

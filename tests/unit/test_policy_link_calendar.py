@@ -77,6 +77,21 @@ def test_pull_after_prefill_streams_after_the_prefill() -> None:
     assert ledger.lane_ends(0.0)[w.lane] == pytest.approx(3.0)  # the lane frees when the prefill ends
 
 
+def test_a_pull_is_booked_at_the_speed_it_runs_never_slower() -> None:
+    """Nothing paces a decode engine's pull: two pulls at 5 Gbps do not fit an 8-Gbps cap together, so the
+    second starts when the first ends instead of being booked at half speed beside it (which the wire ignores)."""
+    ledger = EgressLedger(lanes=2)
+    first = earliest_window(ledger, 0.0, gbytes(20.0), 1.0, LINK, "pull-after-prefill", pull_gbps=5.0)
+    assert first is not None and first.stream_end_s == pytest.approx(5.0)
+    ledger.reserve("a", first.transfer())
+    # at half speed beside the first it would end at 5 s, waiting ends at 7 s: only the second is true
+    second = earliest_window(ledger, 0.0, gbytes(10.0), 1.0, LINK, "pull-after-prefill", pull_gbps=5.0)
+    assert second is not None
+    assert second.rate_gbps == pytest.approx(5.0)
+    assert second.stream_start_s == pytest.approx(5.0) and second.stream_end_s == pytest.approx(7.0)
+    assert max(booked_gbps([first.transfer(), second.transfer()], t / 10) for t in range(80)) == pytest.approx(5.0)
+
+
 def test_available_bandwidth_and_other_replicas_lower_the_ceiling() -> None:
     ledger = EgressLedger(lanes=2)
     w = earliest_window(ledger, 0.0, gbytes(12.0), 2.0, LINK, available_gbps=3.0)

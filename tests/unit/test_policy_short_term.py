@@ -169,3 +169,38 @@ def test_no_local_prefill_instance_sends_even_a_short_request_remote() -> None:
     assert plan.decision.target == "remote" and plan.decision.kind == "no-local-prefill"
     assert plan.remote is not None and plan.decode is not None and plan.decode.name == "d0"
     assert "no healthy, non-draining prefill instance" in plan.decision.reason
+
+
+def test_a_scheduled_link_sends_what_the_ledger_declines_to_the_gateways_calendar() -> None:
+    """The router's ledger sees only its own streams: where the gateway books the link (``scheduled``) a long
+    request the ledger would decline is sent to the gateway (which reserves a window or declines); elsewhere the
+    ledger's verdict stands, and short requests stay local either way."""
+    tight = LinkParams("a-to-b", 5.0)
+    busy = EgressLedger()
+    busy.start("other", 4e9, 0.0, 10.0, max_gbps=tight.cap_gbps)  # 3.2 Gbps of the 4-Gbps cap streaming
+    kw = {"links": {"a-to-b": tight}, "ledgers": {"a-to-b": busy}}
+    declined = route(route_tick(60_000, **kw))
+    assert declined.decision.target == "local" and declined.decision.kind == "admission"
+    assert declined.remote is None
+    scheduled = (RemoteSide("prfaas", "a-to-b", scheduled=True),)
+    asked = route(route_tick(60_000, remotes=scheduled, **kw))
+    assert asked.decision.target == "remote" and asked.remote is not None and asked.remote.name == "prfaas"
+    assert asked.decision.kind == "threshold" and "the gateway's link calendar decides" in asked.decision.reason
+    assert "would exceed the cap" in asked.decision.reason
+    assert asked.decision.transfer_bytes > 0
+    short = route(route_tick(1_000, remotes=scheduled, **kw))
+    assert short.decision.target == "local" and short.decision.kind == "threshold"
+    unready = route(route_tick(60_000, remotes=(RemoteSide("prfaas", "a-to-b", "down", scheduled=True),), **kw))
+    assert unready.decision.target == "local" and unready.decision.kind == "unavailable"
+
+
+def test_a_scheduled_links_state_follows_the_wire_not_the_ledger() -> None:
+    """Streams the router dispatched but the gateway holds for later windows make its ledger read far above
+    the wire; where the gateway schedules the link, its state is the measured egress."""
+    ledger = EgressLedger()
+    for k in range(3):  # three 40-Gbps streams dispatched: 120 Gbps by the ledger's count
+        ledger.start(f"s{k}", 50e9, 10.0, 10.0)
+    busy = refresh(refresh_tick(30.0, ledgers={"a-to-b": ledger}))
+    assert busy.links["a-to-b"].scarce
+    wire = refresh(refresh_tick(30.0, ledgers={"a-to-b": ledger}, scheduled=frozenset({"a-to-b"})))
+    assert not wire.links["a-to-b"].scarce and wire.links["a-to-b"].egress_gbps == 30.0

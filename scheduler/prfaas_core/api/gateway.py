@@ -23,3 +23,9 @@ class GatewayStatus(ApiModel):
         "prfaas_gateway_kv_egress_bytes_total): what region B's routers' prfaas_router_remote_kv_bytes_total is "
         "checked against.",
     )
+    scheduled_links: list[str] = Field(
+        default_factory=list,
+        description="The links whose KV streams this gateway books in its link calendar (source-side admission, "
+        "RouterConfig gateway.admission). A router whose remote lists its link sends a long request there even "
+        "when its own ledger would not admit it: the gateway reserves a window or declines with the earliest start.",
+    )

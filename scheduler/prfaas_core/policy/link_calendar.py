@@ -17,8 +17,11 @@ measured egress, where *available* is what the link delivers now (:mod:`.link_es
   prefill has answered, so the stream starts when the prefill ends and runs at the rate booked, at most
   ``pull_gbps`` (what one stream achieves).
 
-Candidate rates are the full rate and its halves (down to 1/8) and the rate that exactly fills the ceiling;
-among the earliest feasible start of each, the one ending first wins (the lowest predicted TTFT). Pure; time is
+Candidate rates: layer-wise, the production rate and its halves (down to 1/8); pull-after-prefill, only what
+one pull achieves (``pull_gbps``, at most the ceiling): a decode engine pulls at the wire's speed and nothing
+paces it to a slower booking, so a pull booked at half its speed would pass the cap next to another (measured:
+5.5 Gbps in 1-s windows on a 4-Gbps cap before this rule). Among the earliest feasible start of each rate, the
+one ending first wins (the lowest predicted TTFT). Pure; time is
 a parameter; O(n^2) in the booked streams (tens at a time).
 """
 
@@ -138,8 +141,10 @@ def earliest_window(
     first_free = min(lane_ends)
     offset = prefill_s if timing == "pull-after-prefill" else 0.0
     candidates = sorted({first_free, *(e - offset for _, e, _ in spans if e - offset > first_free)})
-    full = gbits / prefill_s if timing == "layer-wise" else (pull_gbps or ceiling)
-    rates = {min(full, ceiling) * f for f in RATE_FRACTIONS}
+    if timing == "layer-wise":
+        rates = {min(gbits / prefill_s, ceiling) * f for f in RATE_FRACTIONS}
+    else:  # nothing paces a pull below what it achieves: booked at that rate, or later
+        rates = {min(pull_gbps or ceiling, ceiling)}
     if gbits <= _EPS:
         rates = {0.0}
     best: Window | None = None

@@ -107,6 +107,10 @@ class RefreshTick:
     measured_gbps: Mapping[str, float] | None = None
     """Each link's measured total egress since the last refresh, recorded into its ledger first."""
     decide_threshold: bool = True
+    scheduled: frozenset[str] = frozenset()
+    """The links a gateway books in its calendar: their state follows the measured egress (what the wire
+    carries), not this ledger's estimate, which counts a dispatched stream from its expected start although the
+    gateway may hold its prefill for a later window (a router read 9.6 Gbps on a 4-Gbps cap carrying 2)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,10 @@ def refresh(tick: RefreshTick, policy: ShortTermPolicy = PRODUCTION) -> Refreshe
         if tick.measured_gbps is not None and name in tick.measured_gbps:
             ledger.record_measurement(tick.measured_gbps[name], now)
         prev = tick.previous.get(name, LinkState())
-        links[name] = policy.link_state(prev, ledger.estimate_gbps(now, params), params, now)
+        estimate = ledger.estimate_gbps(now, params)
+        if name in tick.scheduled and tick.measured_gbps is not None and name in tick.measured_gbps:
+            estimate = tick.measured_gbps[name]
+        links[name] = policy.link_state(prev, estimate, params, now)
         if links[name].mode != prev.mode:
             changed.append(name)
     threshold = tick.threshold
@@ -162,6 +169,12 @@ class RemoteSide:
     """Why it cannot take work (its status), None when ready."""
     cached_tokens: int = 0
     """The request's prefix it already holds."""
+    scheduled: bool = False
+    """Its gateway books the link in a calendar (source-side admission, :mod:`.link_calendar`): this router's
+    ledger, which sees only its own streams at their production rate, is a pre-filter there, not the judge. A
+    long request the ledger would not admit is still sent; the gateway reserves a window or declines it with
+    the earliest start, and the router then waits or prefills locally (the simulator asks its gateway the same
+    way)."""
 
 
 @dataclass(frozen=True)
@@ -267,6 +280,8 @@ def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) 
         )
         req = RouteRequest(req.total_tokens, req.pd_cached_tokens, remote.cached_tokens)
     decision = policy.route(req, view, tick.kv, tick.prfaas_seconds, tick.pd_seconds)
+    if decision.kind == "admission" and remote is not None and remote.scheduled:
+        decision = _ask_the_calendar(decision, req, view, tick, policy)
     decode = policy.pick_decode(tick.decode) if tick.decode is not None else None
     prefill = None
     if tick.prefill is not None and (decode is None or decode.name is not None):
@@ -278,3 +293,18 @@ def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) 
             if forced.target == "remote":
                 decision = replace(forced, reason=f"{prefill.reason}: {forced.reason}", kind="no-local-prefill")
     return RoutePlan(decision, remote if decision.target == "remote" else None, prefill, decode)
+
+
+def _ask_the_calendar(
+    declined: RouteDecision, req: RouteRequest, view: RoutingView, tick: RouteTick, policy: ShortTermPolicy
+) -> RouteDecision:
+    """A long request this router's ledger would not admit, on a link its remote's gateway schedules: sent
+    there anyway (the calendar books every router's streams and the real PrFaaS queue; it answers with a window
+    or a decline). The decision is the one an empty ledger gives, its reason says why."""
+    asked = policy.route(req, replace(view, egress_estimate_gbps=0.0), tick.kv, tick.prfaas_seconds, tick.pd_seconds)
+    if asked.target != "remote":
+        return declined
+    why = declined.reason.rsplit(" but ", 1)[-1]
+    head = asked.reason.split(": remote prefill", 1)[0]
+    reason = f"{head}: remote prefill, the gateway's link calendar decides ({why} by this router's own ledger)"
+    return replace(asked, reason=reason)
