@@ -10,7 +10,11 @@ ways of routing the same requests over it:
   default ``cache_aware`` policy) with the prefill list = the 3 local PD prefill engines AND the 2 remote
   PrFaaS engines (which advertise their link relay's KV address, so that KV crosses the link too), the decode
   list = the PD decode engine;
-* ``all_local`` — our router with no remote: every prefill on the local PD prefill engines.
+* ``all_local`` — our router with no remote: every prefill on the local PD prefill engines;
+* ``prfaas_pd_3r2g`` (with ``--gateway-admission``) — our router as 3 replicas behind a round-robin front (the
+  load client sends request ``i`` to replica ``i mod 3``), over 2 fresh gateway replicas that each book cap / 2
+  of the link's calendar (routers 1 and 3 on one, router 2 on the other): each replica sees only its own share
+  of the traffic, and the cap must hold for all of them together.
 
 Traffic: Poisson arrivals, the paper's truncated log-normal input lengths (μ 9.90, σ 1.00 on [128, 131072]),
 single-turn (fresh token-id prompts: no prefix-cache hits anywhere), a few output tokens. For a given rate
@@ -21,7 +25,9 @@ uncached tokens and ≥ 40 tokens/s decode, in *model* seconds; goodput = the hi
 the walk goes up while the SLO holds (down while it does not) until it changes, and the goodput is the 90 %
 crossing interpolated linearly between the two neighbouring probes' attainments. Each probe waits for the
 engines to go idle before the next. Egress: the link relays' counters summed, per 1-second model window,
-against the cap (capacity × maxUtilization).
+against the cap (capacity × maxUtilization). For our systems each probe also records what the routers and
+gateways counted (decisions by reason, link waits, gateway admissions and their waits), and every request's
+figures go to ``WORK_DIR/requests.jsonl`` (route, TTFT, TPOT, its TTFT limit and why it missed).
 
 Scale: one 2-core machine runs ~12 processes; every emulated engine turns its CPU time into model time at
 ``--time-scale``, so the scale is chosen low enough that the machine keeps up (the JSON reports the CPU
@@ -60,7 +66,10 @@ from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.request.trace import TraceRecord
 
-SYSTEMS = ("prfaas_pd", "vllm_router_pd", "all_local")
+SYSTEMS = ("prfaas_pd", "prfaas_pd_3r2g", "vllm_router_pd", "all_local")
+REPLICATED = "prfaas_pd_3r2g"
+"""Our router as 3 replicas behind a round-robin front (the load client's), over 2 gateway replicas that each book
+cap / 2 of the link's calendar: routers 1 and 3 on gateway A, router 2 on gateway B."""
 BIN = Path(sys.executable).parent
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*", "no_proxy": "*"}
 ATTAINMENT = 0.9
@@ -153,16 +162,22 @@ class Bench:
         self.scale = stack.spec.time_scale
         self.base = base_trace(args.max_requests, args.output_tokens, args.seed)
         self.probe_seq = 0
-        self.ours, self.system = False, ""
-        """Whether the system probed is our router (its and the gateway's counters go into each probe)."""
+        self.system = ""
+        self.counted_urls: list[str] = []
+        """Our routers' and gateways' /metrics while one of our systems is probed (counters per probe)."""
         lam = args.lambda_max
         self.grid = sorted({round(f * lam, 3) for f in args.grid} | {args.reference_rps})
 
     # --- the systems --------------------------------------------------------------------------------------
-    def start_system(self, name: str) -> str:
+    def start_system(self, name: str) -> list[str]:
+        """The system's front URLs (requests go round-robin over them); sets :attr:`counted_urls`."""
         st = self.stack
+        self.counted_urls = []
         if name == "prfaas_pd":
-            return st.urls["router"]
+            self.counted_urls = [st.urls["router"] + "/metrics", st.urls["gateway"] + "/metrics"]
+            return [st.urls["router"]]
+        if name == REPLICATED:
+            return self._start_replicated()
         port = free_port()
         if name == "all_local":
             assert st.router_config is not None
@@ -186,7 +201,37 @@ class Bench:
             raise ValueError(name)
         url = f"http://127.0.0.1:{port}"
         self._wait_serving(url)
-        return url
+        return [url]
+
+    def _start_replicated(self, routers: int = 3, gateways: int = 2) -> list[str]:
+        """Fresh gateway replicas (the stack's gateway config, ``admission.replicas`` = ``gateways``) and router
+        replicas (the stack's router config, each on one gateway in turn)."""
+        st = self.stack
+        if not st.spec.gateway_admission or st.router_config is None:
+            raise SystemExit(f"{REPLICATED} needs --gateway-admission: its gateway replicas each book cap / N")
+        gw = json.loads((st.work_dir / "gateway.json").read_text())
+        gw["gateway"]["admission"]["replicas"] = gateways
+        (st.work_dir / "gateway-replica.json").write_text(json.dumps(gw, indent=2))
+        gw_urls = []
+        for g in range(gateways):
+            port = free_port()
+            argv = [*PRFAAS, "router", "--config", str(st.work_dir / "gateway-replica.json"), "--port", str(port)]
+            st.spawn(f"gateway-r{g}", argv)
+            gw_urls.append(f"http://127.0.0.1:{port}")
+        urls = []
+        for r in range(routers):
+            target = gw_urls[r % gateways]
+            remote = st.router_config.remotes[0].model_copy(update={"url": target, "status_url": target + "/status"})
+            cfg = st.router_config.model_copy(update={"remotes": [remote]})
+            path = st.work_dir / f"router-r{r}.json"
+            write_router_config(path, cfg)
+            port = free_port()
+            st.spawn(f"router-r{r}", [*PRFAAS, "router", "--config", str(path), "--port", str(port)])
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            self._wait_serving(url)
+        self.counted_urls = [u + "/metrics" for u in urls + gw_urls]
+        return urls
 
     def _wait_serving(self, url: str, timeout_s: float | None = None) -> None:
         """Until ``url`` answers a completion; the deadline (90 s) stretches with the machine's load and only
@@ -216,11 +261,14 @@ class Bench:
         raise RuntimeError(f"{url} did not serve within {timeout_s:.0f} s (last: {last})")
 
     def stop_system(self, name: str) -> None:
-        if name != "prfaas_pd":
+        if name == REPLICATED:
+            for proc in [n for n, _ in self.stack.procs if n.startswith(("router-r", "gateway-r"))]:
+                self.stack.terminate(proc)
+        elif name != "prfaas_pd":
             self.stack.terminate(name)
 
     # --- one probe ----------------------------------------------------------------------------------------
-    def probe(self, url: str, rate: float, run_to_end: bool) -> Probe:
+    def probe(self, url: list[str], rate: float, run_to_end: bool) -> Probe:
         records = at_rate(self.base, rate, self.args.probe_seconds, self.args.min_requests)
         self.probe_seq += 1
         bodies = prepare_bodies(records, seed=self.args.seed * 1000 + self.probe_seq)  # fresh prompts: no hits
@@ -242,7 +290,7 @@ class Bench:
                 await sampler
             return results, egress
 
-        ours = [self.stack.urls["router"] + "/metrics", self.stack.urls["gateway"] + "/metrics"] if self.ours else []
+        ours = self.counted_urls
         before = scrape(ours, self.stack.gateway_headers)
         cpu0 = self.stack.cpu_seconds()
         t0 = time.perf_counter()
@@ -297,7 +345,7 @@ class Bench:
         print(f"{name}:", file=sys.stderr)
         started = time.perf_counter()
         url = self.start_system(name)
-        self.ours, self.system = name == "prfaas_pd", name
+        self.system = name
         probes: dict[int, Probe] = {}
         try:
             i = grid.index(a.reference_rps)
@@ -334,6 +382,9 @@ class Bench:
             "gateway": cpu.get("gateway", 0.0) if name == "prfaas_pd" else 0.0,
             "router": cpu.get("router" if name == "prfaas_pd" else name, 0.0),
         }
+        if name == REPLICATED:
+            groups["gateway"] = sum(v for k, v in cpu.items() if k.startswith("gateway-r"))
+            groups["router"] = sum(v for k, v in cpu.items() if k.startswith("router-r"))
         ordered = [probes[k] for k in sorted(probes)]
         return {
             "goodput_rps": round(goodput, 4) if goodput is not None else None,
@@ -376,28 +427,39 @@ def main() -> int:
         help="stop a probe (but the reference one) once more than 10 %% of its requests have missed: faster, "
         "but its attainment is then a lower bound and the interpolated goodput pessimistic",
     )
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    ap.add_argument(
+        "--systems",
+        default=None,
+        help=f"comma-separated subset of {', '.join(SYSTEMS)} (default: all; {REPLICATED} only with "
+        "--gateway-admission)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
         "--gateway-admission",
         action="store_true",
-        help="the gateway schedules the link (source-side admission, link windows) for prfaas_pd",
+        help=f"the gateway schedules the link (source-side admission, link windows) for prfaas_pd and {REPLICATED}",
     )
     ap.add_argument("--work-dir", default=None, help="logs and configs (default: a temp dir)")
     ap.add_argument("--out", default="out/bench/goodput.json")
     ap.add_argument(
         "--smoke",
         action="store_true",
-        help="the real code path on a tiny input (our router and all-local, one probe of 6 requests, 8 output "
-        "tokens): what the test suite runs so that the benchmark never rots; its figures mean nothing",
+        help=f"the real code path on a tiny input (our router, {REPLICATED} and all-local, the gateway scheduling the "
+        "link, one probe of 6 requests, 8 output tokens): what the test suite runs so that the benchmark never "
+        "rots; its figures mean nothing",
     )
     args = ap.parse_args()
     if args.smoke:
-        args.systems, args.probes, args.probe_seconds = "prfaas_pd,all_local", 1, 5.0
+        args.systems, args.probes, args.probe_seconds = f"prfaas_pd,{REPLICATED},all_local", 1, 5.0
         args.min_requests, args.max_requests, args.output_tokens = 6, 6, 8
+        args.gateway_admission = True
+    if args.systems is None:
+        args.systems = ",".join(s for s in SYSTEMS if s != REPLICATED or args.gateway_admission)
     systems = [s for s in args.systems.split(",") if s]
     if unknown := set(systems) - set(SYSTEMS):
         ap.error(f"unknown systems: {sorted(unknown)}")
+    if REPLICATED in systems and not args.gateway_admission:
+        ap.error(f"{REPLICATED} needs --gateway-admission (its gateway replicas each book cap / 2 of the calendar)")
     inputs = replace(
         case_study_inputs(),
         n_prfaas=2,
@@ -460,6 +522,7 @@ def main() -> int:
         "ratios": {
             "goodput_ours_over_vllm_router": ratio(ours, results.get("vllm_router_pd", {}).get("goodput_rps")),
             "goodput_ours_over_all_local": ratio(ours, results.get("all_local", {}).get("goodput_rps")),
+            "goodput_3_routers_over_1": ratio(results.get(REPLICATED, {}).get("goodput_rps"), ours),
         },
         "egress_peak_within_cap": {name: r["egress_peak_gbps_all_probes"] <= cap for name, r in results.items()},
         "targets": {"goodput_ratio_vs_vllm_router": 1.3, "egress_peak_gbps_at_most": cap},

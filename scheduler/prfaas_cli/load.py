@@ -172,7 +172,7 @@ _JSON = {"Content-Type": "application/json"}
 
 
 async def replay(
-    url: str,
+    url: str | Sequence[str],
     records: Sequence[TraceRecord],
     time_scale: float = 1.0,
     model: str = "prfaas",
@@ -182,7 +182,8 @@ async def replay(
     bodies: Sequence[bytes] | None = None,
     abort_when: Callable[[Sequence[Result]], bool] | None = None,
 ) -> list[Result]:
-    """Send every request at ``arrival_s / time_scale`` wall seconds after the start; wait for all.
+    """Send every request at ``arrival_s / time_scale`` wall seconds after the start; wait for all. Several
+    ``url``: request ``i`` goes to ``url[i % n]`` (a round-robin front over router replicas).
 
     ``bodies`` (from :func:`prepare_bodies`) are built here when not given, before the clock starts.
     ``abort_when`` is asked about 4 times a second (wall) with the results so far (filled in place); once it
@@ -190,6 +191,9 @@ async def replay(
     router cancels both legs) and the unfinished ones come back with status 0."""
     if bodies is None:
         bodies = prepare_bodies(records, seed, model)
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ValueError("replay needs at least one URL")
     results = [Result(i, rec.input_tokens, rec.uncached_tokens, rec.output_tokens) for i, rec in enumerate(records)]
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections)
     timeout = aiohttp.ClientTimeout(total=600.0, sock_connect=10.0)
@@ -202,7 +206,7 @@ async def replay(
                 delay = rec.arrival_s / time_scale - (time.perf_counter() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                task = asyncio.create_task(_one(session, url, results[i], bodies[i], time_scale))
+                task = asyncio.create_task(_one(session, urls[i % len(urls)], results[i], bodies[i], time_scale))
                 if on_result is not None:
                     task.add_done_callback(lambda t: on_result(t.result()) if not t.cancelled() else None)
                 tasks.append(task)

@@ -78,7 +78,12 @@ def test_operator_scale(tmp_path: Path) -> None:
 
 def test_goodput_vs_peers(tmp_path: Path) -> None:
     out = json.loads(run("goodput_vs_peers.py", "--smoke", "--out", str(tmp_path / "goodput.json")))
-    assert out["systems"]["prfaas_pd"]["reference"]["requests"] == 6
+    for system in ("prfaas_pd", "prfaas_pd_3r2g", "all_local"):
+        assert out["systems"][system]["reference"]["requests"] == 6, system
+    # the three router replicas and their two gateways counted every request (a decision each)
+    counted = out["systems"]["prfaas_pd_3r2g"]["reference"]["router_counted"]
+    decisions = sum(v for k, v in counted.items() if k.startswith("prfaas_router_route_decisions_total"))
+    assert decisions >= 6, counted
 
 
 def test_parity(tmp_path: Path) -> None:
