@@ -63,10 +63,10 @@ class Signals:
     remote_failures: dict[str, int] = field(default_factory=dict)
     """Consecutive failed status polls of each remote that answered once (two are ridden over)."""
     remote_answered: set[str] = field(default_factory=set)
-    remote_scheduled: dict[str, frozenset[str]] = field(default_factory=dict)
-    """Each remote's links its gateway schedules (its last status answer's ``scheduledLinks``)."""
     """Remotes whose status endpoint has answered since the start: a remote that never answered is not
     usable (a fresh stack's first request went to a gateway that was not listening yet)."""
+    remote_scheduled: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Each remote's links its gateway schedules (its last status answer's ``scheduledLinks``)."""
     health: HealthBook = field(default_factory=HealthBook)
     not_ready: str | None = "starting"
     available_source: dict[str, str] = field(default_factory=dict)

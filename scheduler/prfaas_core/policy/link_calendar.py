@@ -21,8 +21,8 @@ Candidate rates: layer-wise, the production rate and its halves (down to 1/8); p
 one pull achieves (``pull_gbps``, at most the ceiling): a decode engine pulls at the wire's speed and nothing
 paces it to a slower booking, so a pull booked at half its speed would pass the cap next to another (measured:
 5.5 Gbps in 1-s windows on a 4-Gbps cap before this rule). Among the earliest feasible start of each rate, the
-one ending first wins (the lowest predicted TTFT). Pure; time is
-a parameter; O(n^2) in the booked streams (tens at a time).
+one ending first wins (the lowest predicted TTFT). Pure; time is a parameter; O(n^2) in the booked streams (tens at
+a time).
 """
 
 from __future__ import annotations

@@ -300,11 +300,10 @@ def _ask_the_calendar(
 ) -> RouteDecision:
     """A long request this router's ledger would not admit, on a link its remote's gateway schedules: sent
     there anyway (the calendar books every router's streams and the real PrFaaS queue; it answers with a window
-    or a decline). The decision is the one an empty ledger gives, its reason says why."""
+    or a decline). The decision is the one an empty ledger gives; its reason is the ledger's verdict and who
+    decides instead."""
     asked = policy.route(req, replace(view, egress_estimate_gbps=0.0), tick.kv, tick.prfaas_seconds, tick.pd_seconds)
     if asked.target != "remote":
         return declined
-    why = declined.reason.rsplit(" but ", 1)[-1]
-    head = asked.reason.split(": remote prefill", 1)[0]
-    reason = f"{head}: remote prefill, the gateway's link calendar decides ({why} by this router's own ledger)"
+    reason = f"{declined.reason} by this router's own ledger: remote prefill, the gateway's link calendar decides"
     return replace(asked, reason=reason)
