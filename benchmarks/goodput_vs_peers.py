@@ -59,7 +59,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_cli.load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
 from prfaas_cli.local_loop import write_router_config
-from prfaas_cli.stack import PRFAAS, LocalStack, StackSpec, free_port
+from prfaas_cli.ports import free_port
+from prfaas_cli.stack import PRFAAS, LocalStack, StackSpec
 from prfaas_cli.up_cmd import generate_trace
 from prfaas_core import names
 from prfaas_core.capacity.plan_inputs import case_study_inputs

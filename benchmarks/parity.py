@@ -33,8 +33,9 @@ from typing import Any
 
 import httpx
 
+from prfaas_cli.ports import free_port
 from prfaas_cli.real_stack import LINK, TOKEN, EngineRef, RealStack
-from prfaas_cli.stack import free_port, spawn_process, stop_processes
+from prfaas_cli.stack import spawn_process, stop_processes
 from prfaas_cli.vllm_engines import BLOCK_SIZE, EnginePool, RealEnv, example_specs
 from prfaas_core import names
 from prfaas_core.capacity.kv import kv_model_from_profile

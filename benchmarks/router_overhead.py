@@ -39,7 +39,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prfaas_cli.stack import free_port, spawn_process, stop_processes
+from prfaas_cli.ports import free_port
+from prfaas_cli.stack import spawn_process, stop_processes
 from prfaas_core.capacity.profiles import builtin_model_profiles
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]

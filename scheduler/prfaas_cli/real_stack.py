@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from .stack import free_port, spawn_process, stop_processes
+from .ports import free_port
+from .stack import spawn_process, stop_processes
 from .vllm_engines import BLOCK_SIZE, RealEnv
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]

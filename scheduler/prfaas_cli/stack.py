@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,14 +26,9 @@ from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
 
 from .local_loop import write_router_config
+from .ports import free_port
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

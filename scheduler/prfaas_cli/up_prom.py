@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import yaml
 
-from .stack import LocalStack, free_port, spawn_process, stop_processes
+from .ports import free_port
+from .stack import LocalStack, spawn_process, stop_processes
 
 RULES = Path(__file__).resolve().parents[2] / "alerts" / "prfaas-rules.yaml"
 """The project's rules, where this is a source checkout (an installed wheel has none: no rules then)."""

@@ -35,7 +35,7 @@ from prfaas_router.prom_text import sample_sum
 from prfaas_router.tokenizer import load_model_tokenizer
 
 from .engines_cmd import load_clusters
-from .stack import free_port
+from .ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "scripts" / "real-engines.sh"

@@ -9,7 +9,6 @@ flight per pod, and the link's egress counter.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -24,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from prfaas_cli.ports import free_port
 from prfaas_core.names import (
     LABEL_PD_CLUSTER,
     LABEL_ROLE,
@@ -32,12 +32,6 @@ from prfaas_core.names import (
     VLLM_REQUESTS_RUNNING,
     VLLM_REQUESTS_WAITING,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from conftest import Engines, Prompts
-from prfaas_cli.stack import free_port, spawn_process, stop_processes
+from prfaas_cli.ports import free_port
+from prfaas_cli.stack import spawn_process, stop_processes
 from prfaas_cli.vllm_engines import RealEnv
 from prfaas_core import names
 from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG

@@ -20,7 +20,7 @@ import yaml
 
 from conftest import Engines, Prompts
 from prfaas_cli.engines_cmd import load_clusters
-from prfaas_cli.stack import free_port
+from prfaas_cli.ports import free_port
 from prfaas_cli.vllm_engines import EXAMPLE, REPO, RealEngine, RealEnv
 from prfaas_core import names
 from prfaas_core.api import PDCluster
