@@ -74,6 +74,12 @@ ADMISSION_HEADERS: Final = (
     HEADER_LINK_AVAILABLE_GBPS,
 )
 """Stripped by the gateway before the engine (its forwarding allow-list passes them to it, no further)."""
+HEADER_PULL_ID: Final = "x-prfaas-pull-id"
+"""In the gateway's answer to a prefill whose pull it booked: the pull's id. The gateway answers only once the
+pull fits on the wire next to the pulls already there, and counts it there until the caller reports it over
+(:data:`PULL_DONE_PATH`, when its decode holds the KV) or its lease runs out."""
+PULL_DONE_PATH: Final = "/v1/prfaas/pulls/{pull_id}/done"
+"""The gateway path (POST, bearer token) a router reports a pull over on: the link's next pull may start."""
 REASON_WAIT_FOR_LINK: Final = "wait_for_link"
 """The routing decision kind of a request that waited for a later link window."""
 
@@ -160,6 +166,12 @@ METRIC_GATEWAY_ADMISSION_WAIT_SECONDS: Final = "prfaas_gateway_admission_wait_se
 METRIC_GATEWAY_LINK_AVAILABLE_GBPS: Final = "prfaas_gateway_link_available_gbps"
 """(gateway) The available bandwidth the calendar books under (model Gbps; its replica's share of the capacity when
 nothing bounds it), by ``link`` and ``source`` (configured, or the routers' reports: reported)."""
+METRIC_GATEWAY_PULLS: Final = "prfaas_gateway_pulls_total"
+"""(gateway) Pulls the gateway let onto the wire that are over, by ``link`` and ``end``: ``reported`` (the caller said
+so) or ``lease`` (no report in time: a router that does not report, or died)."""
+METRIC_GATEWAY_PULL_HOLD_SECONDS: Final = "prfaas_gateway_pull_hold_seconds"
+"""(gateway) Histogram of how long prefill answers were held (model seconds) until their pull fit on the wire next
+to the pulls already there, by ``link``."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
 METRIC_LINK_UTILIZATION: Final = "prfaas_link_utilization_ratio"
 METRIC_LINK_SCARCE: Final = "prfaas_link_scarce"
@@ -264,6 +276,8 @@ EXPORTERS: Final[dict[str, Exporter]] = {
     METRIC_GATEWAY_ADMISSIONS: "gateway",
     METRIC_GATEWAY_ADMISSION_WAIT_SECONDS: "gateway",
     METRIC_GATEWAY_LINK_AVAILABLE_GBPS: "gateway",
+    METRIC_GATEWAY_PULLS: "gateway",
+    METRIC_GATEWAY_PULL_HOLD_SECONDS: "gateway",
     **{
         name: "emulator"
         for name in (

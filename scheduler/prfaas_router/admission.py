@@ -27,15 +27,16 @@ forwarding hop and a single point of failure). Time is model time (``scale.timeS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
-from prfaas_core.policy.link_calendar import Window, booked_gbps, earliest_window
+from prfaas_core.policy.link_calendar import Window, booked_gbps, ceiling_gbps, earliest_window
 from prfaas_core.policy.link_estimate import Available
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
 
@@ -44,6 +45,12 @@ from .metrics import RouterMetrics
 
 REPORT_MAX_AGE_S = 10.0
 """A router's available-bandwidth report counts this long (model seconds); after it the capacity stands again."""
+LEASE_FACTOR = 3.0
+LEASE_GRACE_S = 2.0
+"""A pull let onto the wire counts there until reported over, or for ``LEASE_FACTOR`` x its booked span +
+``LEASE_GRACE_S`` (model seconds) at most: a router that never reports (or died) cannot hold the link."""
+RECHECK_S = 0.5
+"""A held answer re-checks the wire at least this often (wall seconds): the ceiling can rise without a pull ending."""
 
 
 @dataclass
@@ -73,7 +80,12 @@ class LinkAdmission:
         )
         self.ledger = EgressLedger(expire_s=600.0)
         self.waiting = 0
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.holding = 0
+        """Prefill answers held until their pull fits on the wire."""
+        self._on_wire: dict[str, float] = {}
+        """Pulls let onto the wire and not over: id -> booked Gbps."""
+        self._leases: dict[str, asyncio.TimerHandle] = {}
+        self._changed = asyncio.Event()
 
     @property
     def link(self) -> str:
@@ -189,21 +201,65 @@ class LinkAdmission:
         finally:
             self.waiting -= 1
 
-    def answered(self, booking: Booking, ok: bool, now_s: float) -> None:
-        """The prefill answered: a pull starts now and lasts its booked span (the booking moves to it); a
-        layer-wise stream has ended; a failure frees the window."""
-        w = booking.window
+    def on_wire_gbps(self) -> float:
+        """The pulls let onto the wire and not yet over (their booked rates)."""
+        return sum(self._on_wire.values())
+
+    def _fits(self, rate: float, now_s: float) -> bool:
+        """A pull at ``rate`` fits on the wire now: next to the pulls there, under the ceiling; alone, always
+        (a ceiling below one pull's speed lets one at a time, or none would ever run)."""
+        ceiling = ceiling_gbps(self.ledger, now_s, self.available(now_s).bound(self.params))
+        return not self._on_wire or self.on_wire_gbps() + rate <= ceiling + 1e-9
+
+    async def release(self, booking: Booking, ok: bool, clock: Callable[[], float]) -> str | None:
+        """The prefill answered. A pull-after-prefill stream starts when the caller gets the answer, so the answer
+        is held until its pull fits on the wire next to the pulls already there (a calendar planned from predicted
+        times alone let two pulls overlap when one started late: 9.8 Gbps in 1-s windows on an 8-Gbps cap); the
+        pull then counts there until the caller reports it over (:meth:`pulled`) or its lease runs out. Returns
+        the pull's id for the answer's :data:`~prfaas_core.names.HEADER_PULL_ID` (None: nothing to report; a
+        layer-wise stream has ended with its prefill; a failure frees the window)."""
+        w, key = booking.window, booking.key
         span = w.stream_end_s - w.stream_start_s
         if not ok or self.spec.stream_timing == "layer-wise" or span <= 0:
-            self.ledger.finish(booking.key)
-            return
-        self.ledger.reserve(booking.key, Transfer(w.bytes, now_s, 0.0, -1, 0.0, span))
-        loop = asyncio.get_running_loop()
-        self._timers[booking.key] = loop.call_later(span / self.time_scale, self._expire, booking.key)
+            self.ledger.finish(key)
+            return None
+        held_from = clock()
+        self.holding += 1
+        try:
+            while not self._fits(w.rate_gbps, clock()):
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):  # the ceiling may also rise (a fresher report)
+                    await asyncio.wait_for(self._changed.wait(), RECHECK_S)
+        except BaseException:  # the caller went away while held: no pull will come
+            self.ledger.finish(key)
+            raise
+        finally:
+            self.holding -= 1
+        now = clock()
+        if self.metrics is not None:
+            self.metrics.gateway_pull_hold.labels(self.link).observe(now - held_from)
+        self._on_wire[key] = w.rate_gbps
+        self.ledger.reserve(key, Transfer(w.bytes, now, 0.0, -1, 0.0, span))
+        lease = span * LEASE_FACTOR + LEASE_GRACE_S
+        self._leases[key] = asyncio.get_running_loop().call_later(lease / self.time_scale, self._over, key, "lease")
+        return key
 
-    def _expire(self, key: str) -> None:
-        self._timers.pop(key, None)
+    def pulled(self, key: str) -> bool:
+        """The caller reports the pull ``key`` over; False when it is not on the wire (unknown, or its lease ran
+        out)."""
+        return self._over(key, "reported")
+
+    def _over(self, key: str, end: str) -> bool:
+        if self._on_wire.pop(key, None) is None:
+            return False
+        lease = self._leases.pop(key, None)
+        if lease is not None:
+            lease.cancel()
         self.ledger.finish(key)
+        self._changed.set()
+        if self.metrics is not None:
+            self.metrics.gateway_pulls.labels(self.link, end).inc()
+        return True
 
 
 def admission_for(

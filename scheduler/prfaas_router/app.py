@@ -15,6 +15,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from prfaas_core import names
 from prfaas_core.api import RouterConfig
 
 from .config import ConfigWatcher, load_config
@@ -165,6 +166,8 @@ def create_app(
     app.router.add_get("/ready", _ready)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/status", gateway.status)
+    if gateway_mode:
+        app.router.add_post(names.PULL_DONE_PATH, gateway.pull_done)
     return app
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 from aiohttp import web
 
+from prfaas_core import names
 from prfaas_core.api import GatewayStatus
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.routing import InstanceView
@@ -94,8 +95,19 @@ class Gateway:
             ok = resp.status == 200
         finally:
             if booking is not None and self.admission is not None:
-                self.admission.answered(booking, ok, rt.model_now())
+                pull_id = await self.admission.release(booking, ok, rt.model_now)
+                if pull_id is not None:
+                    resp.headers[names.HEADER_PULL_ID] = pull_id
         return resp
+
+    async def pull_done(self, request: web.Request) -> web.Response:
+        """A router reports a pull over (its decode holds the KV): the link's next pull may start."""
+        pull_id = request.match_info["pull_id"]
+        if self.admission is None:
+            return json_error(404, "this gateway schedules no link: there are no pulls to report")
+        if not self.admission.pulled(pull_id):
+            return json_error(404, f"pull {pull_id!r} is not on the wire (unknown, reported, or its lease ran out)")
+        return web.json_response({"pull": pull_id, "onWireGbps": self.admission.on_wire_gbps()})
 
     async def _prefill_on_instance(
         self, request: web.Request, body: dict[str, Any], ids: list[int], hashes: list[bytes], hits: dict[str, int]

@@ -177,6 +177,20 @@ class RouterMetrics:
             ["link", "source"],
             registry=r,
         )
+        self.gateway_pulls = Counter(
+            names.METRIC_GATEWAY_PULLS.removesuffix("_total"),
+            "Gateway mode: pulls let onto the wire that are over, by link and end (reported by the caller, or lease).",
+            ["link", "end"],
+            registry=r,
+        )
+        self.gateway_pull_hold = Histogram(
+            names.METRIC_GATEWAY_PULL_HOLD_SECONDS,
+            "Gateway mode: how long prefill answers were held until their pull fit on the wire (model seconds), by "
+            "link.",
+            ["link"],
+            buckets=_WAIT,
+            registry=r,
+        )
         self.remote_bytes = Counter(
             names.METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"),
             "KV bytes (S_kv of the whole routing.prefixBlockTokens blocks holding the remote engine's reported prompt "

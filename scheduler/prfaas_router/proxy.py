@@ -322,6 +322,7 @@ class Proxy:
                 limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
                 chunks, first = await self._open_decode(leg, kv, request_id, limit)
                 rt.finish_transfer(request_id.key, pulled=kv_crosses_link)
+                release.report_pull_over(self, request_id.key)
                 if not body.get("stream"):
                     return await answer_whole(self.metrics, leg, chunks, first, prefilled, self.rt.compiled.config.slo)
                 return await answer_stream(self.metrics, leg, chunks, first, self.rt.compiled.config.slo)
@@ -330,6 +331,7 @@ class Proxy:
             raise
         finally:
             rt.finish_transfer(request_id.key)
+            release.report_pull_over(self, request_id.key)
             leg.close()
 
     async def _open_decode(

@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import structlog
 
+from prfaas_core import names
+
 from .http_util import JSON_CONTENT, json_bytes
 from .leg_host import LegHost
 from .runtime import EngineLoad
@@ -29,6 +31,7 @@ from .security import RequestIds
 
 log = structlog.get_logger("prfaas.router")
 
+PULL_REPORT_TIMEOUT_S = 5.0
 RELEASE_MODEL = "prfaas-release-kv"
 """The model name of a release leg: served by no engine, so the consumer's serving layer rejects the leg."""
 RELEASE_TIMEOUT_S = 5.0
@@ -91,3 +94,35 @@ async def _release(
         cluster=cluster,
         error=error,
     )
+
+
+def report_pull_over(proxy: LegHost, key: str) -> None:
+    """The request ``key``'s pull is over (its decode holds the KV, or the decode failed): tell the gateway that
+    let it onto the wire, in the background, so that the link's next pull starts (unreported, it waits out the
+    pull's lease). Once per pull; nothing when no gateway counts one."""
+    pull = proxy.rt.gateway_pulls.pop(key, None)
+    if pull is None or proxy.session is None:
+        return
+    task = asyncio.get_running_loop().create_task(_report(proxy, *pull))
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+
+
+async def _report(proxy: LegHost, remote_name: str, pull_id: str) -> None:
+    remote = next((r for r in proxy.rt.compiled.remotes if r.name == remote_name), None)
+    if remote is None:
+        return
+    token = proxy.remote_tokens.get(remote.name)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with proxy.legs.post(
+            f"{remote.url}{names.PULL_DONE_PATH.format(pull_id=pull_id)}",
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=PULL_REPORT_TIMEOUT_S),
+            ssl=proxy.remote_tls.get(remote.name, True),
+        ) as resp:
+            await resp.read()
+            if resp.status != 200:
+                log.warning("the gateway did not take a pull's report", remote=remote.name, status=resp.status)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("could not report a pull over; it waits out its lease", remote=remote.name, error=str(exc))

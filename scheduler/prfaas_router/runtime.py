@@ -179,6 +179,9 @@ class Runtime:
     _estimators: dict[str, LinkEstimator] = field(default_factory=dict)
     _pulls: dict[str, tuple[str, Pull]] = field(default_factory=dict)
     """KV pulls across a link in flight: key -> (link, pull), timed for the link's estimator."""
+    gateway_pulls: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Pulls a gateway let onto the wire for this router's requests: key -> (remote, the gateway's pull id),
+    reported over once the decode holds the KV (:func:`.release.report_pull_over`)."""
     available: dict[str, Available] = field(default_factory=dict)
     """Each link's available bandwidth as last estimated (:mod:`prfaas_core.policy.link_estimate`)."""
     last_prefix: tuple[int, int] = (0, 0)

@@ -35,8 +35,15 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
         status, out = http("POST", router + "/v1/completions", body, timeout_s=30)
         assert status == 200, out
         assert counter(router, "prfaas_router_requests_total", route="remote", outcome="ok") == 1
-        # the pull is booked for ~1700 model seconds (6.9 Gbit at the 4 Mbps cap): a leg accepting no wait is
-        # declined at once with the earliest start
+        gw_auth = {"Authorization": "Bearer s3cret-token"}
+        # the router reported its pull over once its decode held the KV: the link is free again
+        wait_for(
+            lambda: counter(gateway, names.METRIC_GATEWAY_PULLS, gw_auth, link="a-to-b", end="reported") == 1,
+            30,
+            "the router's report of its pull",
+        )
+        # a leg whose pull nobody reports stays on the wire, booked for ~1700 model seconds (6.9 Gbit at the
+        # 4 Mbps cap): a leg accepting no wait is declined at once with the earliest start
         leg = {
             "model": "m",
             "prompt": prompt(40_000),
@@ -49,6 +56,9 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
             names.HEADER_MAX_WAIT_MS: "0",
             names.HEADER_LINK: "a-to-b",
         }
+        first = httpx.post(gateway + "/v1/completions", json=leg, headers={**headers, names.HEADER_MAX_WAIT_MS: "1"})
+        assert first.status_code == 200, first.text
+        pull_id = first.headers[names.HEADER_PULL_ID]
         r = httpx.post(gateway + "/v1/completions", json=leg, headers=headers, timeout=10)
         assert r.status_code == 429, r.text
         decline = AdmissionDecline.model_validate(r.json())
@@ -70,3 +80,11 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
         )
         assert counter(router, "prfaas_router_requests_total", route="local", outcome="ok") == 1
         assert counter(router, "prfaas_router_fallbacks_total") == 0  # a decline is not a failure
+        # the unreported pull, reported over: once, by a caller holding the token
+        done = names.PULL_DONE_PATH.format(pull_id=pull_id)
+        assert httpx.post(gateway + done, timeout=5).status_code == 401
+        assert httpx.post(gateway + done, headers=gw_auth, timeout=5).status_code == 200
+        again = httpx.post(gateway + done, headers=gw_auth, timeout=5)
+        assert again.status_code == 404 and pull_id in again.text
+        assert counter(gateway, names.METRIC_GATEWAY_PULLS, gw_auth, link="a-to-b", end="reported") == 2
+        assert counter(gateway, names.METRIC_GATEWAY_PULLS, gw_auth, link="a-to-b", end="lease") == 0

@@ -118,3 +118,10 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
         assert statuses and all(s == 200 for s in statuses), statuses
         assert booked >= 1 and remote >= 1  # the link was used
         assert max(windows) <= allowed, (windows, allowed)
+
+        def pulls(end: str) -> float:
+            return sum(metric(g, names.METRIC_GATEWAY_PULLS, GATEWAY_AUTH, **LINK, end=end) for g in gateways)
+
+        # every remote request's router told the gateway when its pull was over (none waited out a lease)
+        wait_for(lambda: pulls("reported") >= remote, 30, f"{remote:.0f} pulls reported over")
+        assert pulls("lease") == 0

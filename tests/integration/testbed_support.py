@@ -107,12 +107,13 @@ def prompt(tokens: int) -> str:
     return head + "x" * (tokens * 4 - len(head))
 
 
-def counter(url: str, name: str, **labels: str) -> float:
-    """``metric_value`` of the server at ``url`` (its /metrics); 0 when it exports no such sample yet."""
+def counter(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
+    """``metric_value`` of the server at ``url`` (its /metrics; ``headers``: a gateway's token); 0 when it exports
+    no such sample yet."""
     import httpx
 
     try:
-        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
+        return metric_value(httpx.get(url + "/metrics", timeout=5, headers=headers).text, name, labels)
     except KeyError:
         return 0.0
 

@@ -3,8 +3,10 @@ pass the cap; a window later than the caller accepts is a 429 decline; bad heade
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +15,7 @@ from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterLink
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_calendar import booked_gbps
 from prfaas_router.admission import Booking, LinkAdmission
+from prfaas_router.metrics import RouterMetrics
 
 LINK = RouterLink(name="a-to-b", capacity_gbps=10.0)  # cap 8 Gbps
 
@@ -135,3 +138,73 @@ def test_the_router_waits_when_the_remote_fits_the_slo_and_local_does_not() -> N
     assert resubmit_wait_s(decline, 3.0, 4.0, local_wait_s=1.0) is not None
     # without an SLO, by predicted TTFT
     assert resubmit_wait_s(decline, 3.0) is None and resubmit_wait_s(decline, 6.0) is not None
+
+
+def _pulls(time_scale: float = 1.0) -> LinkAdmission:
+    """One replica on the 8-Gbps cap whose pulls run at 5 Gbps: one pull on the wire at a time."""
+    spec = GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 5.0})
+    return LinkAdmission(spec, LINK, time_scale=time_scale, metrics=RouterMetrics())
+
+
+def test_an_answer_is_held_until_its_pull_fits_next_to_the_pulls_on_the_wire() -> None:
+    """The calendar planned the second pull after the first; the first started late and still runs, so the second's
+    answer waits for the first's report, not for its planned time."""
+
+    async def main() -> None:
+        adm, now = _pulls(), [0.0]
+        nbytes = 5.0 * GBPS_BITS / 8.0  # 1 s at 5 Gbps
+        a = adm.decide("a", {}, nbytes, 1.0, 0.0)
+        b = adm.decide("b", {}, nbytes, 1.0, 0.0)
+        assert isinstance(a, Booking) and isinstance(b, Booking)
+        assert b.window.stream_start_s >= a.window.stream_end_s  # planned one after the other
+        now[0] = 5.0  # both prefills answered late, past b's planned window
+        assert await adm.release(a, True, lambda: now[0]) == "a"
+        held = asyncio.create_task(adm.release(b, True, lambda: now[0]))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not held.done() and adm.holding == 1 and adm.on_wire_gbps() == 5.0
+        now[0] = 6.5
+        assert adm.pulled("a") and not adm.pulled("a")  # once
+        assert await asyncio.wait_for(held, 5.0) == "b"
+        assert adm.on_wire_gbps() == 5.0 and adm.ledger.get("a") is None and adm.ledger.get("b") is not None
+        hold = adm.metrics.gateway_pull_hold.labels("a-to-b")  # type: ignore[union-attr]
+        assert hold._sum.get() == 1.5  # held from 5.0 to 6.5 (model s)
+        assert adm.metrics.gateway_pulls.labels("a-to-b", "reported")._value.get() == 1  # type: ignore[union-attr]
+
+    asyncio.run(main())
+
+
+def test_an_unreported_pull_leaves_the_wire_when_its_lease_runs_out() -> None:
+    async def main() -> None:
+        adm = _pulls(time_scale=1000.0)  # the lease (3 x 1 s + 2 s model) is 5 ms of wall time
+        a = adm.decide("a", {}, 5.0 * GBPS_BITS / 8.0, 1.0, 0.0)
+        assert isinstance(a, Booking)
+        assert await adm.release(a, True, lambda: 1.0) == "a"
+        assert adm.on_wire_gbps() == 5.0
+        for _ in range(200):
+            if not adm.on_wire_gbps():
+                break
+            await asyncio.sleep(0.01)
+        assert adm.on_wire_gbps() == 0.0 and adm.ledger.get("a") is None and not adm.pulled("a")
+        assert adm.metrics.gateway_pulls.labels("a-to-b", "lease")._value.get() == 1  # type: ignore[union-attr]
+
+    asyncio.run(main())
+
+
+def test_a_caller_gone_while_held_frees_its_booking_and_a_failed_prefill_books_nothing() -> None:
+    async def main() -> None:
+        adm = _pulls()
+        nbytes = 5.0 * GBPS_BITS / 8.0
+        a, b, c = (adm.decide(k, {}, nbytes, 1.0, 0.0) for k in "abc")
+        assert isinstance(a, Booking) and isinstance(b, Booking) and isinstance(c, Booking)
+        await adm.release(a, True, lambda: 1.0)
+        held = asyncio.create_task(adm.release(b, True, lambda: 1.0))
+        await asyncio.sleep(0)
+        held.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await held
+        assert adm.ledger.get("b") is None and adm.holding == 0
+        assert await adm.release(c, False, lambda: 1.0) is None and adm.ledger.get("c") is None
+        assert adm.on_wire_gbps() == 5.0  # only a
+
+    asyncio.run(main())
