@@ -11,6 +11,12 @@ caller accepts (its wait or, for a window that does not start now, its predicted
 (``link_window`` with the earliest start and the predicted TTFT; ``overloaded`` when ``maxWaiting`` prefills
 already wait). The headers never reach the engine (the gateway forwards only ``x-request-id``).
 
+**Pulls on the wire.** The calendar plans from predicted times, but a pull starts when its router gets the
+answer: the answer is held until its pull fits next to the pulls already on the wire (:meth:`LinkAdmission.release`),
+and a pull counts there until its router reports it over (``POST`` :data:`~prfaas_core.names.PULL_DONE_PATH`, the id
+from :data:`~prfaas_core.names.HEADER_PULL_ID`) or its lease runs out. Exported as
+``prfaas_gateway_pulls_total{link,end}`` and ``prfaas_gateway_pull_hold_seconds{link}``.
+
 **Available bandwidth.** The routers measure what the link delivers (:mod:`prfaas_core.policy.link_estimate`,
 from their pulls' timing) and send it along while it bounds the configured capacity
 (:data:`~prfaas_core.names.HEADER_LINK_AVAILABLE_GBPS`); the calendar books under the lowest report of the last
