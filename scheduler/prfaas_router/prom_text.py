@@ -10,9 +10,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 def sample_sums(text: str, names: Collection[str], labels: Mapping[str, str] | None = None) -> dict[str, float]:
     """Per sample name in ``names`` (a counter's ``_total`` name is its sample's), the sum of its samples whose
-    labels include ``labels``; a name with no such sample is absent."""
+    labels include ``labels``; a name with no such sample is absent.
+
+    Only the lines that start with a wanted name reach the parser: an engine exposes hundreds of samples (vLLM's
+    histograms), the router reads two, and parsing them all took ~28 % of the router's CPU under load (py-spy),
+    in slices of the event loop that every relayed stream waited for."""
+    wanted = tuple(names)
+    if not wanted:
+        return {}
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    if not lines:
+        return out
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
         for sample in family.samples:
             if sample.name in names and (labels is None or all(sample.labels.get(k) == v for k, v in labels.items())):
                 out[sample.name] = out.get(sample.name, 0.0) + sample.value
