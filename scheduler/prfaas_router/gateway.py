@@ -27,7 +27,7 @@ from prfaas_core.request.tokens import block_hashes
 
 from .aborts import Aborts, SideLost, engine_side
 from .admission import LinkAdmission, admission_for
-from .http_util import is_chat, json_error
+from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error
 from .legs import LINK_HEADER, LINK_LABEL, UNKNOWN_LINK, reported_prompt_tokens
 from .metrics import RouterMetrics
 from .runtime import EngineLoad, Runtime
@@ -116,6 +116,7 @@ class Gateway:
         c = rt.compiled
         tried: set[str] = set()
         last_error = "no healthy PrFaaS instance"
+        payload = json_bytes(body)  # orjson: httpx's json= ran the stdlib encoder, ~10 ms for a 50K-token prompt
         for _ in range(max(1, len(c.prefill))):
             views = [
                 InstanceView(
@@ -138,8 +139,8 @@ class Gateway:
                         engine_side(pick.name),
                         self.http.post(
                             f"{c.by_name[pick.name].url}{request.path}",
-                            json=body,
-                            headers=forwarded_headers(request.headers),
+                            content=payload,
+                            headers={**forwarded_headers(request.headers), "Content-Type": JSON_CONTENT},
                             timeout=httpx.Timeout(
                                 c.config.timeouts.prefill_seconds, connect=c.config.timeouts.connect_seconds
                             ),

@@ -21,9 +21,11 @@ matches only when the whole prefix up to it matches.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import re
 import struct
+import sys
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -206,13 +208,24 @@ def output_token(index: int) -> tuple[int, str]:
     return _token_id(word), word
 
 
+def _le_u32(ids: Sequence[int]) -> bytes:
+    """``ids`` as 4-byte little-endian integers (``array`` packs 50K ids in ~0.5 ms, ``struct`` with 50K
+    arguments in ~2 ms)."""
+    packed = array.array("I", ids)
+    if packed.itemsize != 4:  # pragma: no cover - no mainstream platform
+        return struct.pack(f"<{len(ids)}I", *ids)
+    if sys.byteorder != "little":  # pragma: no cover
+        packed.byteswap()
+    return packed.tobytes()
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
     """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none): block ``i``'s
     hash is BLAKE2b-128 of block ``i-1``'s hash followed by its ids as 4-byte little-endian integers."""
     n_full = len(token_ids) // block_size
     if n_full == 0:
         return []
-    data = struct.pack(f"<{n_full * block_size}I", *token_ids[: n_full * block_size])
+    data = _le_u32(token_ids[: n_full * block_size])
     width = block_size * 4
     hashes: list[bytes] = []
     parent = b""
