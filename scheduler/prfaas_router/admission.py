@@ -38,6 +38,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import structlog
 from aiohttp import web
 
 from prfaas_core import names
@@ -48,6 +49,8 @@ from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
 
 from .http_util import json_error
 from .metrics import RouterMetrics
+
+log = structlog.get_logger("prfaas.router.admission")
 
 REPORT_MAX_AGE_S = 10.0
 """A router's available-bandwidth report counts this long (model seconds); after it the capacity stands again."""
@@ -284,4 +287,14 @@ def admission_for(
     fresh = LinkAdmission(spec, link, config.scale.time_scale, metrics)
     if current is not None and current.spec == spec and current.params == fresh.params:
         return current
+    share = fresh.params.cap_gbps
+    if spec.replicas > 1 and spec.pull_gbps is not None and spec.pull_gbps > share:
+        log.warning(
+            "one pull is faster than this replica's share of the cap: each replica lets one pull at a time, so "
+            "the replicas together can pass the cap; run one gateway replica on this link",
+            link=spec.link,
+            pull_gbps=spec.pull_gbps,
+            share_gbps=round(share, 3),
+            replicas=spec.replicas,
+        )
     return fresh
