@@ -83,8 +83,12 @@ COUNTED = {
     names.METRIC_GATEWAY_ADMISSIONS: ("result",),
     names.METRIC_GATEWAY_ADMISSION_WAIT_SECONDS + "_sum": (),
     names.METRIC_GATEWAY_ADMISSION_WAIT_SECONDS + "_count": (),
+    names.METRIC_GATEWAY_PULLS: ("end",),
+    names.METRIC_GATEWAY_PULL_HOLD_SECONDS + "_sum": (),
+    names.METRIC_GATEWAY_PULL_HOLD_SECONDS + "_count": (),
 }
-"""What our router and gateway count per probe: decisions by reason, fallbacks, link waits and admissions."""
+"""What our router and gateway count per probe: decisions by reason, fallbacks, link waits, admissions, pulls
+reported over or leased out, and how long answers were held for room on the wire."""
 
 
 def scrape(urls: list[str], headers: dict[str, str]) -> dict[str, float]:
