@@ -26,3 +26,9 @@ class LegHost(Protocol):
     def legs(self) -> LegSession:
         """The open HTTP session of the legs (raises when the proxy's app has not opened it)."""
         ...
+
+
+def remote_auth(proxy: LegHost, remote: str) -> dict[str, str]:
+    """The bearer-token header for a call to ``remote``'s gateway (empty when it has no token)."""
+    token = proxy.remote_tokens.get(remote)
+    return {"Authorization": f"Bearer {token}"} if token else {}

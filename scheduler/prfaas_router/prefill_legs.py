@@ -16,7 +16,7 @@ from prfaas_core.policy.routing import RouteDecision
 from . import link_wait
 from .aborts import SideLost, remote_side
 from .http_util import JSON_CONTENT, json_bytes
-from .leg_host import LegHost
+from .leg_host import LegHost, remote_auth
 from .legs import LINK_HEADER, LegError, kv_handle, prefill_body, reported_prompt_tokens
 from .runtime import LocalPlan
 from .security import RequestIds, gateway_body
@@ -42,9 +42,7 @@ async def remote_prefill(
     if max_wait_s < float("inf"):
         avail = rt.available.get(remote.link)
         headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s, avail, max_ttft_s))
-    token = proxy.remote_tokens.get(remote.name)
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    headers.update(remote_auth(proxy, remote.name))
     headers["Content-Type"] = JSON_CONTENT
     timeout = aiohttp.ClientTimeout(total=remote.timeout_seconds, sock_connect=5.0)
     now = rt.clock()

@@ -321,8 +321,7 @@ class Proxy:
                 # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
                 limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
                 chunks, first = await self._open_decode(leg, kv, request_id, limit)
-                rt.finish_transfer(request_id.key, pulled=kv_crosses_link)
-                release.report_pull_over(self, request_id.key)
+                self._transfer_over(request_id.key, pulled=kv_crosses_link)
                 if not body.get("stream"):
                     return await answer_whole(self.metrics, leg, chunks, first, prefilled, self.rt.compiled.config.slo)
                 return await answer_stream(self.metrics, leg, chunks, first, self.rt.compiled.config.slo)
@@ -330,9 +329,15 @@ class Proxy:
             self.metrics.requests.labels(route, "cancelled").inc()
             raise
         finally:
-            rt.finish_transfer(request_id.key)
-            release.report_pull_over(self, request_id.key)
+            self._transfer_over(request_id.key)
             leg.close()
+
+    def _transfer_over(self, key: str, pulled: bool = False) -> None:
+        """The request's KV stream is over (its decode's first byte, or the decode ended): the router's ledger
+        and link estimator learn it (:meth:`Runtime.finish_transfer`), and the gateway that let its pull onto
+        the wire is told (:func:`.release.report_pull_over`). Both are once per stream."""
+        self.rt.finish_transfer(key, pulled=pulled)
+        release.report_pull_over(self, key)
 
     async def _open_decode(
         self, leg: DecodeLeg, kv: dict[str, Any] | None, request_id: RequestIds, limit: float | None

@@ -25,7 +25,7 @@ import structlog
 from prfaas_core import names
 
 from .http_util import JSON_CONTENT, json_bytes
-from .leg_host import LegHost
+from .leg_host import LegHost, remote_auth
 from .runtime import EngineLoad
 from .security import RequestIds
 
@@ -112,12 +112,10 @@ async def _report(proxy: LegHost, remote_name: str, pull_id: str) -> None:
     remote = next((r for r in proxy.rt.compiled.remotes if r.name == remote_name), None)
     if remote is None:
         return
-    token = proxy.remote_tokens.get(remote.name)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with proxy.legs.post(
             f"{remote.url}{names.PULL_DONE_PATH.format(pull_id=pull_id)}",
-            headers=headers,
+            headers=remote_auth(proxy, remote.name),
             timeout=aiohttp.ClientTimeout(total=PULL_REPORT_TIMEOUT_S),
             ssl=proxy.remote_tls.get(remote.name, True),
         ) as resp:

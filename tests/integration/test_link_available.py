@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 from router_stack import TIME_SCALE, start_stack
-from testbed_support import http, metric_value, processes, wait_for
+from testbed_support import counter, http, metric_value, processes, wait_for
 
 from prfaas_core import names
 
@@ -28,13 +28,6 @@ BURST = 0.10
 def prompt(tokens: int) -> str:
     head = uuid.uuid4().hex
     return head + "x" * (tokens * 4 - len(head))
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    try:
-        return metric_value(httpx.get(url + "/metrics", timeout=5).text, name, labels)
-    except KeyError:
-        return 0.0
 
 
 def test_a_squeezed_link_lowers_the_cap_and_raises_t_within_seconds(tmp_path: Path) -> None:
@@ -55,9 +48,9 @@ def test_a_squeezed_link_lowers_the_cap_and_raises_t_within_seconds(tmp_path: Pa
         for _ in range(3):
             client_body = {"model": "m", "prompt": prompt(PROMPT_TOKENS), "max_tokens": 2}
             assert http("POST", router + "/v1/completions", client_body, timeout_s=60)[0] == 200
-        assert metric(router, names.METRIC_ROUTER_LINK_AVAILABLE_SOURCE, **LINK, source="configured") == 1
-        t_before = metric(router, names.METRIC_ROUTER_THRESHOLD_TOKENS)
-        cap_before = metric(router, names.METRIC_ROUTER_LINK_CAP_GBPS, **LINK)
+        assert counter(router, names.METRIC_ROUTER_LINK_AVAILABLE_SOURCE, **LINK, source="configured") == 1
+        t_before = counter(router, names.METRIC_ROUTER_THRESHOLD_TOKENS)
+        cap_before = counter(router, names.METRIC_ROUTER_LINK_CAP_GBPS, **LINK)
         assert http("POST", link + "/admin/link", {"capacity_gbps": SQUEEZED_GBPS})[0] == 200
         squeezed_at = time.monotonic()
         windows: list[float] = []
@@ -65,13 +58,13 @@ def test_a_squeezed_link_lowers_the_cap_and_raises_t_within_seconds(tmp_path: Pa
         for t in threads:
             t.start()
         try:
-            last = (time.monotonic(), metric(link, names.METRIC_LINK_EGRESS_BYTES, **LINK))
+            last = (time.monotonic(), counter(link, names.METRIC_LINK_EGRESS_BYTES, **LINK))
 
             def followed() -> bool:
                 nonlocal last
                 now = time.monotonic()
                 if now - last[0] >= 1.0:  # one 1-s window of the relay's own byte count (model bytes)
-                    sent = metric(link, names.METRIC_LINK_EGRESS_BYTES, **LINK)
+                    sent = counter(link, names.METRIC_LINK_EGRESS_BYTES, **LINK)
                     windows.append((sent - last[1]) * 8 / 1e9 / ((now - last[0]) * TIME_SCALE))
                     last = (now, sent)
                 # one scrape: the estimate, the cap it bounds and t at the same moment (the estimate moves with

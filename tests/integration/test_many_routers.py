@@ -12,10 +12,9 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 from router_stack import GATEWAY_AUTH, TIME_SCALE, start_stack
-from testbed_support import PRFAAS, free_port, http, metric_value, processes, wait_for
+from testbed_support import PRFAAS, counter, free_port, http, processes, wait_for
 
 from prfaas_core import names
 from prfaas_core.capacity.kv import kv_model_from_profile
@@ -31,13 +30,6 @@ LINK = {"link": "a-to-b"}
 def prompt(tokens: int) -> str:
     head = uuid.uuid4().hex
     return head + "x" * (tokens * 4 - len(head))
-
-
-def metric(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
-    try:
-        return metric_value(httpx.get(url + "/metrics", timeout=5, headers=headers).text, name, labels)
-    except KeyError:
-        return 0.0
 
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
@@ -82,7 +74,7 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
 
         threads = [threading.Thread(target=client, args=(r,), daemon=True) for r in routers for _ in range(3)]
         windows: list[float] = []
-        last = (time.monotonic(), metric(link, names.METRIC_LINK_EGRESS_BYTES, **LINK))
+        last = (time.monotonic(), counter(link, names.METRIC_LINK_EGRESS_BYTES, **LINK))
         for t in threads:
             t.start()
         try:
@@ -91,7 +83,7 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
                 nonlocal last
                 now = time.monotonic()
                 if now - last[0] >= 1.0:
-                    sent = metric(link, names.METRIC_LINK_EGRESS_BYTES, **LINK)
+                    sent = counter(link, names.METRIC_LINK_EGRESS_BYTES, **LINK)
                     windows.append((sent - last[1]) * 8 / 1e9 / ((now - last[0]) * TIME_SCALE))
                     last = (now, sent)
                 return len(windows) >= 5
@@ -104,12 +96,12 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
         pull_gbit = KV.kv_bytes(TOKENS) * 8 / 1e9
         allowed = CAP_GBPS + replicas * pull_gbit / TIME_SCALE  # one pull per replica may land at wire speed
         booked = sum(
-            metric(g, names.METRIC_GATEWAY_ADMISSIONS, GATEWAY_AUTH, **LINK, result="booked") for g in gateways
+            counter(g, names.METRIC_GATEWAY_ADMISSIONS, GATEWAY_AUTH, **LINK, result="booked") for g in gateways
         )
         declined = sum(
-            metric(g, names.METRIC_GATEWAY_ADMISSIONS, GATEWAY_AUTH, **LINK, result="link_window") for g in gateways
+            counter(g, names.METRIC_GATEWAY_ADMISSIONS, GATEWAY_AUTH, **LINK, result="link_window") for g in gateways
         )
-        remote = sum(metric(r, "prfaas_router_requests_total", route="remote", outcome="ok") for r in routers)
+        remote = sum(counter(r, "prfaas_router_requests_total", route="remote", outcome="ok") for r in routers)
         print(
             f"replicas={replicas}: {len(statuses)} answered, {remote:.0f} remote, gateway booked {booked:.0f} / "
             f"declined {declined:.0f}; egress windows {[round(w, 3) for w in windows]} Gbps (cap {CAP_GBPS}, "
@@ -120,7 +112,7 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
         assert max(windows) <= allowed, (windows, allowed)
 
         def pulls(end: str) -> float:
-            return sum(metric(g, names.METRIC_GATEWAY_PULLS, GATEWAY_AUTH, **LINK, end=end) for g in gateways)
+            return sum(counter(g, names.METRIC_GATEWAY_PULLS, GATEWAY_AUTH, **LINK, end=end) for g in gateways)
 
         # every remote request's router told the gateway when its pull was over (none waited out a lease)
         wait_for(lambda: pulls("reported") >= remote, 30, f"{remote:.0f} pulls reported over")
