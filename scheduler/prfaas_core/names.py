@@ -79,7 +79,12 @@ HEADER_PULL_ID: Final = "x-prfaas-pull-id"
 pull fits on the wire next to the pulls already there, and counts it there until the caller reports it over
 (:data:`PULL_DONE_PATH`, when its decode holds the KV) or its lease runs out."""
 PULL_DONE_PATH: Final = "/v1/prfaas/pulls/{pull_id}/done"
-"""The gateway path (POST, bearer token) a router reports a pull over on: the link's next pull may start."""
+"""The gateway path (POST, bearer token) a router reports a pull over on: the link's next pull may start. A replica
+that did not let the pull on forwards the report to its peer that did (the id names it)."""
+LOANS_PATH: Final = "/v1/prfaas/links/{link}/loans"
+"""Between gateway replicas (POST, bearer token): lend the caller a fraction of this replica's share of ``link``
+(:class:`~prfaas_core.policy.link_shares.LinkShares`); ``DELETE`` :data:`LOAN_PATH` gives it back."""
+LOAN_PATH: Final = "/v1/prfaas/links/{link}/loans/{loan_id}"
 REASON_WAIT_FOR_LINK: Final = "wait_for_link"
 """The routing decision kind of a request that waited for a later link window."""
 
@@ -172,6 +177,13 @@ so) or ``lease`` (no report in time: a router that does not report, or died)."""
 METRIC_GATEWAY_PULL_HOLD_SECONDS: Final = "prfaas_gateway_pull_hold_seconds"
 """(gateway) Histogram of how long prefill answers were held (model seconds) until their pull fit on the wire next
 to the pulls already there, by ``link``."""
+METRIC_GATEWAY_LINK_SHARE: Final = "prfaas_gateway_link_share"
+"""(gateway) This replica's share of the link's ceiling now (0-1: its ``1 / replicas``, less what it lent to its
+peers, plus what it borrowed), by ``link``."""
+METRIC_GATEWAY_LOANS: Final = "prfaas_gateway_loans_total"
+"""(gateway) Share loans between gateway replicas, by ``link`` and ``result``: ``borrowed``, ``lent``, ``refused``
+(the peer had nothing free), ``unreachable`` (a peer did not answer), ``expired`` (a loan's lease ran out before the
+borrower gave it back)."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
 METRIC_LINK_UTILIZATION: Final = "prfaas_link_utilization_ratio"
 METRIC_LINK_SCARCE: Final = "prfaas_link_scarce"
@@ -278,6 +290,8 @@ EXPORTERS: Final[dict[str, Exporter]] = {
     METRIC_GATEWAY_LINK_AVAILABLE_GBPS: "gateway",
     METRIC_GATEWAY_PULLS: "gateway",
     METRIC_GATEWAY_PULL_HOLD_SECONDS: "gateway",
+    METRIC_GATEWAY_LINK_SHARE: "gateway",
+    METRIC_GATEWAY_LOANS: "gateway",
     **{
         name: "emulator"
         for name in (

@@ -24,10 +24,15 @@ from their pulls' timing) and send it along while it bounds the configured capac
 ``prfaas_gateway_link_available_gbps{link,source}`` next to ``prfaas_gateway_admissions_total{link,result}`` and
 ``prfaas_gateway_admission_wait_seconds{link}``.
 
-**Gateway replicas.** Each of N replicas books ``cap / N`` (``gateway.admission.replicas``): no Lease and no
-forwarding on the hot path, and the replicas' bookings can never sum past the cap; the price is that one
-replica cannot borrow another's idle share (a Lease-holding owner of the whole calendar would, at the cost of a
-forwarding hop and a single point of failure). Time is model time (``scale.timeScale``).
+**Gateway replicas.** Each of N replicas (``gateway.admission.replicas``) starts with ``1 / N`` of the link's
+ceiling (:class:`~prfaas_core.policy.link_shares.LinkShares`); the calendar plans in that share. A pull that does not
+fit in the replica's share on the wire borrows what it misses from the peers' idle shares (``gateway.admission.peers``,
+:data:`~prfaas_core.names.LOANS_PATH`) and gives it back when the pull is over, so the replicas' pulls on the wire
+never sum past the ceiling, whichever replica each passed. All or nothing: a round that gathers less than the pull
+misses gives everything back at once and waits. The oldest held answer of all replicas goes first: a peer with an
+older one refuses to lend and holds its own younger answers back while that peer asks. No Lease and no owner: a
+replica that loses its peers keeps its own share (exact, slower). Without peers, a pull faster than the share goes
+alone in it, so the replicas together may pass the cap (warned at start). Time is model time (``scale.timeScale``).
 """
 
 from __future__ import annotations
@@ -35,9 +40,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import httpx
 import structlog
 from aiohttp import web
 
@@ -45,6 +53,7 @@ from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
 from prfaas_core.policy.link_calendar import Window, booked_gbps, ceiling_gbps, earliest_window
 from prfaas_core.policy.link_estimate import Available
+from prfaas_core.policy.link_shares import EPS, LinkShares
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
 
 from .http_util import json_error
@@ -59,7 +68,79 @@ LEASE_GRACE_S = 2.0
 """A pull let onto the wire counts there until reported over, or for ``LEASE_FACTOR`` x its booked span +
 ``LEASE_GRACE_S`` (model seconds) at most: a router that never reports (or died) cannot hold the link."""
 RECHECK_S = 0.5
-"""A held answer re-checks the wire at least this often (wall seconds): the ceiling can rise without a pull ending."""
+"""A held answer re-checks the wire at least this often (wall seconds): the ceiling can rise without a pull ending,
+and a peer's share can free up."""
+LOAN_GRACE_WALL_S = 2.0
+"""A lender keeps a loan out this much longer than the pull lease the borrower asked it for (wall seconds): the
+borrower's pull lease starts after the loan's answer reached it."""
+PEER_RECHECK_S = 0.1
+"""With peers, a held answer re-checks at least this often (wall seconds): only a replica's oldest calls them."""
+PEER_TIMEOUT_S = 1.0
+"""A call between gateway replicas (wall seconds); a peer that does not answer in time lends nothing."""
+
+
+class PeerLoans:
+    """The calls a replica makes to its peers (:data:`~prfaas_core.names.LOANS_PATH`) with the gateway's own bearer
+    token. A peer that answers 409 is this replica (``peers`` may list every replica): it is skipped from then on."""
+
+    def __init__(self, urls: list[str], token: Callable[[], bytes | None], ca_file: str | None = None) -> None:
+        self.urls = list(urls)
+        self.token = token
+        self.ids: dict[str, str] = {}
+        """Peer URL -> its replica id, learned from its answers."""
+        self.self_urls: set[str] = set()
+        self.http = httpx.AsyncClient(timeout=PEER_TIMEOUT_S, verify=ca_file or True)
+
+    def others(self) -> list[str]:
+        return [u for u in self.urls if u not in self.self_urls]
+
+    def _headers(self) -> dict[str, str]:
+        token = self.token()
+        return {"Authorization": f"Bearer {token.decode()}"} if token else {}
+
+    async def ask(
+        self, url: str, link: str, fraction: float, lease_s: float, replica: str, held_at: float
+    ) -> tuple[str, float] | None:
+        """Ask ``url`` to lend up to ``fraction``: ``(loan id, granted)``, or None (unreachable, or itself)."""
+        body = {"fraction": fraction, "leaseS": lease_s, "replica": replica, "heldAt": held_at}
+        try:
+            resp = await self.http.post(url + names.LOANS_PATH.format(link=link), json=body, headers=self._headers())
+        except httpx.HTTPError as exc:
+            log.warning("gateway peer unreachable: it lends nothing", peer=url, error=exc.__class__.__name__)
+            return None
+        if resp.status_code == 409:
+            self.self_urls.add(url)
+            return None
+        if resp.status_code != 200:
+            log.warning("gateway peer refused a loan request", peer=url, status=resp.status_code)
+            return None
+        answer = resp.json()
+        self.ids[url] = str(answer.get("replica", ""))
+        return str(answer["loanId"]), float(answer["granted"])
+
+    async def give_back(self, url: str, link: str, loan_id: str) -> None:
+        """Best effort: a loan not given back returns to its lender when its lease runs out."""
+        with contextlib.suppress(httpx.HTTPError):
+            await self.http.delete(url + names.LOAN_PATH.format(link=link, loan_id=loan_id), headers=self._headers())
+
+    async def report_done(self, pull_id: str) -> httpx.Response | None:
+        """Forward a pull report to the peer whose id the pull's id names (None: no such peer known)."""
+        owner = pull_id.split(".", 1)[0]
+        for url, rid in self.ids.items():
+            if rid == owner:
+                with contextlib.suppress(httpx.HTTPError):
+                    path = names.PULL_DONE_PATH.format(pull_id=pull_id)
+                    return await self.http.post(url + path, headers=self._headers())
+        return None
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+def _params(link: RouterLink, share: float) -> LinkParams:
+    return LinkParams(
+        link.name, link.capacity_gbps * share, link.max_utilization, link.scarce_watermark, link.abundant_watermark
+    )
 
 
 @dataclass
@@ -72,21 +153,37 @@ class LinkAdmission:
     """One gateway replica's share of its link's calendar."""
 
     def __init__(
-        self, spec: GatewayAdmission, link: RouterLink, time_scale: float, metrics: RouterMetrics | None = None
+        self,
+        spec: GatewayAdmission,
+        link: RouterLink,
+        time_scale: float,
+        metrics: RouterMetrics | None = None,
+        replica: str = "",
+        peers: PeerLoans | None = None,
     ) -> None:
         self.spec = spec
         self.time_scale = time_scale
         self.metrics = metrics
+        self.replica = replica or os.urandom(6).hex()
+        """This replica's id: the prefix of its pulls' ids, and how it recognises itself among ``peers``."""
+        self.peers = peers
         self._reports: dict[float, float] = {}
         """Routers' available-bandwidth reports: model time -> Gbps (the whole link's)."""
-        share = self.share = 1.0 / spec.replicas
-        self.params = LinkParams(
-            link.name,
-            link.capacity_gbps * share,
-            link.max_utilization,
-            link.scarce_watermark,
-            link.abundant_watermark,
-        )
+        self.share = 1.0 / spec.replicas
+        self.whole = _params(link, 1.0)
+        self.params = _params(link, self.share)
+        """This replica's base share: what its calendar plans in."""
+        self.shares = LinkShares(spec.replicas, peers=bool(spec.peers))
+        self._loans_of: dict[str, list[tuple[str, str]]] = {}
+        """A pull's borrowed loans: key -> [(lender URL, loan id)]."""
+        self._held_since: dict[str, float] = {}
+        """Held answers: key -> when held from, Unix time (one order across replicas and hosts: the oldest goes
+        first; a clock skew between hosts shifts the turns, never stops them)."""
+        self._older_peer_until = 0.0
+        """Model time until which a peer holds an older answer than any here: this replica's own wait."""
+        self._wire_lock = asyncio.Lock()
+        if metrics is not None:
+            metrics.gateway_link_share.labels(self.link).set(self.shares.base)
         self.ledger = EgressLedger(expire_s=600.0)
         self.waiting = 0
         self.holding = 0
@@ -112,14 +209,16 @@ class LinkAdmission:
         if value is not None:
             self._reports[now_s] = float(value)
 
-    def available(self, now_s: float) -> Available:
-        """The lowest fresh report (this replica books its share of it), or no bound."""
+    def available(self, now_s: float, share: float | None = None) -> Available:
+        """The lowest fresh report (this replica books ``share`` of it, default its base share), or no bound."""
         for t in [t for t in self._reports if now_s - t > REPORT_MAX_AGE_S]:
             del self._reports[t]
         if not self._reports:
             return Available()
         low = min(self._reports.values())
-        return Available(low * self.share, "streams", f"routers report {low:.3g} Gbps available")
+        return Available(
+            low * (self.share if share is None else share), "streams", f"routers report {low:.3g} Gbps available"
+        )
 
     def _count(self, result: str) -> None:
         if self.metrics is not None:
@@ -214,11 +313,93 @@ class LinkAdmission:
         """The pulls let onto the wire and not yet over (their booked rates)."""
         return sum(self._on_wire.values())
 
-    def _fits(self, rate: float, now_s: float) -> bool:
-        """A pull at ``rate`` fits on the wire now: next to the pulls there, under the ceiling; alone, always
-        (a ceiling below one pull's speed lets one at a time, or none would ever run)."""
-        ceiling = ceiling_gbps(self.ledger, now_s, self.available(now_s).bound(self.params))
-        return not self._on_wire or self.on_wire_gbps() + rate <= ceiling + 1e-9
+    def ceiling_gbps(self, now_s: float) -> float:
+        """The whole link's ceiling now (all replicas' pulls on the wire together stay under it)."""
+        return ceiling_gbps(self.ledger, now_s, self.available(now_s, 1.0).bound(self.whole))
+
+    def _need(self, rate: float, now_s: float) -> float:
+        """The share of the link a pull at ``rate`` misses to go on the wire now (0: it fits in this replica's
+        share, next to its pulls there)."""
+        return self.shares.need(self.on_wire_gbps(), rate, self.ceiling_gbps(now_s), now_s)
+
+    def _set_share(self, now_s: float) -> None:
+        for loan_id in self.shares.expire(now_s):
+            self._loan_count("expired")
+            log.warning("a share loan's lease ran out before its borrower gave it back", link=self.link, loan=loan_id)
+        if self.metrics is not None:
+            self.metrics.gateway_link_share.labels(self.link).set(self.shares.fraction(now_s))
+
+    def _loan_count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.gateway_loans.labels(self.link, result).inc()
+
+    def _oldest_held(self) -> float | None:
+        return min(self._held_since.values(), default=None)
+
+    def lend(self, borrower: str, wanted: float, lease_s: float, held_at: float, now_s: float) -> tuple[str, float]:
+        """A peer asks for up to ``wanted`` of this replica's share for a pull (lease ``lease_s``), its oldest answer
+        held since ``held_at`` (Unix time): the loan's id and the granted fraction (0: refused). An older answer held
+        here goes first (ties: the lower replica id); while the peer still misses some, this replica's own answers
+        wait."""
+        self._set_share(now_s)
+        oldest = self._oldest_held()
+        if oldest is not None and (oldest, self.replica) < (held_at, borrower):
+            self._loan_count("refused")
+            return "", 0.0
+        loan_id = f"{self.replica}.loan-{os.urandom(8).hex()}"
+        until = now_s + lease_s + LOAN_GRACE_WALL_S * self.time_scale
+        free = self.shares.free(self.on_wire_gbps(), self.ceiling_gbps(now_s), now_s)
+        granted = self.shares.lend(loan_id, wanted, free, borrower, until)
+        # short: the peer comes back for the rest (all or nothing); meanwhile this replica's own answers wait
+        self._older_peer_until = now_s + (1.5 * RECHECK_S * self.time_scale if granted < wanted - EPS else 0.0)
+        self._loan_count("lent" if granted > 0 else "refused")
+        self._set_share(now_s)
+        return loan_id, granted
+
+    def repaid(self, loan_id: str, now_s: float) -> bool:
+        """A borrower gave ``loan_id`` back: this replica's held answers may fit now."""
+        if not self.shares.repaid(loan_id):
+            return False
+        self._set_share(now_s)
+        self._changed.set()
+        return True
+
+    async def _borrow(self, key: str, rate: float, lease_s: float, now_s: float) -> bool:
+        """Gather what the pull ``key`` misses from the peers, all or nothing: True when it now fits."""
+        if self.peers is None:
+            return False
+        held_at = self._oldest_held() or time.time()  # this replica's turn: its oldest held answer's
+        for url in self.peers.others():
+            missing = self._need(rate, now_s)
+            if missing <= EPS:
+                break
+            got = await self.peers.ask(url, self.link, missing, lease_s, self.replica, held_at)
+            if got is None:
+                if url not in self.peers.self_urls:
+                    self._loan_count("unreachable")
+                continue
+            loan_id, granted = got
+            if granted <= EPS:
+                continue
+            self.shares.borrow(loan_id, granted, url)
+            self._loans_of.setdefault(key, []).append((url, loan_id))
+            self._loan_count("borrowed")
+        if self._need(rate, now_s) <= EPS:
+            self._set_share(now_s)
+            return True
+        self._give_back(key)
+        return False
+
+    def _give_back(self, key: str) -> None:
+        """Stop using the pull ``key``'s loans now, and tell their lenders (in the background)."""
+        loans = self._loans_of.pop(key, [])
+        if not loans:
+            return
+        self.shares.give_back([loan_id for _, loan_id in loans])
+        if self.peers is not None:
+            peers = self.peers
+            for url, loan_id in loans:
+                asyncio.get_running_loop().create_task(peers.give_back(url, self.link, loan_id))
 
     async def release(self, booking: Booking, ok: bool, clock: Callable[[], float]) -> str | None:
         """The prefill answered. A pull-after-prefill stream starts when the caller gets the answer, so the answer
@@ -232,26 +413,52 @@ class LinkAdmission:
         if not ok or self.spec.stream_timing == "layer-wise" or span <= 0:
             self.ledger.finish(key)
             return None
+        # on the wire a pull runs at what one pull achieves, whatever rate its window was planned at in the share
+        rate = max(w.rate_gbps, self.spec.pull_gbps or 0.0)
         held_from = clock()
         self.holding += 1
+        self._held_since[key] = time.time()
+        lease = span * LEASE_FACTOR + LEASE_GRACE_S
         try:
-            while not self._fits(w.rate_gbps, clock()):
+            while not await self._onto_wire(key, rate, lease, clock):
                 self._changed.clear()
-                with contextlib.suppress(TimeoutError):  # the ceiling may also rise (a fresher report)
-                    await asyncio.wait_for(self._changed.wait(), RECHECK_S)
+                # the ceiling may also rise (a fresher report), and a peer's share free up (it tells nobody)
+                recheck = RECHECK_S if self.peers is None else min(RECHECK_S, PEER_RECHECK_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), recheck)
         except BaseException:  # the caller went away while held: no pull will come
+            self._give_back(key)
             self.ledger.finish(key)
             raise
         finally:
             self.holding -= 1
+            self._held_since.pop(key, None)
         now = clock()
         if self.metrics is not None:
             self.metrics.gateway_pull_hold.labels(self.link).observe(now - held_from)
-        self._on_wire[key] = w.rate_gbps
+        self._on_wire[key] = rate
         self.ledger.reserve(key, Transfer(w.bytes, now, 0.0, -1, 0.0, span))
-        lease = span * LEASE_FACTOR + LEASE_GRACE_S
         self._leases[key] = asyncio.get_running_loop().call_later(lease / self.time_scale, self._over, key, "lease")
         return key
+
+    async def _onto_wire(self, key: str, rate: float, lease_s: float, clock: Callable[[], float]) -> bool:
+        """Whether the pull ``key`` may go on the wire now, borrowing from the peers what it misses. One answer at a
+        time; only this replica's oldest held answer borrows (the replicas take turns by their oldest answers);
+        none goes while a peer with an older one still misses some of this replica's share."""
+        async with self._wire_lock:
+            now = clock()
+            self._set_share(now)
+            if now < self._older_peer_until:
+                return False  # a peer's older answer goes first: this replica's share stays free for it
+            if self._need(rate, now) <= EPS:
+                return True
+            if self._held_since.get(key) != self._oldest_held():
+                return False
+            return await self._borrow(key, rate, lease_s, now)
+
+    def pull_id(self) -> str:
+        """A fresh pull key: this replica's id first, so a peer can forward a report that reached it."""
+        return f"{self.replica}.gw-{os.urandom(12).hex()}"
 
     def pulled(self, key: str) -> bool:
         """The caller reports the pull ``key`` over; False when it is not on the wire (unknown, or its lease ran
@@ -265,6 +472,7 @@ class LinkAdmission:
         if lease is not None:
             lease.cancel()
         self.ledger.finish(key)
+        self._give_back(key)
         self._changed.set()
         if self.metrics is not None:
             self.metrics.gateway_pulls.labels(self.link, end).inc()
@@ -272,10 +480,15 @@ class LinkAdmission:
 
 
 def admission_for(
-    config: RouterConfig, current: LinkAdmission | None, metrics: RouterMetrics | None = None
+    config: RouterConfig,
+    current: LinkAdmission | None,
+    metrics: RouterMetrics | None = None,
+    replica: str = "",
+    token: Callable[[], bytes | None] = lambda: None,
 ) -> LinkAdmission | None:
     """The gateway's admission for ``config`` (None: not configured); the current one (and its calendar) is
-    kept while its spec, link and scale are unchanged."""
+    kept while its spec, link and scale are unchanged. ``replica``: this gateway's id among its peers; ``token``:
+    its bearer token now (its peers accept the same)."""
     gw = config.gateway
     if gw is None or gw.admission is None:
         return None
@@ -284,14 +497,18 @@ def admission_for(
     if spec.link not in links:
         raise ValueError(f"gateway.admission.link: {spec.link!r} is not one of links[].name")
     link = links[spec.link]
-    fresh = LinkAdmission(spec, link, config.scale.time_scale, metrics)
-    if current is not None and current.spec == spec and current.params == fresh.params:
+    whole = _params(link, 1.0)
+    if current is not None and current.spec == spec and current.whole == whole:
         return current
+    fresh = LinkAdmission(spec, link, config.scale.time_scale, metrics, replica)
+    if spec.peers:
+        fresh.peers = PeerLoans(spec.peers, token, spec.peer_ca_file)
     share = fresh.params.cap_gbps
-    if spec.replicas > 1 and spec.pull_gbps is not None and spec.pull_gbps > share:
+    if spec.replicas > 1 and not spec.peers and spec.pull_gbps is not None and spec.pull_gbps > share:
         log.warning(
-            "one pull is faster than this replica's share of the cap: each replica lets one pull at a time, so "
-            "the replicas together can pass the cap; run one gateway replica on this link",
+            "one pull is faster than this replica's share of the cap and no peers are configured to lend theirs: "
+            "each replica lets one pull at a time, so the replicas together can pass the cap; list the replicas "
+            "in gateway.admission.peers, or run one gateway replica on this link",
             link=spec.link,
             pull_gbps=spec.pull_gbps,
             share_gbps=round(share, 3),

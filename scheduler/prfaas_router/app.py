@@ -75,13 +75,13 @@ def create_app(
     )
     proxy = Proxy(runtime, http, metrics)
     proxy.models = models
-    gateway = Gateway(runtime, http, metrics)
-    gateway_mode = config.mode == "gateway"
-    if gateway_mode:
-        metrics.drop_router_series()
     security = SecurityMetrics(metrics.registry)
     sec = config.security
     auth = TokenAuth(config.gateway.token_file if config.gateway else None, security, sec.token_overlap_seconds, clock)
+    gateway = Gateway(runtime, http, metrics, token=lambda: auth.token)
+    gateway_mode = config.mode == "gateway"
+    if gateway_mode:
+        metrics.drop_router_series()
     hygiene = Hygiene(sec, metrics.registry)
     middlewares = [hygiene.middleware()]
     if gateway_mode:
@@ -155,6 +155,7 @@ def create_app(
         await task
         await creds
         await proxy.shutdown()
+        await gateway.aclose()
         await http.aclose()
 
     app.cleanup_ctx.append(background)
@@ -168,6 +169,8 @@ def create_app(
     app.router.add_get("/status", gateway.status)
     if gateway_mode:
         app.router.add_post(names.PULL_DONE_PATH, gateway.pull_done)
+        app.router.add_post(names.LOANS_PATH, gateway.lend)
+        app.router.add_delete(names.LOAN_PATH, gateway.repay)
     return app
 
 

@@ -10,8 +10,12 @@ prefill throughput over the last window), which region B's routers and operator 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
 import os
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,8 +42,18 @@ WINDOW_S = 10.0
 
 
 class Gateway:
-    def __init__(self, runtime: Runtime, http: httpx.AsyncClient, metrics: RouterMetrics | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        http: httpx.AsyncClient,
+        metrics: RouterMetrics | None = None,
+        token: Callable[[], bytes | None] = lambda: None,
+    ) -> None:
         self.rt = runtime
+        self.token = token
+        """The bearer token callers send now (:mod:`.security`'s): the replicas' calls to each other send it too."""
+        self.replica = os.urandom(6).hex()
+        """This process's id among its gateway peers."""
         self.http = http
         self.metrics = metrics or RouterMetrics()
         self.egress_bytes: dict[str, float] = {}
@@ -52,7 +66,15 @@ class Gateway:
 
     def reload_secrets(self) -> None:
         """After a config reload: the link admission (the token is :mod:`.security`'s, reloaded on its own)."""
-        self.admission = admission_for(self.rt.compiled.config, self.admission, self.metrics)
+        old = self.admission
+        self.admission = admission_for(self.rt.compiled.config, old, self.metrics, self.replica, self.token)
+        if old is not None and old is not self.admission and old.peers is not None:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing was ever sent on it
+                asyncio.get_running_loop().create_task(old.peers.aclose())
+
+    async def aclose(self) -> None:
+        if self.admission is not None and self.admission.peers is not None:
+            await self.admission.peers.aclose()
 
     async def prefill(self, request: web.Request) -> web.Response:
         raw = await request.read()
@@ -80,7 +102,7 @@ class Gateway:
         if self.admission is not None:
             self.admission.set_lanes(self.status_model().ready_instances)
             uncached = len(ids) - max(hits.values(), default=0)
-            key = f"gw-{os.urandom(12).hex()}"  # the gateway's own id: callers sharing an x-request-id stay apart
+            key = self.admission.pull_id()  # the gateway's own id: callers sharing an x-request-id stay apart
             prefill_s = c.prfaas.prefill_seconds(float(max(uncached, 1)))
             verdict = self.admission.decide(
                 key, request.headers, c.kv.block_kv_bytes(len(ids)), prefill_s, rt.model_now()
@@ -101,13 +123,55 @@ class Gateway:
         return resp
 
     async def pull_done(self, request: web.Request) -> web.Response:
-        """A router reports a pull over (its decode holds the KV): the link's next pull may start."""
+        """A router reports a pull over (its decode holds the KV): the link's next pull may start. A report that
+        reached the wrong replica (behind one Service) is forwarded to the peer whose id the pull's id starts with."""
         pull_id = request.match_info["pull_id"]
-        if self.admission is None:
+        adm = self.admission
+        if adm is None:
             return json_error(404, "this gateway schedules no link: there are no pulls to report")
-        if not self.admission.pulled(pull_id):
+        if not adm.pulled(pull_id):
+            owner = pull_id.split(".", 1)[0]
+            if owner != adm.replica and adm.peers is not None:
+                resp = await adm.peers.report_done(pull_id)
+                if resp is not None:
+                    return web.Response(body=resp.content, status=resp.status_code, content_type="application/json")
             return json_error(404, f"pull {pull_id!r} is not on the wire (unknown, reported, or its lease ran out)")
-        return web.json_response({"pull": pull_id, "onWireGbps": self.admission.on_wire_gbps()})
+        return web.json_response({"pull": pull_id, "onWireGbps": adm.on_wire_gbps()})
+
+    def _admission_of(self, request: web.Request) -> LinkAdmission | web.Response:
+        link = request.match_info["link"]
+        adm = self.admission
+        if adm is None or adm.link != link:
+            return json_error(404, f"this gateway schedules no link {link!r}")
+        return adm
+
+    async def lend(self, request: web.Request) -> web.Response:
+        """A peer replica asks for part of this replica's share of the link (``LOANS_PATH``)."""
+        adm = self._admission_of(request)
+        if isinstance(adm, web.Response):
+            return adm
+        try:
+            body = orjson.loads(await request.read())
+            wanted, lease_s = float(body["fraction"]), float(body["leaseS"])
+            borrower, held_at = str(body["replica"]), float(body["heldAt"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return json_error(400, f"a loan request needs fraction, leaseS, heldAt (numbers) and replica: {exc}")
+        if not (0 < wanted <= 1 and 0 <= lease_s < 86_400 and math.isfinite(held_at)):
+            return json_error(400, "fraction must be in (0, 1], leaseS in [0, 86400) and heldAt a Unix time")
+        if borrower == adm.replica:
+            return json_error(409, "that is this replica: it does not lend to itself")
+        loan_id, granted = adm.lend(borrower, wanted, lease_s, held_at, self.rt.model_now())
+        return web.json_response({"loanId": loan_id, "granted": granted, "replica": adm.replica})
+
+    async def repay(self, request: web.Request) -> web.Response:
+        """A peer gives a loan back (``LOAN_PATH``)."""
+        adm = self._admission_of(request)
+        if isinstance(adm, web.Response):
+            return adm
+        loan_id = request.match_info["loan_id"]
+        if not adm.repaid(loan_id, self.rt.model_now()):
+            return json_error(404, f"loan {loan_id!r} is not out (unknown, given back, or its lease ran out)")
+        return web.json_response({"loanId": loan_id, "share": adm.shares.fraction(self.rt.model_now())})
 
     async def _prefill_on_instance(
         self, request: web.Request, body: dict[str, Any], ids: list[int], hashes: list[bytes], hits: dict[str, int]

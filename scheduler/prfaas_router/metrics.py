@@ -191,6 +191,20 @@ class RouterMetrics:
             buckets=_WAIT,
             registry=r,
         )
+        self.gateway_link_share = Gauge(
+            names.METRIC_GATEWAY_LINK_SHARE,
+            "Gateway mode: this replica's share of the link's ceiling now (base 1 / replicas, less lent, plus "
+            "borrowed), by link.",
+            ["link"],
+            registry=r,
+        )
+        self.gateway_loans = Counter(
+            names.METRIC_GATEWAY_LOANS.removesuffix("_total"),
+            "Gateway mode: share loans between gateway replicas, by link and result (borrowed, lent, refused, "
+            "unreachable, expired).",
+            ["link", "result"],
+            registry=r,
+        )
         self.remote_bytes = Counter(
             names.METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"),
             "KV bytes (S_kv of the whole routing.prefixBlockTokens blocks holding the remote engine's reported prompt "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .base import ApiModel
 
@@ -43,8 +43,18 @@ class GatewayAdmission(ApiModel):
         default=1,
         ge=1,
         le=64,
-        description="Gateway replicas behind one Service: each books cap / replicas of the link (no coordination "
-        "needed; the sum never passes the cap).",
+        description="Gateway replicas behind one Service: each starts with cap / replicas of the link and, with "
+        "peers, borrows what its next pull misses from the others' idle shares (the shares never sum past the cap).",
+    )
+    peers: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Base URLs of the gateway replicas (this one may be listed: it recognises itself) that lend "
+        "each other their idle share of the link. Empty: each replica keeps cap / replicas and lets one pull at a "
+        "time when a pull is faster than that, so replicas together may pass the cap.",
+    )
+    peer_ca_file: str | None = Field(
+        default=None, min_length=1, description="CA (PEM) that verifies https peers (default: the system's)."
     )
     stream_timing: Literal["layer-wise", "pull-after-prefill"] = Field(
         default="pull-after-prefill",
@@ -57,3 +67,11 @@ class GatewayAdmission(ApiModel):
     max_waiting: int = Field(
         default=256, ge=1, description="Prefills held for a later window at once; beyond it: 429 overloaded."
     )
+
+    @field_validator("peers")
+    @classmethod
+    def _peer_urls(cls, peers: list[str]) -> list[str]:
+        for url in peers:
+            if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
+                raise ValueError(f"{url!r} is not an http(s) base URL")
+        return [url.rstrip("/") for url in peers]

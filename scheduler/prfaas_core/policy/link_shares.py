@@ -1,0 +1,96 @@
+"""Gateway replicas' shares of one link, lent between them so that their pulls on the wire never sum past the
+ceiling, whichever replica a pull passes through.
+
+Each of N replicas starts with ``1 / N`` of the link's ceiling. A replica whose next pull does not fit in its share
+borrows the missing fraction from its peers; a lender gives only what its own pulls on the wire leave free, and
+takes it out of its own share *before* it answers, so at every instant the shares of all replicas sum to at most 1
+(a loan in flight is counted by the lender alone). The borrower gives a loan back when the pull it was taken for is
+over; the lender takes it back by itself when the loan's lease runs out (the borrower died or lost the way back), and
+that lease is longer than the borrower's pull lease, which starts later. A replica that cannot reach its peers only
+has its own share: exact still, never above the ceiling, just slower.
+
+Pure bookkeeping in model seconds; the router's ``prfaas_router.admission`` does the calls between replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Loan:
+    fraction: float
+    """Of the whole link's ceiling."""
+    peer: str
+    """The other replica: the borrower's id on the lender's side, the lender's URL on the borrower's."""
+    until_s: float = float("inf")
+    """Lender's side: when the fraction comes back by itself."""
+
+
+@dataclass
+class LinkShares:
+    """One replica's share of the link: its base ``1 / replicas``, less what it lent, plus what it borrowed."""
+
+    replicas: int = 1
+    peers: bool = False
+    """Whether the replica can borrow (peers configured): without, a pull faster than the share goes alone in it."""
+    lent: dict[str, Loan] = field(default_factory=dict)
+    borrowed: dict[str, Loan] = field(default_factory=dict)
+
+    @property
+    def base(self) -> float:
+        return 1.0 / self.replicas
+
+    def expire(self, now_s: float) -> list[str]:
+        """Take back the loans whose lease ran out; their ids."""
+        gone = [k for k, loan in self.lent.items() if loan.until_s <= now_s]
+        for k in gone:
+            del self.lent[k]
+        return gone
+
+    def fraction(self, now_s: float) -> float:
+        """This replica's share of the link's ceiling now."""
+        self.expire(now_s)
+        own = self.base - sum(x.fraction for x in self.lent.values()) + sum(x.fraction for x in self.borrowed.values())
+        return min(1.0, max(0.0, own))
+
+    def need(self, on_wire_gbps: float, rate_gbps: float, ceiling_gbps: float, now_s: float) -> float:
+        """The fraction this replica misses for a pull at ``rate_gbps`` to go on the wire now (0: it fits).
+
+        A pull faster than the whole ceiling goes alone: it needs the whole link (without peers, the whole share),
+        or no such pull would ever run."""
+        have = self.fraction(now_s)
+        alone = 1.0 if self.peers else self.base
+        if on_wire_gbps <= EPS and (ceiling_gbps <= EPS or rate_gbps > ceiling_gbps * alone):
+            want = alone
+        elif ceiling_gbps <= EPS:
+            want = float("inf")
+        else:
+            want = (on_wire_gbps + rate_gbps) / ceiling_gbps
+        return max(0.0, want - have) if want - have > EPS else 0.0
+
+    def free(self, on_wire_gbps: float, ceiling_gbps: float, now_s: float) -> float:
+        """The fraction this replica could lend: its share less what its pulls on the wire use."""
+        used = 1.0 if ceiling_gbps <= EPS and on_wire_gbps > EPS else on_wire_gbps / max(ceiling_gbps, EPS)
+        return max(0.0, self.fraction(now_s) - used)
+
+    def lend(self, loan_id: str, wanted: float, free: float, borrower: str, until_s: float) -> float:
+        """Lend up to ``wanted`` of ``free``; the granted fraction (0: nothing lent)."""
+        granted = min(max(0.0, wanted), free)
+        if granted <= EPS:
+            return 0.0
+        self.lent[loan_id] = Loan(granted, borrower, until_s)
+        return granted
+
+    def repaid(self, loan_id: str) -> bool:
+        """The borrower gave ``loan_id`` back; False when it is not out (unknown, or its lease ran out)."""
+        return self.lent.pop(loan_id, None) is not None
+
+    def borrow(self, loan_id: str, fraction: float, lender: str) -> None:
+        self.borrowed[loan_id] = Loan(fraction, lender)
+
+    def give_back(self, loan_ids: list[str]) -> list[tuple[str, Loan]]:
+        """Stop using ``loan_ids`` (before telling their lenders); the loans, to return."""
+        return [(k, loan) for k in loan_ids if (loan := self.borrowed.pop(k, None)) is not None]
