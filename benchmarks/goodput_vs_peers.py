@@ -12,9 +12,10 @@ ways of routing the same requests over it:
   list = the PD decode engine;
 * ``all_local`` — our router with no remote: every prefill on the local PD prefill engines;
 * ``prfaas_pd_3r2g`` (with ``--gateway-admission``) — our router as 3 replicas behind a round-robin front (the
-  load client sends request ``i`` to replica ``i mod 3``), over 2 fresh gateway replicas that each book cap / 2
-  of the link's calendar (routers 1 and 3 on one, router 2 on the other): each replica sees only its own share
-  of the traffic, and the cap must hold for all of them together.
+  load client sends request ``i`` to replica ``i mod 3``), over 2 fresh gateway replicas that each start with
+  cap / 2 of the link and lend each other their idle share (``gateway.admission.peers``; routers 1 and 3 on one,
+  router 2 on the other): each replica sees only its own share of the traffic, and the cap must hold for all of
+  them together.
 
 Traffic: Poisson arrivals, the paper's truncated log-normal input lengths (μ 9.90, σ 1.00 on [128, 131072]),
 single-turn (fresh token-id prompts: no prefix-cache hits anywhere), a few output tokens. For a given rate
@@ -69,8 +70,8 @@ from prfaas_core.request.trace import TraceRecord
 
 SYSTEMS = ("prfaas_pd", "prfaas_pd_3r2g", "vllm_router_pd", "all_local")
 REPLICATED = "prfaas_pd_3r2g"
-"""Our router as 3 replicas behind a round-robin front (the load client's), over 2 gateway replicas that each book
-cap / 2 of the link's calendar: routers 1 and 3 on gateway A, router 2 on gateway B."""
+"""Our router as 3 replicas behind a round-robin front (the load client's), over 2 gateway replicas that each start
+with cap / 2 of the link and lend each other their idle share: routers 1 and 3 on gateway A, router 2 on gateway B."""
 BIN = Path(sys.executable).parent
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*", "no_proxy": "*"}
 ATTAINMENT = 0.9
@@ -213,16 +214,16 @@ class Bench:
         replicas (the stack's router config, each on one gateway in turn)."""
         st = self.stack
         if not st.spec.gateway_admission or st.router_config is None:
-            raise SystemExit(f"{REPLICATED} needs --gateway-admission: its gateway replicas each book cap / N")
+            raise SystemExit(f"{REPLICATED} needs --gateway-admission: its gateway replicas share the link's cap")
         gw = json.loads((st.work_dir / "gateway.json").read_text())
-        gw["gateway"]["admission"]["replicas"] = gateways
+        ports = [free_port() for _ in range(gateways)]
+        gw_urls = [f"http://127.0.0.1:{port}" for port in ports]
+        # each starts with cap / N and borrows the others' idle share for a pull that misses some
+        gw["gateway"]["admission"].update(replicas=gateways, peers=gw_urls)
         (st.work_dir / "gateway-replica.json").write_text(json.dumps(gw, indent=2))
-        gw_urls = []
-        for g in range(gateways):
-            port = free_port()
+        for g, port in enumerate(ports):
             argv = [*PRFAAS, "router", "--config", str(st.work_dir / "gateway-replica.json"), "--port", str(port)]
             st.spawn(f"gateway-r{g}", argv)
-            gw_urls.append(f"http://127.0.0.1:{port}")
         urls = []
         for r in range(routers):
             target = gw_urls[r % gateways]
@@ -464,7 +465,7 @@ def main() -> int:
     if unknown := set(systems) - set(SYSTEMS):
         ap.error(f"unknown systems: {sorted(unknown)}")
     if REPLICATED in systems and not args.gateway_admission:
-        ap.error(f"{REPLICATED} needs --gateway-admission (its gateway replicas each book cap / 2 of the calendar)")
+        ap.error(f"{REPLICATED} needs --gateway-admission (its gateway replicas share the link's cap)")
     inputs = replace(
         case_study_inputs(),
         n_prfaas=2,

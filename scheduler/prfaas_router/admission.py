@@ -118,10 +118,16 @@ class PeerLoans:
         self.ids[url] = str(answer.get("replica", ""))
         return str(answer["loanId"]), float(answer["granted"])
 
-    async def give_back(self, url: str, link: str, loan_id: str) -> None:
-        """Best effort: a loan not given back returns to its lender when its lease runs out."""
-        with contextlib.suppress(httpx.HTTPError):
+    async def give_back(self, url: str, link: str, loan_id: str) -> bool:
+        """Best effort: a loan not given back returns to its lender when its lease runs out. False: unreachable."""
+        try:
             await self.http.delete(url + names.LOAN_PATH.format(link=link, loan_id=loan_id), headers=self._headers())
+        except httpx.HTTPError as exc:
+            log.warning(
+                "gateway peer unreachable: its loan returns by its lease", peer=url, error=exc.__class__.__name__
+            )
+            return False
+        return True
 
     async def report_done(self, pull_id: str) -> httpx.Response | None:
         """Forward a pull report to the peer whose id the pull's id names (None: no such peer known)."""
@@ -399,7 +405,11 @@ class LinkAdmission:
         if self.peers is not None:
             peers = self.peers
             for url, loan_id in loans:
-                asyncio.get_running_loop().create_task(peers.give_back(url, self.link, loan_id))
+                asyncio.get_running_loop().create_task(self._return(peers, url, loan_id))
+
+    async def _return(self, peers: PeerLoans, url: str, loan_id: str) -> None:
+        if not await peers.give_back(url, self.link, loan_id):
+            self._loan_count("unreachable")
 
     async def release(self, booking: Booking, ok: bool, clock: Callable[[], float]) -> str | None:
         """The prefill answered. A pull-after-prefill stream starts when the caller gets the answer, so the answer

@@ -54,13 +54,16 @@ def start_stack(
     gateway_extra: dict[str, Any] | None = None,
     wait_ready: bool = True,
     link_gbps: float = 100.0,
+    gateway_replicas: int = 1,
     **router_extra: Any,
 ) -> Stack:
     """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
     ``gateway_extra``: more top-level fields of the gateway's config; ``wait_ready=False``: return as soon as
     the processes are started (the caller waits for what it needs); ``link_gbps``: the link emulator's capacity
-    (and the routers' configured one)."""
-    names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", "gateway", "router")
+    (and the routers' configured one); ``gateway_replicas`` > 1: the admission's ``replicas`` and ``peers`` name
+    them all (ports ``gateway``, ``gateway-2``, ...), and the stack starts them all."""
+    replicas = ["gateway", *(f"gateway-{k}" for k in range(2, gateway_replicas + 1))]
+    names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", *replicas, "router")
     st = Stack(procs, tmp, {n: free_port() for n in names})
     p = st.ports
     scale = ["--time-scale", str(TIME_SCALE), "--byte-scale", str(BYTE_SCALE)]
@@ -158,6 +161,9 @@ def start_stack(
         adm = dict(gateway_admission)
         gateway["links"] = [{"name": "a-to-b", "capacityGbps": adm.pop("capacityGbps")}]
         gateway["gateway"]["admission"] = {"link": "a-to-b", **adm}  # type: ignore[index]
+        if gateway_replicas > 1:
+            peers = {"replicas": gateway_replicas, "peers": [st.url(r) for r in replicas]}
+            gateway["gateway"]["admission"].update(peers)  # type: ignore[index]
     gateway.update(gateway_extra or {})
     (tmp / "gateway.json").write_text(json.dumps(gateway))
     st.router_config = {
@@ -187,7 +193,8 @@ def start_stack(
         **router_extra,
     }
     st.write_router_config()
-    procs.start("gateway", [*PRFAAS, "router", "--config", str(tmp / "gateway.json"), "--port", str(p["gateway"])])
+    for r in replicas:
+        procs.start(r, [*PRFAAS, "router", "--config", str(tmp / "gateway.json"), "--port", str(p[r])])
     procs.start("router", [*PRFAAS, "router", "--config", str(tmp / "router.json"), "--port", str(p["router"])])
     if not wait_ready:
         return st

@@ -88,3 +88,21 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
         assert again.status_code == 404 and pull_id in again.text
         assert counter(gateway, names.METRIC_GATEWAY_PULLS, gw_auth, link="a-to-b", end="reported") == 2
         assert counter(gateway, names.METRIC_GATEWAY_PULLS, gw_auth, link="a-to-b", end="lease") == 0
+        # the loan endpoints between gateway replicas: token, body checks, itself, lend and give back once
+        loans = gateway + names.LOANS_PATH.format(link="a-to-b")
+        ask = {"fraction": 0.5, "leaseS": 10, "replica": "peer-1", "heldAt": 1.7e9}
+        assert httpx.post(loans, json=ask, timeout=5).status_code == 401
+        bad = httpx.post(loans, json={"fraction": "half"}, headers=gw_auth, timeout=5)
+        assert bad.status_code == 400 and "fraction" in bad.text
+        assert httpx.post(loans, json={**ask, "fraction": 2}, headers=gw_auth, timeout=5).status_code == 400
+        other = gateway + names.LOANS_PATH.format(link="b-to-c")
+        assert httpx.post(other, json=ask, headers=gw_auth, timeout=5).status_code == 404
+        itself = {**ask, "replica": pull_id.split(".", 1)[0]}  # a pull's id starts with its replica's
+        assert httpx.post(loans, json=itself, headers=gw_auth, timeout=5).status_code == 409
+        lent = httpx.post(loans, json=ask, headers=gw_auth, timeout=5)
+        assert lent.status_code == 200 and lent.json()["granted"] == 0.5, lent.text  # nothing on the wire now
+        assert counter(gateway, names.METRIC_GATEWAY_LINK_SHARE, gw_auth, link="a-to-b") == 0.5
+        loan = gateway + names.LOAN_PATH.format(link="a-to-b", loan_id=lent.json()["loanId"])
+        assert httpx.delete(loan, headers=gw_auth, timeout=5).status_code == 200
+        assert httpx.delete(loan, headers=gw_auth, timeout=5).status_code == 404
+        assert counter(gateway, names.METRIC_GATEWAY_LINK_SHARE, gw_auth, link="a-to-b") == 1.0

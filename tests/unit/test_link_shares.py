@@ -83,8 +83,9 @@ class InProcess(PeerLoans):
 
     async def give_back(self, url, link, loan_id):  # type: ignore[no-untyped-def]
         await asyncio.sleep(0)
-        if self.rng.random() >= self.lost:  # a lost give-back returns by the loan's lease
-            self.replicas[url].repaid(loan_id, self.clock())
+        if self.rng.random() < self.lost:
+            return False  # a lost give-back: the loan returns by its lease
+        return self.replicas[url].repaid(loan_id, self.clock())
 
 
 def _replicas(n: int, clock: Callable[[], float], lost: float = 0.0) -> list[LinkAdmission]:
