@@ -169,6 +169,48 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 ),
                 unit="Gbits",
             ),
+            Panel(
+                "Gateway link calendar",
+                "Per second, by link: the prefill gateway's admissions (booked, or declined: link_window, overloaded), "
+                "the pulls it let onto the wire that ended (reported by the router, or by their lease), and the "
+                "share loans between its replicas (borrowed, lent, refused, unreachable, expired).",
+                (
+                    _t(
+                        f"sum by (link, result) (rate(prfaas_gateway_admissions_total[{RATE}]))",
+                        "admissions {{link}} {{result}}",
+                    ),
+                    _t(f"sum by (link, end) (rate(prfaas_gateway_pulls_total[{RATE}]))", "pulls {{link}} {{end}}"),
+                    _t(
+                        f"sum by (link, result) (rate(prfaas_gateway_loans_total[{RATE}]))",
+                        "loans {{link}} {{result}}",
+                    ),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Gateway link shares",
+                "Each gateway replica's share of its link's cap (1 / replicas, less what it lent its peers, plus what "
+                "it borrowed; the replicas' shares sum to at most 1), and the p90 of how long prefill answers were "
+                "held until their pull fit on the wire (right axis, model seconds).",
+                (
+                    _t("max by (link, pod) (prfaas_gateway_link_share)", "share {{link}} {{pod}}"),
+                    _t(
+                        "histogram_quantile(0.9, sum by (le, link) "
+                        f"(rate(prfaas_gateway_pull_hold_seconds_bucket[{RATE}])))",
+                        "held p90 {{link}}",
+                    ),
+                ),
+                unit="percentunit",
+                overrides=(
+                    {
+                        "matcher": {"id": "byRegexp", "options": "held p90.*"},
+                        "properties": [
+                            {"id": "unit", "value": "s"},
+                            {"id": "custom.axisPlacement", "value": "right"},
+                        ],
+                    },
+                ),
+            ),
         ),
     ),
     (

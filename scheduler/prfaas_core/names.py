@@ -81,6 +81,8 @@ pull fits on the wire next to the pulls already there, and counts it there until
 PULL_DONE_PATH: Final = "/v1/prfaas/pulls/{pull_id}/done"
 """The gateway path (POST, bearer token) a router reports a pull over on: the link's next pull may start. A replica
 that did not let the pull on forwards the report to its peer that did (the id names it)."""
+HEADER_FORWARDED: Final = "x-prfaas-forwarded"
+"""On a pull report one gateway replica forwards to another: that one answers itself, never forwards it again."""
 LOANS_PATH: Final = "/v1/prfaas/links/{link}/loans"
 """Between gateway replicas (POST, bearer token): lend the caller a fraction of this replica's share of ``link``
 (:class:`~prfaas_core.policy.link_shares.LinkShares`); ``DELETE`` :data:`LOAN_PATH` gives it back."""

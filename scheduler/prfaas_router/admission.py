@@ -51,6 +51,7 @@ from aiohttp import web
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
+from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_calendar import Window, booked_gbps, ceiling_gbps, earliest_window
 from prfaas_core.policy.link_estimate import Available
 from prfaas_core.policy.link_shares import EPS, LinkShares
@@ -89,6 +90,7 @@ class PeerLoans:
         self.ids: dict[str, str] = {}
         """Peer URL -> its replica id, learned from its answers."""
         self.self_urls: set[str] = set()
+        self.ca_file = ca_file
         self.http = httpx.AsyncClient(timeout=PEER_TIMEOUT_S, verify=ca_file or True)
 
     def others(self) -> list[str]:
@@ -101,7 +103,8 @@ class PeerLoans:
     async def ask(
         self, url: str, link: str, fraction: float, lease_s: float, replica: str, held_at: float
     ) -> tuple[str, float] | None:
-        """Ask ``url`` to lend up to ``fraction``: ``(loan id, granted)``, or None (unreachable, or itself)."""
+        """Ask ``url`` to lend up to ``fraction``: ``(loan id, granted)`` (0 granted: refused), or None
+        (unreachable, or itself)."""
         body = {"fraction": fraction, "leaseS": lease_s, "replica": replica, "heldAt": held_at}
         try:
             resp = await self.http.post(url + names.LOANS_PATH.format(link=link), json=body, headers=self._headers())
@@ -111,9 +114,9 @@ class PeerLoans:
         if resp.status_code == 409:
             self.self_urls.add(url)
             return None
-        if resp.status_code != 200:
-            log.warning("gateway peer refused a loan request", peer=url, status=resp.status_code)
-            return None
+        if resp.status_code != 200:  # a peer on another link, or another version: it lends nothing
+            log.warning("gateway peer refused a loan request", peer=url, status=resp.status_code, body=resp.text[:200])
+            return "", 0.0
         answer = resp.json()
         self.ids[url] = str(answer.get("replica", ""))
         return str(answer["loanId"]), float(answer["granted"])
@@ -130,17 +133,27 @@ class PeerLoans:
         return True
 
     async def report_done(self, pull_id: str) -> httpx.Response | None:
-        """Forward a pull report to the peer whose id the pull's id names (None: no such peer known)."""
+        """Forward a pull report to the peer whose id the pull's id starts with (each other peer in turn while that
+        one is not known yet): its answer, or None (no peer has it on the wire)."""
         owner = pull_id.split(".", 1)[0]
-        for url, rid in self.ids.items():
-            if rid == owner:
-                with contextlib.suppress(httpx.HTTPError):
-                    path = names.PULL_DONE_PATH.format(pull_id=pull_id)
-                    return await self.http.post(url + path, headers=self._headers())
+        known = [u for u, rid in self.ids.items() if rid == owner]
+        path = names.PULL_DONE_PATH.format(pull_id=pull_id)
+        for url in known or [u for u in self.others() if u not in self.ids]:
+            try:
+                resp = await self.http.post(url + path, headers={**self._headers(), names.HEADER_FORWARDED: "1"})
+            except httpx.HTTPError:
+                continue
+            if resp.status_code != 404:
+                return resp
         return None
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+    def close_soon(self) -> None:
+        """Close from synchronous code (a config reload inside the event loop)."""
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing was ever sent on it
+            asyncio.get_running_loop().create_task(self.aclose())
 
 
 def _params(link: RouterLink, share: float) -> LinkParams:
@@ -188,8 +201,16 @@ class LinkAdmission:
         self._older_peer_until = 0.0
         """Model time until which a peer holds an older answer than any here: this replica's own wait."""
         self._wire_lock = asyncio.Lock()
-        if metrics is not None:
+        if metrics is not None:  # every series of the link from the start, at 0: rates and alerts see them
             metrics.gateway_link_share.labels(self.link).set(self.shares.base)
+            for result in ("booked", "link_window", "overloaded"):
+                metrics.gateway_admissions.labels(self.link, result)
+            for end in ("reported", "lease"):
+                metrics.gateway_pulls.labels(self.link, end)
+            for result in ("borrowed", "lent", "refused", "unreachable", "expired"):
+                metrics.gateway_loans.labels(self.link, result)
+            metrics.gateway_pull_hold.labels(self.link)
+            metrics.gateway_admission_wait.labels(self.link)
         self.ledger = EgressLedger(expire_s=600.0)
         self.waiting = 0
         self.holding = 0
@@ -197,11 +218,41 @@ class LinkAdmission:
         self._on_wire: dict[str, float] = {}
         """Pulls let onto the wire and not over: id -> booked Gbps."""
         self._leases: dict[str, asyncio.TimerHandle] = {}
+        self._min_end: dict[str, tuple[float, Callable[[], float]]] = {}
+        """A pull's earliest end on the wire (its bytes at its rate; model time) and the clock it is read on."""
+        self._reported: set[str] = set()
+        """Pulls reported over that still count on the wire until their earliest end."""
         self._changed = asyncio.Event()
 
     @property
     def link(self) -> str:
         return self.params.name
+
+    def reconfigure(
+        self, spec: GatewayAdmission, link: RouterLink, time_scale: float, token: Callable[[], bytes | None]
+    ) -> bool:
+        """A reloaded config on the same link: the new spec, capacity and peers in place (the ledger, the pulls on
+        the wire and the loans kept; a loan from a peer no longer listed is still given back to it). False: it is
+        the same config."""
+        if spec == self.spec and _params(link, 1.0) == self.whole and time_scale == self.time_scale:
+            return False
+        self.spec, self.time_scale = spec, time_scale
+        self.share = 1.0 / spec.replicas
+        self.whole, self.params = _params(link, 1.0), _params(link, self.share)
+        self.shares.replicas, self.shares.peers = spec.replicas, bool(spec.peers)
+        self._changed.set()  # held answers re-check under the new ceiling
+        if not spec.peers:
+            if self.peers is not None:
+                self.peers.close_soon()
+                self.peers = None
+            return True
+        if self.peers is None or self.peers.ca_file != spec.peer_ca_file:
+            if self.peers is not None:  # its loans out return by their leases
+                self.peers.close_soon()
+            self.peers = PeerLoans(spec.peers, token, spec.peer_ca_file)
+        else:
+            self.peers.urls = list(spec.peers)
+        return True
 
     def set_lanes(self, lanes: int) -> None:
         self.ledger.set_lanes(lanes)
@@ -374,6 +425,8 @@ class LinkAdmission:
         """Gather what the pull ``key`` misses from the peers, all or nothing: True when it now fits."""
         if self.peers is None:
             return False
+        if self._need(rate, now_s) > 1.0 - self.shares.fraction(now_s) + EPS:
+            return False  # more than all the peers' shares together: its own pulls must end first
         held_at = self._oldest_held() or time.time()  # this replica's turn: its oldest held answer's
         for url in self.peers.others():
             missing = self._need(rate, now_s)
@@ -447,6 +500,13 @@ class LinkAdmission:
         if self.metrics is not None:
             self.metrics.gateway_pull_hold.labels(self.link).observe(now - held_from)
         self._on_wire[key] = rate
+        # it counts at least as long as its bytes take at its rate, or at the ceiling when faster (the alone
+        # rule): a pull reported sooner (a faster wire than booked) must not let the next ones bunch up past the
+        # cap in the link's 1-s windows
+        ceiling = self.ceiling_gbps(now)
+        slowest = min(rate, ceiling) if ceiling > EPS else rate
+        gbit = w.bytes * 8.0 / GBPS_BITS
+        self._min_end[key] = (now + gbit / slowest if slowest > EPS else now, clock)
         self.ledger.reserve(key, Transfer(w.bytes, now, 0.0, -1, 0.0, span))
         self._leases[key] = asyncio.get_running_loop().call_later(lease / self.time_scale, self._over, key, "lease")
         return key
@@ -476,17 +536,34 @@ class LinkAdmission:
         return self._over(key, "reported")
 
     def _over(self, key: str, end: str) -> bool:
-        if self._on_wire.pop(key, None) is None:
+        """The pull ``key`` is over (reported, or its lease ran out): it leaves the wire, at once or, reported
+        sooner than its bytes take at its rate, then."""
+        if key not in self._on_wire or key in self._reported:
             return False
         lease = self._leases.pop(key, None)
         if lease is not None:
             lease.cancel()
+        if self.metrics is not None:
+            self.metrics.gateway_pulls.labels(self.link, end).inc()
+        min_end, clock = self._min_end.get(key, (0.0, None))
+        early = min_end - clock() if clock is not None and end == "reported" else 0.0
+        if early > 0:
+            with contextlib.suppress(RuntimeError):  # no running loop: it leaves now
+                loop = asyncio.get_running_loop()
+                self._reported.add(key)
+                self._leases[key] = loop.call_later(early / self.time_scale, self._leave, key)
+                return True
+        self._leave(key)
+        return True
+
+    def _leave(self, key: str) -> None:
+        self._on_wire.pop(key, None)
+        self._reported.discard(key)
+        self._min_end.pop(key, None)
+        self._leases.pop(key, None)
         self.ledger.finish(key)
         self._give_back(key)
         self._changed.set()
-        if self.metrics is not None:
-            self.metrics.gateway_pulls.labels(self.link, end).inc()
-        return True
 
 
 def admission_for(
@@ -496,9 +573,9 @@ def admission_for(
     replica: str = "",
     token: Callable[[], bytes | None] = lambda: None,
 ) -> LinkAdmission | None:
-    """The gateway's admission for ``config`` (None: not configured); the current one (and its calendar) is
-    kept while its spec, link and scale are unchanged. ``replica``: this gateway's id among its peers; ``token``:
-    its bearer token now (its peers accept the same)."""
+    """The gateway's admission for ``config`` (None: not configured). The current one is kept while its link is
+    the same, reconfigured in place: its calendar, its pulls on the wire and its loans outlive a reload.
+    ``replica``: this gateway's id among its peers; ``token``: its bearer token now (its peers accept the same)."""
     gw = config.gateway
     if gw is None or gw.admission is None:
         return None
@@ -507,12 +584,14 @@ def admission_for(
     if spec.link not in links:
         raise ValueError(f"gateway.admission.link: {spec.link!r} is not one of links[].name")
     link = links[spec.link]
-    whole = _params(link, 1.0)
-    if current is not None and current.spec == spec and current.whole == whole:
-        return current
-    fresh = LinkAdmission(spec, link, config.scale.time_scale, metrics, replica)
-    if spec.peers:
-        fresh.peers = PeerLoans(spec.peers, token, spec.peer_ca_file)
+    if current is not None and current.link == link.name:
+        if not current.reconfigure(spec, link, config.scale.time_scale, token):
+            return current
+        fresh = current
+    else:
+        fresh = LinkAdmission(spec, link, config.scale.time_scale, metrics, replica)
+        if spec.peers:
+            fresh.peers = PeerLoans(spec.peers, token, spec.peer_ca_file)
     share = fresh.params.cap_gbps
     if spec.replicas > 1 and not spec.peers and spec.pull_gbps is not None and spec.pull_gbps > share:
         log.warning(

@@ -118,6 +118,8 @@ def create_app(
                         try:
                             check_secure(new, allow_insecure_gateway)
                             runtime.reconfigure(compile_config(new))
+                            if gateway_mode:
+                                gateway.reload_secrets()
                             await proxy.sync_remotes()
                             if new.gateway is not None and new.gateway.token_file:
                                 auth.set_path(new.gateway.token_file)

@@ -10,8 +10,6 @@ prefill throughput over the last window), which region B's routers and operator 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import os
 from collections import deque
@@ -65,12 +63,12 @@ class Gateway:
         self.reload_secrets()
 
     def reload_secrets(self) -> None:
-        """After a config reload: the link admission (the token is :mod:`.security`'s, reloaded on its own)."""
+        """After a config reload: the link admission, reconfigured in place on the same link (the token is
+        :mod:`.security`'s, reloaded on its own)."""
         old = self.admission
         self.admission = admission_for(self.rt.compiled.config, old, self.metrics, self.replica, self.token)
         if old is not None and old is not self.admission and old.peers is not None:
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing was ever sent on it
-                asyncio.get_running_loop().create_task(old.peers.aclose())
+            old.peers.close_soon()
 
     async def aclose(self) -> None:
         if self.admission is not None and self.admission.peers is not None:
@@ -131,7 +129,7 @@ class Gateway:
             return json_error(404, "this gateway schedules no link: there are no pulls to report")
         if not adm.pulled(pull_id):
             owner = pull_id.split(".", 1)[0]
-            if owner != adm.replica and adm.peers is not None:
+            if owner != adm.replica and adm.peers is not None and names.HEADER_FORWARDED not in request.headers:
                 resp = await adm.peers.report_done(pull_id)
                 if resp is not None:
                     return web.Response(body=resp.content, status=resp.status_code, content_type="application/json")

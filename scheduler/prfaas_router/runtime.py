@@ -94,6 +94,9 @@ def compile_config(config: RouterConfig) -> Compiled:
     for remote in config.remotes:
         if remote.link not in links:
             raise ValueError(f"remotes[{remote.name}].link {remote.link!r} names no entry of links")
+    adm = config.gateway.admission if config.gateway else None
+    if adm is not None and adm.link not in links:
+        raise ValueError(f"gateway.admission.link: {adm.link!r} is not one of links[].name")
     pd = _profile(config.pd_hardware, "H20")
     return Compiled(
         config=config,

@@ -128,7 +128,8 @@ def start(procs: Processes, harness: Harness, tmp: Path) -> ObservedStack:
     namespace = harness.namespace()
     operator = harness.start_operator(namespace)
     harness.setup(namespace)
-    stack = start_stack(procs, tmp)
+    # the gateway schedules its link (source-side admission), as a PrefillCluster's spec.linkScheduling asks
+    stack = start_stack(procs, tmp, gateway_admission={"capacityGbps": 100.0})
     p = stack.ports
     targets = {
         "router": f"127.0.0.1:{p['router']}",

@@ -56,8 +56,17 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
             names.HEADER_MAX_WAIT_MS: "0",
             names.HEADER_LINK: "a-to-b",
         }
-        first = httpx.post(gateway + "/v1/completions", json=leg, headers={**headers, names.HEADER_MAX_WAIT_MS: "1"})
-        assert first.status_code == 200, first.text
+        # the reported pull still holds the link until its bytes would have crossed at its booked rate (the
+        # emulated wire is faster than booked): a leg accepting 1 ms gets a window once that has passed
+
+        def booked_now() -> list[httpx.Response] | None:
+            r = httpx.post(gateway + "/v1/completions", json=leg, headers={**headers, names.HEADER_MAX_WAIT_MS: "1"})
+            assert r.status_code in (200, 429), r.text
+            return [r] if r.status_code == 200 else None
+
+        first = wait_for(booked_now, 60, "a window for a leg accepting 1 ms, once the first pull's bytes crossed", 0.5)[
+            0
+        ]
         pull_id = first.headers[names.HEADER_PULL_ID]
         r = httpx.post(gateway + "/v1/completions", json=leg, headers=headers, timeout=10)
         assert r.status_code == 429, r.text
@@ -99,8 +108,15 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
         assert httpx.post(other, json=ask, headers=gw_auth, timeout=5).status_code == 404
         itself = {**ask, "replica": pull_id.split(".", 1)[0]}  # a pull's id starts with its replica's
         assert httpx.post(loans, json=itself, headers=gw_auth, timeout=5).status_code == 409
-        lent = httpx.post(loans, json=ask, headers=gw_auth, timeout=5)
-        assert lent.status_code == 200 and lent.json()["granted"] == 0.5, lent.text  # nothing on the wire now
+        # while the reported pull's bytes would still be crossing, its share is in use (nothing to lend; the unit
+        # tests pin that); then half of it
+
+        def lends_half() -> list[httpx.Response] | None:
+            r = httpx.post(loans, json=ask, headers=gw_auth, timeout=5)
+            assert r.status_code == 200 and r.json()["granted"] in (0.0, 0.5), r.text
+            return [r] if r.json()["granted"] == 0.5 else None
+
+        lent = wait_for(lends_half, 60, "the gateway to lend half its share once the wire is free", 0.5)[0]
         assert counter(gateway, names.METRIC_GATEWAY_LINK_SHARE, gw_auth, link="a-to-b") == 0.5
         loan = gateway + names.LOAN_PATH.format(link="a-to-b", loan_id=lent.json()["loanId"])
         assert httpx.delete(loan, headers=gw_auth, timeout=5).status_code == 200

@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from router_stack import GATEWAY_AUTH, TIME_SCALE, start_stack
 from testbed_support import PRFAAS, counter, free_port, http, processes, wait_for
@@ -123,3 +124,17 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
             assert loans["borrowed"] >= 1 and loans["lent"] >= loans["borrowed"], loans
             # a loan comes back by its lease only when its answer or its give-back was lost on the way
             assert loans["expired"] <= loans["unreachable"], loans
+            # a pull report that reaches the other replica (one Service in front of both) is forwarded to the
+            # replica that let the pull on, once
+            leg = {
+                "model": "m",
+                "prompt": prompt(TOKENS),
+                "max_tokens": 1,
+                "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+            }
+            first = httpx.post(gateways[0] + "/v1/completions", json=leg, headers=GATEWAY_AUTH, timeout=60)
+            assert first.status_code == 200, first.text
+            done = names.PULL_DONE_PATH.format(pull_id=first.headers[names.HEADER_PULL_ID])
+            forwarded = httpx.post(gateways[1] + done, headers=GATEWAY_AUTH, timeout=10)
+            assert forwarded.status_code == 200, forwarded.text
+            assert httpx.post(gateways[1] + done, headers=GATEWAY_AUTH, timeout=10).status_code == 404

@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prfaas_core.api import GatewayAdmission, RouterLink
+from prfaas_core.api import GatewayAdmission, RouterConfig, RouterLink
+from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_shares import LinkShares
 from prfaas_router import admission as admission_mod
-from prfaas_router.admission import Booking, LinkAdmission, PeerLoans
+from prfaas_router.admission import Booking, LinkAdmission, PeerLoans, admission_for
 from prfaas_router.metrics import RouterMetrics
 
 LINK = RouterLink(name="a-to-b", capacity_gbps=10.0)  # cap 8 Gbps
@@ -150,20 +151,80 @@ def test_replicas_pulls_on_the_wire_never_pass_the_ceiling_and_all_get_on(n, pul
 
 def test_a_replica_that_finds_itself_among_its_peers_skips_itself_and_metrics_count_the_loans() -> None:
     async def main() -> None:
-        a, b = _replicas(2, lambda: 0.0)
+        now = [0.0]
+        a, b = _replicas(2, lambda: now[0])
         booking = a.decide("x", {}, 5.0 * GBPS_BITS / 8.0, 0.1, 0.0)
         assert isinstance(booking, Booking)
-        key = await a.release(booking, True, lambda: 0.0)
+        key = await a.release(booking, True, lambda: now[0])
         assert a.peers is not None and a.peers.self_urls == {"http://gw-0"}
         assert a.shares.fraction(0.0) == pytest.approx(0.625) and b.shares.fraction(0.0) == pytest.approx(0.375)
         m = a.metrics.gateway_loans  # type: ignore[union-attr]
         assert m.labels("a-to-b", "borrowed")._value.get() == 1
         assert b.metrics.gateway_loans.labels("a-to-b", "lent")._value.get() == 1  # type: ignore[union-attr]
-        assert a.pulled(key or "")
+        now[0] = 1.5  # its 5 Gbit took 1 s at 5 Gbps: reported after that, it leaves the wire at once
+        assert a.pulled(key or "") and a.on_wire_gbps() == 0.0
         for _ in range(5):
             await asyncio.sleep(0)
         assert a.shares.fraction(0.0) == 0.5 and b.shares.fraction(0.0) == 0.5  # given back
         share = b.metrics.gateway_link_share.labels("a-to-b")._value.get()  # type: ignore[union-attr]
         assert share == 0.5
+
+    asyncio.run(main())
+
+
+def test_a_pull_reported_sooner_than_its_bytes_take_counts_on_the_wire_until_then() -> None:
+    """A wire faster than booked: the report comes early, but the next pull must not start before the bytes would
+    have crossed at the pull's rate, or pulls bunch up past the cap in the link's 1-s windows."""
+
+    async def main() -> None:
+        now = [0.0]
+        spec = GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 5.0})
+        adm = LinkAdmission(spec, LINK, time_scale=100.0, metrics=RouterMetrics())
+        a, b = (adm.decide(k, {}, 5.0 * GBPS_BITS / 8.0, 0.1, 0.0) for k in "ab")
+        assert isinstance(a, Booking) and isinstance(b, Booking)
+        key = await adm.release(a, True, lambda: now[0])
+        held = asyncio.create_task(adm.release(b, True, lambda: now[0]))
+        now[0] = 0.2  # reported 0.2 s in, its 5 Gbit at 5 Gbps take 1 s
+        assert adm.pulled(key or "") and not adm.pulled(key or "")  # counted once
+        assert adm.on_wire_gbps() == 5.0 and not held.done()
+        assert adm.metrics.gateway_pulls.labels("a-to-b", "reported")._value.get() == 1  # type: ignore[union-attr]
+        now[0] = 1.0  # the clock reaches its earliest end; the timer (0.8 s model = 8 ms) lets b on
+        assert await asyncio.wait_for(held, 5.0) == "b"
+        assert list(adm._on_wire) == ["b"]
+
+    asyncio.run(main())
+
+
+def _gateway_config(**admission: object) -> RouterConfig:
+    return RouterConfig.model_validate(
+        {
+            "mode": "gateway",
+            "pdCluster": "pd",
+            "thresholdMinTokens": 0,
+            "model": builtin_model_profiles()["internal-1t"],
+            "endpoints": [{"name": "prf-0", "url": "http://127.0.0.1:1", "role": "prefill"}],
+            "gateway": {"prefillCluster": "prfaas", "admission": {"link": "a-to-b", "pullGbps": 5.0, **admission}},
+            "links": [{"name": "a-to-b", "capacityGbps": 10.0}],
+        }
+    )
+
+
+def test_a_config_reload_keeps_the_pulls_on_the_wire_and_takes_the_new_spec() -> None:
+    async def main() -> None:
+        adm = admission_for(_gateway_config(), None)
+        assert adm is not None
+        booking = adm.decide("a", {}, 5.0 * GBPS_BITS / 8.0, 0.1, 0.0)
+        assert isinstance(booking, Booking)
+        key = await adm.release(booking, True, lambda: 0.0)
+        assert admission_for(_gateway_config(), adm) is adm  # nothing changed
+        two = _gateway_config(replicas=2, peers=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+        same = admission_for(two, adm)
+        assert same is adm and adm.on_wire_gbps() == 5.0  # the pull still counts: the next waits for it
+        assert adm.shares.base == 0.5 and adm.peers is not None and adm.params.capacity_gbps == 5.0
+        assert adm.pulled(key or "")
+        assert admission_for(_gateway_config(), adm) is adm and adm.peers is None  # peers dropped, closed
+        await asyncio.sleep(0)
+        with pytest.raises(ValueError, match=r"gateway\.admission\.link"):
+            admission_for(_gateway_config(link="nowhere"), adm)
 
     asyncio.run(main())
