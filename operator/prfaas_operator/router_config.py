@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from prfaas_core.api import (
+    GatewayAdmission,
     InterDCLink,
     ModelProfileSpec,
     PDCluster,
@@ -97,20 +98,30 @@ def routing_for(engine: EngineSettingsSpec) -> RoutingParams:
 
 def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfileSpec) -> RouterConfig:
     """A Managed PrefillCluster's gateway: its prefill pods behind one endpoint, with the token and TLS files
-    where the chart mounts the Secrets its ``spec.endpoint`` names. No threshold (the gateway routes every leg it
-    is sent); ``pdCluster`` carries the PrefillCluster's name, as the chart's rendering did."""
+    where the chart mounts the Secrets its ``spec.endpoint`` names, and ``spec.linkScheduling`` as its admission
+    and link. No threshold (the gateway routes every leg it is sent); ``pdCluster`` carries the PrefillCluster's
+    name, as the chart's rendering did."""
     endpoints, draining = pod_endpoints(pods, role="prefill")
     ep = pfc.spec.endpoint
     token, tls = (ep.token_secret_ref, ep.tls_secret_ref) if ep is not None else (None, None)
+    ls = pfc.spec.link_scheduling
+    admission, links = None, []
+    if ls is not None:
+        admission = GatewayAdmission.model_validate(
+            ls.model_dump(by_alias=True, exclude={"capacity_gbps", "max_utilization"})
+        )
+        links = [RouterLink(name=ls.link, capacity_gbps=ls.capacity_gbps, max_utilization=ls.max_utilization)]
     serving = GatewayServing(
         prefill_cluster=pfc.metadata.name,
         token_file=f"{GATEWAY_DIR}/token/{token.key}" if token else None,
         tls_cert_file=f"{GATEWAY_DIR}/tls/tls.crt" if tls else None,
         tls_key_file=f"{GATEWAY_DIR}/tls/tls.key" if tls else None,
+        admission=admission,
     )
     return RouterConfig(
         pd_cluster=pfc.metadata.name,
         mode="gateway",
+        links=links,
         endpoints=endpoints,
         draining=draining,
         threshold_min_tokens=0,

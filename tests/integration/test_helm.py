@@ -386,6 +386,13 @@ def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
     assert config.gateway.token_file == f"{mounted[token.name]}/{token.key}"
     assert config.gateway.tls_cert_file == f"{mounted[tls.name]}/tls.crt"
     assert config.gateway.tls_key_file == f"{mounted[tls.name]}/tls.key"
+    ls = pfc.spec.link_scheduling  # the region-a example schedules its link at the gateway
+    if values.startswith("examples/03-helm/region-a"):
+        assert ls is not None and config.gateway.admission is not None
+        assert config.gateway.admission.link == ls.link and config.gateway.admission.replicas == ls.replicas
+        assert [(x.name, x.capacity_gbps, x.max_utilization) for x in config.links] == [
+            (ls.link, ls.capacity_gbps, ls.max_utilization)
+        ]
 
 
 def test_router_mounts_the_operators_configmap_and_the_chart_never_renders_it(helm: str) -> None:

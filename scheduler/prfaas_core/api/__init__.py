@@ -15,7 +15,7 @@ from .model_profile import (
     ModelTokenizerSpec,
 )
 from .pd_cluster import LongTermPolicySpec, PDCluster, PDClusterSpec, PDClusterStatus
-from .prefill_cluster import PrefillCluster, PrefillClusterSpec, PrefillClusterStatus
+from .prefill_cluster import LinkSchedulingSpec, PrefillCluster, PrefillClusterSpec, PrefillClusterStatus
 from .resources import KINDS, KINDS_BY_NAME, ResourceKind
 from .router_config import RemoteGateway, RouterConfig, RouterEndpoint, RouterLink
 
@@ -36,6 +36,7 @@ __all__ = [
     "InterDCLinkSpec",
     "InterDCLinkStatus",
     "KvTransportSpec",
+    "LinkSchedulingSpec",
     "LocalObjectRef",
     "LongTermPolicySpec",
     "MeasuredKvPoint",

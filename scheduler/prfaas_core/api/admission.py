@@ -9,13 +9,15 @@ declines at once: HTTP 429, ``Retry-After`` (whole seconds until the earliest st
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from .base import ApiModel
 
 DeclineReason = Literal["link_window", "overloaded"]
+PeerUrl = Annotated[str, Field(pattern=r"^https?://[^/\s]+(/\S*)?$", max_length=2048)]
+"""A gateway replica's base URL."""
 
 
 class AdmissionDecline(ApiModel):
@@ -46,7 +48,7 @@ class GatewayAdmission(ApiModel):
         description="Gateway replicas behind one Service: each starts with cap / replicas of the link and, with "
         "peers, borrows what its next pull misses from the others' idle shares (the shares never sum past the cap).",
     )
-    peers: list[str] = Field(
+    peers: list[PeerUrl] = Field(
         default_factory=list,
         max_length=64,
         description="Base URLs of the gateway replicas (this one may be listed: it recognises itself) that lend "
@@ -71,7 +73,4 @@ class GatewayAdmission(ApiModel):
     @field_validator("peers")
     @classmethod
     def _peer_urls(cls, peers: list[str]) -> list[str]:
-        for url in peers:
-            if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
-                raise ValueError(f"{url!r} is not an http(s) base URL")
         return [url.rstrip("/") for url in peers]

@@ -13,10 +13,23 @@ from typing import Literal
 from pydantic import Field
 
 from ..names import GROUP_VERSION, KIND_PREFILL_CLUSTER
+from .admission import GatewayAdmission
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
 from .common import GatewayEndpointSpec, KvTransportSpec, Region
 from .engine import EngineSettingsSpec
 from .hardware import HardwareSpec
+
+
+class LinkSchedulingSpec(GatewayAdmission):
+    """``spec.linkScheduling`` of a Managed PrefillCluster: its gateway books every KV stream it serves in a link
+    calendar under the cap (source-side admission), the operator writing it into the gateway's RouterConfig
+    (``gateway.admission`` and the link). ``link`` is the InterDCLink's name in the decoding region; its capacity
+    and cap are repeated here, since this region has no InterDCLink of its own."""
+
+    capacity_gbps: float = Field(gt=0, le=100_000, description="The link's capacity, Gbps (its InterDCLink's).")
+    max_utilization: float = Field(
+        default=0.8, gt=0, le=1, description="The cap: fraction of capacity KV may use (its InterDCLink's)."
+    )
 
 
 class PrefillClusterSpec(ApiModel):
@@ -36,6 +49,13 @@ class PrefillClusterSpec(ApiModel):
             check=lambda s: s.mode != "Remote" or s.endpoint is not None,
             field_path=".endpoint",
             reason="FieldValueRequired",
+        ),
+        CelRule(
+            rule="self.mode != 'Remote' || !has(self.linkScheduling)",
+            message="a Remote PrefillCluster's gateway runs in another region; schedule the link there",
+            check=lambda s: s.mode != "Remote" or s.link_scheduling is None,
+            field_path=".linkScheduling",
+            reason="FieldValueForbidden",
         ),
         CelRule(
             rule="self.mode != 'Remote' || !has(self.workload)",
@@ -71,6 +91,11 @@ class PrefillClusterSpec(ApiModel):
         default_factory=EngineSettingsSpec,
         description="How the engines start (model path, ports, block size); `prfaas engines` renders them.",
         json_schema_extra={"default": {}},
+    )
+    link_scheduling: LinkSchedulingSpec | None = Field(
+        default=None,
+        description="Managed only: the gateway schedules the inter-DC link its KV crosses (absent: it does not; "
+        "the routers' own ledgers admit).",
     )
 
 
