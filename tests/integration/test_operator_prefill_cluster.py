@@ -159,7 +159,7 @@ def test_a_managed_to_remote_change_removes_the_old_gateway_config(h: Harness) -
         "PrefillCluster",
         ns,
         PFC,
-        {"spec": {"mode": "Remote", "workload": None, "endpoint": remote["spec"]["endpoint"]}},
+        {"spec": {"mode": "Remote", "workload": None, "linkScheduling": None, "endpoint": remote["spec"]["endpoint"]}},
     )
     wait_until(lambda: h.get("ConfigMap", ns, CM) is None, 30, "the old gateway ConfigMap removed")
     assert h.get("PrefillCluster", ns, PFC) is not None
