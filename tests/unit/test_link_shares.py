@@ -19,8 +19,9 @@ from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_shares import LinkShares
 from prfaas_router import admission as admission_mod
-from prfaas_router.admission import Booking, LinkAdmission, PeerLoans, admission_for
+from prfaas_router.admission import Booking, LinkAdmission, admission_for
 from prfaas_router.metrics import RouterMetrics
+from prfaas_router.peer_loans import PeerLoans
 
 LINK = RouterLink(name="a-to-b", capacity_gbps=10.0)  # cap 8 Gbps
 CEILING = 8.0
