@@ -183,7 +183,7 @@ class Gateway:
             views = [
                 InstanceView(
                     e.name,
-                    queued_prefill_s=rt.queued_prefill_s(e.name),
+                    queued_prefill_s=rt.queued_work_s(e.name, rt.snapshot.engines.get(e.name, EngineLoad())),
                     cached_prefix_tokens=hits.get(e.name, 0),
                     healthy=rt.snapshot.engines.get(e.name, EngineLoad()).healthy and e.name not in tried,
                     draining=e.name in c.draining,

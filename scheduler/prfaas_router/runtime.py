@@ -128,6 +128,8 @@ GUARANTEED = Available(None, "configured", "availableBandwidth: Configured (the 
 
 SLOW_PROBE_S = 0.25
 """A health probe slower than this (wall seconds) deprioritises the engine by the excess."""
+PREFILL_EWMA = 0.1
+"""The weight of the latest prefill in :attr:`Runtime._mean_prefill_s`."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,9 @@ class Runtime:
     _breakers: BreakerBoard = field(default_factory=BreakerBoard)
     _recent: RecentLengths = field(default_factory=RecentLengths)
     _queued_prefill_s: dict[str, float] = field(default_factory=dict)
+    _mean_prefill_s: float = 0.0
+    """The mean predicted prefill time of this router's recent prefills (EWMA): what one request an engine
+    reports waiting or running is taken to cost (:meth:`queued_work_s`)."""
     _active_decodes: dict[str, int] = field(default_factory=dict)
     _estimators: dict[str, LinkEstimator] = field(default_factory=dict)
     _pulls: dict[str, tuple[str, Pull]] = field(default_factory=dict)
@@ -288,6 +293,8 @@ class Runtime:
         """``seconds`` of predicted prefill work queued on ``instance`` while the block runs."""
         q = self._queued_prefill_s
         q[instance] = q.get(instance, 0.0) + seconds
+        m = self._mean_prefill_s
+        self._mean_prefill_s = seconds if m <= 0.0 else m + PREFILL_EWMA * (seconds - m)
         try:
             yield
         finally:
@@ -310,6 +317,14 @@ class Runtime:
 
     def queued_prefill_s(self, instance: str) -> float:
         return self._queued_prefill_s.get(instance, 0.0)
+
+    def queued_work_s(self, instance: str, load: EngineLoad) -> float:
+        """The prefill work ahead of a new request on ``instance``: this router's own bookkeeping (exact for its
+        own requests, up to date), bounded below by what the engine itself reports at the last scrape (its
+        waiting and running requests, each at the mean prefill time), which includes the requests of every
+        other router replica."""
+        reported = (load.waiting + load.running) * self._mean_prefill_s
+        return max(self._queued_prefill_s.get(instance, 0.0), reported)
 
     def active_decodes(self, instance: str) -> int:
         return self._active_decodes.get(instance, 0)
@@ -450,7 +465,7 @@ class Runtime:
             load = engines.get(e.name, EngineLoad())
             return InstanceView(
                 e.name,
-                queued_prefill_s=self._queued_prefill_s.get(e.name, 0.0) + self._slowness_s(load),
+                queued_prefill_s=self.queued_work_s(e.name, load) + self._slowness_s(load),
                 cached_prefix_tokens=hits.get(e.name, 0),
                 active_decodes=self._active_decodes.get(e.name, 0),
                 decode_slots=c.decode_slots,
@@ -472,8 +487,8 @@ class Runtime:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance."""
         c, engines = self.compiled, self.snapshot.engines
         waits = [
-            self._queued_prefill_s.get(e.name, 0.0)
+            self.queued_work_s(e.name, load)
             for e in c.prefill
-            if e.name not in c.draining and engines.get(e.name, EngineLoad()).healthy
+            if e.name not in c.draining and (load := engines.get(e.name, EngineLoad())).healthy
         ]
         return min(waits) if waits else None
