@@ -102,19 +102,14 @@ class LinkAdmission:
         replica: str = "",
         peers: PeerLoans | None = None,
     ) -> None:
-        self.spec = spec
-        self.time_scale = time_scale
         self.metrics = metrics
         self.replica = replica or os.urandom(6).hex()
         """This replica's id: the prefix of its pulls' ids, and how it recognises itself among ``peers``."""
         self.peers = peers
         self._reports: dict[float, float] = {}
         """Routers' available-bandwidth reports: model time -> Gbps (the whole link's)."""
-        self.share = 1.0 / spec.replicas
-        self.whole = _params(link, 1.0)
-        self.params = _params(link, self.share)
-        """This replica's base share: what its calendar plans in."""
-        self.shares = LinkShares(spec.replicas, peers=bool(spec.peers))
+        self.shares = LinkShares()
+        self._apply(spec, link, time_scale)
         self._loans_of: dict[str, list[tuple[str, str]]] = {}
         """A pull's borrowed loans: key -> [(lender URL, loan id)]."""
         self._held_since: dict[str, float] = {}
@@ -150,6 +145,19 @@ class LinkAdmission:
     def link(self) -> str:
         return self.params.name
 
+    def _apply(self, spec: GatewayAdmission, link: RouterLink, time_scale: float) -> None:
+        """What the spec, the link and the scale set (at start and on a reload)."""
+        self.spec, self.time_scale = spec, time_scale
+        self.shares.replicas, self.shares.peers = spec.replicas, bool(spec.peers)
+        self.whole = _params(link, 1.0)
+        self.params = _params(link, self.share)
+        """This replica's base share: what its calendar plans in."""
+
+    @property
+    def share(self) -> float:
+        """This replica's base share of the link (``1 / replicas``)."""
+        return self.shares.base
+
     def reconfigure(
         self, spec: GatewayAdmission, link: RouterLink, time_scale: float, token: Callable[[], bytes | None]
     ) -> bool:
@@ -158,10 +166,7 @@ class LinkAdmission:
         the same config."""
         if spec == self.spec and _params(link, 1.0) == self.whole and time_scale == self.time_scale:
             return False
-        self.spec, self.time_scale = spec, time_scale
-        self.share = 1.0 / spec.replicas
-        self.whole, self.params = _params(link, 1.0), _params(link, self.share)
-        self.shares.replicas, self.shares.peers = spec.replicas, bool(spec.peers)
+        self._apply(spec, link, time_scale)
         self._changed.set()  # held answers re-check under the new ceiling
         if not spec.peers:
             if self.peers is not None:
