@@ -139,6 +139,9 @@ class EngineLoad:
     running: float = 0.0
     probe_s: float = 0.0
     """How long its last health probe took (a slow engine is deprioritised by it, not declared dead)."""
+    own: int = 0
+    """This router's own prefills the engine may have counted in ``waiting + running`` at that scrape (those in
+    flight when it began, and those started while it ran): the rest is the other replicas' work."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,10 @@ class Runtime:
     _mean_prefill_s: float = 0.0
     """The mean predicted prefill time of this router's recent prefills (EWMA): what one request an engine
     reports waiting or running is taken to cost (:meth:`queued_work_s`)."""
+    _own_prefills: dict[str, int] = field(default_factory=dict)
+    """This router's prefills in flight on each instance."""
+    _own_started: dict[str, int] = field(default_factory=dict)
+    """This router's prefills ever started on each instance (monotonic; with the above, :meth:`own_seen`)."""
     _active_decodes: dict[str, int] = field(default_factory=dict)
     _estimators: dict[str, LinkEstimator] = field(default_factory=dict)
     _pulls: dict[str, tuple[str, Pull]] = field(default_factory=dict)
@@ -291,14 +298,27 @@ class Runtime:
     @contextmanager
     def prefill_queued(self, instance: str, seconds: float) -> Iterator[None]:
         """``seconds`` of predicted prefill work queued on ``instance`` while the block runs."""
-        q = self._queued_prefill_s
+        q, own, started = self._queued_prefill_s, self._own_prefills, self._own_started
         q[instance] = q.get(instance, 0.0) + seconds
+        own[instance] = own.get(instance, 0) + 1
+        started[instance] = started.get(instance, 0) + 1
         m = self._mean_prefill_s
         self._mean_prefill_s = seconds if m <= 0.0 else m + PREFILL_EWMA * (seconds - m)
         try:
             yield
         finally:
             q[instance] = max(0.0, q.get(instance, 0.0) - seconds)
+            own[instance] = max(0, own.get(instance, 0) - 1)
+
+    def own_mark(self, instance: str) -> tuple[int, int]:
+        """Where this router's prefills on ``instance`` stand as a scrape of it begins (see :meth:`own_seen`)."""
+        return self._own_prefills.get(instance, 0), self._own_started.get(instance, 0)
+
+    def own_seen(self, instance: str, mark: tuple[int, int]) -> int:
+        """This router's prefills on ``instance`` that a scrape begun at ``mark`` may have counted: those in
+        flight when it began plus those started since (an upper bound: the engine's count may lag or lead)."""
+        in_flight, started = mark
+        return in_flight + self._own_started.get(instance, 0) - started
 
     @contextmanager
     def decoding(self, instance: str, pull_key: str | None = None) -> Iterator[None]:
@@ -320,11 +340,12 @@ class Runtime:
 
     def queued_work_s(self, instance: str, load: EngineLoad) -> float:
         """The prefill work ahead of a new request on ``instance``: this router's own bookkeeping (exact for its
-        own requests, up to date), bounded below by what the engine itself reports at the last scrape (its
-        waiting and running requests, each at the mean prefill time), which includes the requests of every
-        other router replica."""
-        reported = (load.waiting + load.running) * self._mean_prefill_s
-        return max(self._queued_prefill_s.get(instance, 0.0), reported)
+        own requests, up to date) plus what the engine reported at the last scrape beyond this router's own
+        requests then (the other router replicas' waiting and running requests, each at the mean prefill
+        time). A request of this router that the scrape saw and that has finished since is not counted twice:
+        a stale scrape once sent a short follow-up turn remote as a 'queue surge' on an idle engine."""
+        others = max(0.0, load.waiting + load.running - load.own)
+        return self._queued_prefill_s.get(instance, 0.0) + others * self._mean_prefill_s
 
     def active_decodes(self, instance: str) -> int:
         return self._active_decodes.get(instance, 0)

@@ -5,7 +5,7 @@ threshold are recomputed with the core's policies and a new :class:`Snapshot` is
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 import structlog
@@ -82,11 +82,12 @@ class Signals:
         """One health probe (its /metrics read), judged by :class:`HealthBook` over consecutive probes."""
         routing = self.runtime.compiled.config.routing
         started = self.runtime.clock()
+        mark = self.runtime.own_mark(name)
         why = ""
         try:
             resp = await self.http.get(f"{url}/metrics", timeout=routing.health_probe_seconds)
             if resp.status_code == 200:
-                load = parse_engine_load(resp.text)
+                load = replace(parse_engine_load(resp.text), own=self.runtime.own_seen(name, mark))
                 return name, self.health.probed(name, load, self.runtime.clock() - started)
             why = f"/metrics answered {resp.status_code}"
         except httpx.HTTPError as exc:

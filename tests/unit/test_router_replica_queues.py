@@ -31,7 +31,9 @@ def test_an_instance_busy_with_another_replicas_work_is_not_taken_for_idle() -> 
         pass
     with rt.prefill_queued("pd-0", 4.0):
         # by its own books pd-1 is idle; the engine says 3 requests wait there (other replicas')
-        rt.snapshot = replace(rt.snapshot, engines={"pd-0": EngineLoad(True, 0, 1), "pd-1": EngineLoad(True, 3, 0)})
+        rt.snapshot = replace(
+            rt.snapshot, engines={"pd-0": EngineLoad(True, 0, 1, own=1), "pd-1": EngineLoad(True, 3, 0)}
+        )
         plan = rt.route(20_000, [])
         assert plan.prefill is not None and plan.prefill.name == "pd-0", plan.prefill
         assert rt.queued_work_s("pd-1", rt.snapshot.engines["pd-1"]) > rt.queued_work_s(
@@ -39,6 +41,30 @@ def test_an_instance_busy_with_another_replicas_work_is_not_taken_for_idle() -> 
         )
         wait = rt.local_wait_s()
         assert wait is not None and wait >= 4.0  # no instance is idle: the local alternative waits
+        assert rt.queued_work_s("pd-0", rt.snapshot.engines["pd-0"]) == 4.0  # its running one is this replica's
         # the engines idle again: the own books count, as before
         rt.snapshot = replace(rt.snapshot, engines={"pd-0": EngineLoad(), "pd-1": EngineLoad()})
         assert rt.local_wait_s() == 0.0 and rt.route(20_000, []).prefill.name == "pd-1"  # type: ignore[union-attr]
+
+
+def test_a_scrape_that_saw_this_routers_own_request_does_not_count_it_again_once_it_is_over() -> None:
+    """A scrape taken while this router's own request ran on pd-0 says one running; once that request is over
+    the instance is idle, not busy for another mean prefill until the next scrape (a stale scrape once sent a
+    short follow-up turn remote as a 'queue surge' on an idle engine)."""
+    rt = runtime()
+    mark = rt.own_mark("pd-0")
+    with rt.prefill_queued("pd-0", 4.0):
+        seen = rt.own_seen("pd-0", mark)  # the scrape began before the request and answered while it ran
+        assert seen == 1
+        scraped = EngineLoad(True, 0, 1, own=seen)
+        assert rt.queued_work_s("pd-0", scraped) == 4.0
+    assert rt.queued_work_s("pd-0", scraped) == 0.0
+    rt.snapshot = replace(rt.snapshot, engines={"pd-0": scraped, "pd-1": EngineLoad()})
+    assert rt.local_wait_s() == 0.0
+    # a scrape begun while two were in flight counts both as this router's, even if one ended before it answered
+    with rt.prefill_queued("pd-0", 4.0), rt.prefill_queued("pd-0", 4.0):
+        mark = rt.own_mark("pd-0")
+    with rt.prefill_queued("pd-0", 4.0):
+        assert rt.own_seen("pd-0", mark) == 3
+        # one more than this router's own is running there: another replica's, at the mean prefill time
+        assert rt.queued_work_s("pd-0", EngineLoad(True, 1, 3, own=3)) == 4.0 + 4.0
