@@ -27,6 +27,7 @@ from .kube import ApiError, JsonDict, KubeApi, api_path
 from .logs import logger
 from .metrics import OperatorMetrics
 from .observe import Snapshot
+from .pacing import paced_gbps, pacing_patch
 from .pods import pod_ready
 from .registry import Entry, World
 from .router_config import RouterConfigPublisher, build_gateway
@@ -197,6 +198,7 @@ class PrefillClusterReconciler:
                 conds = set_condition(conds, "Ready", False, "WorkloadMissing", message, now_s, gen)
                 await self.writer.write(entry, PrefillClusterStatus(**status, conditions=conds))
                 return
+            await self._pace_egress(entry, pfc, workload, now_s)
             ready = sum(1 for p in pods if pod_ready(p) and not draining(p))
             status.update(ready_instances=ready, last_sync_time=iso(now_s))
             if snap is not None:
@@ -215,6 +217,24 @@ class PrefillClusterReconciler:
             )
         conds = set_condition(conds, "Degraded", False, "Synced", "status refreshed this cycle", now_s, gen)
         await self.writer.write(entry, PrefillClusterStatus(**status, conditions=conds))
+
+    async def _pace_egress(self, entry: Entry, pfc: PrefillCluster, workload: JsonDict, now_s: float) -> None:
+        """The workload's pod templates to ``linkScheduling.egressPacing`` (:mod:`.pacing`); a failed write is
+        logged and retried at the next sync, it never blocks the status."""
+        assert pfc.spec.workload is not None
+        change = pacing_patch(workload, paced_gbps(pfc))
+        if change is None:
+            return
+        patch, what = change
+        log = logger(KIND_PREFILL_CLUSTER, entry.namespace, entry.name)
+        try:
+            await self.api.patch(workload_path(pfc.spec.workload, entry.namespace or "default"), patch)
+        except ApiError as exc:
+            log.error("egress pacing not written", workload=pfc.spec.workload.name, error=str(exc))
+            return
+        log.info("egress pacing written", workload=pfc.spec.workload.name, change=what)
+        message = f"{pfc.spec.workload.kind} {pfc.spec.workload.name}: {what}; its pods restart to take it"
+        await post_event(self.api, entry.body, "Normal", "EgressPacing", message, now_s)
 
     async def _retire_gateway(self, entry: Entry) -> None:
         """A Remote PrefillCluster has no gateway here: the ConfigMap a Managed spec had published is removed

@@ -42,6 +42,7 @@ from prfaas_core.names import (
 from prfaas_core.policy.threshold import ThresholdBounds
 
 from .kube import ApiError, JsonDict, KubeApi, api_path
+from .pacing import paced_gbps
 
 SECRETS_DIR = "/var/run/prfaas/secrets"
 GATEWAY_DIR = "/var/run/prfaas/gateway"
@@ -108,8 +109,10 @@ def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfile
     admission, links = None, []
     if ls is not None:
         admission = GatewayAdmission.model_validate(
-            ls.model_dump(by_alias=True, exclude={"capacity_gbps", "max_utilization"})
+            ls.model_dump(by_alias=True, exclude={"capacity_gbps", "max_utilization", "egress_pacing"})
         )
+        if (paced := paced_gbps(pfc)) is not None:  # one pull achieves the pods' paced egress
+            admission = admission.model_copy(update={"pull_gbps": paced})
         links = [RouterLink(name=ls.link, capacity_gbps=ls.capacity_gbps, max_utilization=ls.max_utilization)]
     serving = GatewayServing(
         prefill_cluster=pfc.metadata.name,

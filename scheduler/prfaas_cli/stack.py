@@ -24,6 +24,7 @@ import httpx
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
+from prfaas_core.policy.link_calendar import paced_instance_gbps
 
 from .local_loop import write_router_config
 from .ports import free_port
@@ -48,6 +49,9 @@ class StackSpec:
     """The model names the router accepts (others get OpenAI's 404); empty: any."""
     gateway_admission: bool = False
     """The gateway schedules the link (``gateway.admission``; pull-after-prefill, one pull at a relay's rate)."""
+    egress_pacing: bool = False
+    """Each PrFaaS instance's egress paced to cap / instances (what ``linkScheduling.egressPacing: PerInstance``
+    asks of the CNI in a cluster): its relay runs at that rate, and the gateway books each pull at it."""
 
 
 @dataclass
@@ -155,7 +159,7 @@ class LocalStack:
         self._start(
             f"link-{i}",
             ["link", "--listen", f"127.0.0.1:{relay}", "--target", f"127.0.0.1:{kv}",
-             "--capacity-gbps", str(s.link_gbps / s.n_prfaas), "--rtt-ms", str(s.rtt_ms), "--name", "a-to-b",
+             "--capacity-gbps", str(self.relay_gbps(s.egress_pacing)), "--rtt-ms", str(s.rtt_ms), "--name", "a-to-b",
              "--metrics-port", str(admin), *scale],
         )  # fmt: skip
         self.urls[name] = f"http://127.0.0.1:{port}"
@@ -208,7 +212,22 @@ class LocalStack:
         s = self.spec
         if not s.gateway_admission:
             return {}
-        return {"admission": {"link": "a-to-b", "pullGbps": s.link_gbps / s.n_prfaas}}
+        return {"admission": {"link": "a-to-b", "pullGbps": self.relay_gbps(s.egress_pacing)}}
+
+    def relay_gbps(self, paced: bool) -> float:
+        """One PrFaaS instance's relay rate: its share of the link, or with egress pacing, of the cap
+        (:func:`~prfaas_core.policy.link_calendar.paced_instance_gbps`)."""
+        s = self.spec
+        share = s.link_gbps / s.n_prfaas
+        return min(share, paced_instance_gbps(s.link_gbps, s.link_max_utilization, s.n_prfaas)) if paced else share
+
+    def pace_relays(self, paced: bool) -> None:
+        """Every relay to :meth:`relay_gbps` now (a peer that does not pace runs on the unpaced link)."""
+        for i in range(self.spec.n_prfaas):
+            resp = httpx.post(
+                f"{self.urls[f'link-{i}']}/admin/link", json={"capacity_gbps": self.relay_gbps(paced)}, timeout=5.0
+            )
+            resp.raise_for_status()
 
     def _router_config(
         self, model_json: dict[str, Any], endpoints: list[dict[str, str]], gw_url: str, token: Path

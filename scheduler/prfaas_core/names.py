@@ -49,6 +49,11 @@ ANNOTATION_PAUSED: Final = f"{API_GROUP}/paused"
 
 ANNOTATION_POD_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 """Kubernetes' annotation: a Deployment scaling down removes the pod with the lowest cost first."""
+ANNOTATION_EGRESS_BANDWIDTH: Final = "kubernetes.io/egress-bandwidth"
+"""Kubernetes' pod annotation (the CNI bandwidth plugin's): the pod's egress limit, e.g. ``2000M`` (bits/s).
+``linkScheduling.egressPacing: PerInstance`` sets it on a Managed PrefillCluster's pod template."""
+ANNOTATION_EGRESS_PACED: Final = f"{API_GROUP}/egress-paced"
+"""On a workload whose pod template the operator paced: the rate it set, so that it removes only its own."""
 
 FINALIZER: Final = f"{API_GROUP}/finalizer"
 

@@ -27,6 +27,10 @@ class Endpoint:
         return f"{self.host}:{self.port}"
 
 
+DEFAULT_CHUNK_BYTES = 64 * 1024
+"""What one shaper grant carries: a 1-s window may carry one chunk above the link's rate."""
+
+
 @dataclass(frozen=True)
 class LinkConfig:
     """A relay from ``listen`` (the decode side, region B) to ``target`` (the prefill side's KV server).
@@ -45,7 +49,7 @@ class LinkConfig:
     """The ``link`` label of the metrics (an InterDCLink's name)."""
     admin: Endpoint | None = None
     """Where /metrics and /admin listen; None: no HTTP server (in-process use)."""
-    chunk_bytes: int = 64 * 1024
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     """Scheduling granularity of fair sharing (real bytes)."""
     connect_timeout_s: float = 10.0
     seed: int | None = None

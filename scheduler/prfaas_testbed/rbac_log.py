@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from prfaas_core.names import ANNOTATION_EGRESS_BANDWIDTH
+
 from .operator_harness import REPO, Harness
 from .prom import wait_until
 
@@ -86,6 +88,13 @@ def grants_of(docs: list[dict[str, Any]], sa: str) -> list[tuple[str | None, dic
     return out
 
 
+def paced(h: Harness, ns: str) -> bool:
+    """Whether the operator wrote the egress-pacing annotation into the prefill Deployment's pod template."""
+    body = h.get("Deployment", ns, "prefill-engines") or {}
+    template = (body.get("spec") or {}).get("template") or {}
+    return ANNOTATION_EGRESS_BANDWIDTH in ((template.get("metadata") or {}).get("annotations") or {})
+
+
 def record_operator_calls(tmp: Path) -> tuple[set[Call], str]:
     """Every call a real operator process made through one reconcile of the example, and the namespace."""
     h = Harness(tmp)
@@ -114,14 +123,17 @@ def record_operator_calls(tmp: Path) -> tuple[set[Call], str]:
         h.setup(ns)
         managed = next(d for d in h.manifests(ns) if d["kind"] == "PrefillCluster")
         managed["metadata"]["name"] = "local-prefill"
+        pacing = {"link": "a-to-b", "capacityGbps": 100, "egressPacing": "PerInstance"}  # the pods' egress paced
         managed["spec"] = {**{k: v for k, v in managed["spec"].items() if k != "endpoint"}, "mode": "Managed",
-                           "workload": {"kind": "Deployment", "name": "prefill-engines"}}  # fmt: skip
+                           "workload": {"kind": "Deployment", "name": "prefill-engines"},
+                           "linkScheduling": pacing}  # fmt: skip
         h.create(managed)
         h.ready_roles(ns, 3, 5, 40)
         h.prom.exporter.set_queue(ns, "pd-h20", "prefill", 40)
         h.ready_roles(ns, 4, 4, 60)
         wait_until(lambda: h.condition(ns, "Ready", "local-prefill", "PrefillCluster").get("status"), 30, "managed")
         wait_until(lambda: h.get("ConfigMap", ns, "local-prefill-gateway-config"), 30, "the gateway config")
+        wait_until(lambda: paced(h, ns), 30, "the prefill pods' egress paced")
         h.delete("PDCluster", ns, "pd-h20")
         wait_until(lambda: h.get("ConfigMap", ns, "pd-h20-router-config") is None, 30, "the finalizer's cleanup")
         op.stop()

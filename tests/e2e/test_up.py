@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from prfaas_link.config import DEFAULT_CHUNK_BYTES
+
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 
 
@@ -93,7 +95,7 @@ def test_prfaas_up_runs_the_stack_end_to_end(tmp_path: Path) -> None:
 
 
 SHORT = Path(__file__).parent / "data" / "up-short.yaml"
-SHAPER_BURST_GBITS = 64 * 1024 * 8 / 1e-3 / 1e9
+SHAPER_BURST_GBITS = DEFAULT_CHUNK_BYTES * 8 / 1e-3 / 1e9
 """One relay chunk (LinkConfig.chunk_bytes) of wire bytes in model Gbit: what a 1-s window may carry above
 the rate (the shaper grants whole chunks)."""
 

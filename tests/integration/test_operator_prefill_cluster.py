@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from prfaas_core.names import LABEL_PREFILL_CLUSTER
+from prfaas_core.names import ANNOTATION_EGRESS_BANDWIDTH, ANNOTATION_EGRESS_PACED, LABEL_PREFILL_CLUSTER
 from prfaas_operator.router_config import CONFIG_KEY, gateway_configmap_name
 from prfaas_router.config import parse_config
 from prfaas_testbed.operator_harness import EXAMPLE, Harness
@@ -163,4 +163,65 @@ def test_a_managed_to_remote_change_removes_the_old_gateway_config(h: Harness) -
     )
     wait_until(lambda: h.get("ConfigMap", ns, CM) is None, 30, "the old gateway ConfigMap removed")
     assert h.get("PrefillCluster", ns, PFC) is not None
+    op.stop()
+
+
+def test_egress_pacing_limits_each_prefill_pod_and_the_gateway_books_pulls_at_that_rate(h: Harness) -> None:
+    """linkScheduling.egressPacing PerInstance: the operator writes kubernetes.io/egress-bandwidth = cap / instances
+    into the workload's pod template (the example: 100 Gbps x 0.8 over 4 instances = 20 Gbps) and the gateway books
+    each pull at 20 Gbps; turned off, it removes its own annotation and keeps one a person set by hand."""
+    ns = h.namespace()
+    op = h.start_operator(ns)
+    profile = next(d for d in h.manifests(ns) if d["kind"] == "ModelProfile")
+    h.create(profile)
+    template = {"metadata": {"labels": {LABEL_PREFILL_CLUSTER: PFC}}, "spec": {"containers": [{"name": "engine"}]}}
+    h.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "prefill-engines", "namespace": ns},
+            "spec": {"replicas": 4, "selector": {"matchLabels": {LABEL_PREFILL_CLUSTER: PFC}}, "template": template},
+        }
+    )
+    h.create(prefill_pod(ns, 0, ready=True))
+    pfc = managed_prefill_cluster(ns, profile["metadata"]["name"])
+    pfc["spec"]["linkScheduling"]["egressPacing"] = "PerInstance"
+    pfc["spec"]["linkScheduling"].pop("pullGbps", None)
+    h.create(pfc)
+
+    def template_annotations() -> dict[str, str]:
+        body = h.get("Deployment", ns, "prefill-engines") or {}
+        return dict(body["spec"]["template"]["metadata"].get("annotations") or {})
+
+    wait_until(lambda: template_annotations().get(ANNOTATION_EGRESS_BANDWIDTH) == "20000M", 30, "the pods paced")
+    deployment = h.get("Deployment", ns, "prefill-engines")
+    assert deployment is not None and deployment["metadata"]["annotations"][ANNOTATION_EGRESS_PACED] == "20000M"
+    assert deployment["spec"]["template"]["spec"]["containers"] == [{"name": "engine"}]  # the rest untouched
+    admission = wait_until(lambda: (gateway_config(h, ns) or {}).get("gateway", {}).get("admission"), 30, "admission")
+    assert admission["pullGbps"] == pytest.approx(20.0) and admission["link"] == "a-to-b"
+    events = [e for e in h.events(ns) if e.get("reason") == "EgressPacing"]
+    assert events and "20000M" in events[0]["message"] and "restart" in events[0]["message"]
+
+    # pacing off: the operator's annotation goes, and the gateway books pulls at the replica's share again
+    h.patch("PrefillCluster", ns, PFC, {"spec": {"linkScheduling": {"egressPacing": "None"}}})
+    wait_until(lambda: ANNOTATION_EGRESS_BANDWIDTH not in template_annotations(), 30, "the pacing removed")
+    deployment = h.get("Deployment", ns, "prefill-engines")
+    assert deployment is not None and ANNOTATION_EGRESS_PACED not in (deployment["metadata"].get("annotations") or {})
+    wait_until(
+        lambda: (
+            "pullGbps" not in ((gateway_config(h, ns) or {}).get("gateway", {}).get("admission") or {"pullGbps": 1})
+        ),
+        30,
+        "the gateway's pulls unpaced",
+    )
+    # one set by hand (no marker of the operator's) is left alone
+    h.patch(
+        "Deployment",
+        ns,
+        "prefill-engines",
+        {"spec": {"template": {"metadata": {"annotations": {ANNOTATION_EGRESS_BANDWIDTH: "5000M"}}}}},
+    )
+    h.patch("PrefillCluster", ns, PFC, {"metadata": {"labels": {"nudge": "1"}}})
+    wait_until(lambda: h.status(ns, PFC, "PrefillCluster").get("lastSyncTime"), 30, "a sync")
+    assert template_annotations().get(ANNOTATION_EGRESS_BANDWIDTH) == "5000M"
     op.stop()

@@ -26,9 +26,28 @@ class LinkSchedulingSpec(GatewayAdmission):
     (``gateway.admission`` and the link). ``link`` is the InterDCLink's name in the decoding region; its capacity
     and cap are repeated here, since this region has no InterDCLink of its own."""
 
+    __cel_rules__ = (
+        CelRule(
+            rule="self.egressPacing != 'PerInstance' || !has(self.pullGbps)",
+            message="egressPacing PerInstance sets what one pull achieves (cap / instances): leave pullGbps out",
+            check=lambda s: s.egress_pacing != "PerInstance" or s.pull_gbps is None,
+            field_path=".pullGbps",
+            reason="FieldValueForbidden",
+        ),
+    )
+
     capacity_gbps: float = Field(gt=0, le=100_000, description="The link's capacity, Gbps (its InterDCLink's).")
     max_utilization: float = Field(
         default=0.8, gt=0, le=1, description="The cap: fraction of capacity KV may use (its InterDCLink's)."
+    )
+    egress_pacing: Literal["None", "PerInstance"] = Field(
+        default="None",
+        description="PerInstance: the operator limits each prefill pod's egress to cap / spec.instances (the "
+        "kubernetes.io/egress-bandwidth annotation on the workload's pod template, enforced by the CNI's bandwidth "
+        "plugin; the pods restart to take it, and again when the cap or spec.instances changes) and the gateway "
+        "books each pull at that rate, so one pull per instance fits under the cap at once. None: pulls run as fast "
+        "as the wire lets them, and a pull faster than what the cap leaves waits, so the cap may sit partly idle "
+        "on a tight link.",
     )
 
 

@@ -83,6 +83,16 @@ class Window:
         )
 
 
+def paced_instance_gbps(capacity_gbps: float, max_utilization: float, instances: int) -> float:
+    """Egress pacing: each PrFaaS instance's egress limited to an equal share of the cap, so that one pull per
+    instance fits on the wire at once and together they fill the cap, where unpaced pulls (each as fast as the
+    wire lets it) leave the cap partly idle: on a 5-Gbps link (4-Gbps cap) whose pulls run at 2.5 Gbps only one
+    fits at a time. It is also what one pull achieves then (the gateway's ``pullGbps``)."""
+    if capacity_gbps <= 0 or not 0 < max_utilization <= 1 or instances < 1:
+        raise ValueError("capacity_gbps > 0, 0 < max_utilization <= 1 and instances >= 1 required")
+    return capacity_gbps * max_utilization / instances
+
+
 def ceiling_gbps(ledger: EgressLedger, now_s: float, params: LinkParams, available_gbps: float | None = None) -> float:
     """The hard ceiling a new booking must stay under: the cap, bounded by the available bandwidth, less the
     other replicas' measured egress."""
