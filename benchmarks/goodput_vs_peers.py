@@ -458,6 +458,13 @@ def main() -> int:
         "(linkScheduling.egressPacing: PerInstance), so one pull per instance fits under the cap; the peers run on "
         "the unpaced link",
     )
+    ap.add_argument(
+        "--max-utilization",
+        type=float,
+        default=0.8,
+        help="the link's maxUtilization, our cap as a fraction of the link (default 0.8, the InterDCLink default); 1.0 "
+        "gives our systems the same wire the peers use",
+    )
     ap.add_argument("--work-dir", default=None, help="logs and configs (default: a temp dir)")
     ap.add_argument("--out", default="out/bench/goodput.json")
     ap.add_argument(
@@ -479,6 +486,8 @@ def main() -> int:
         ap.error(f"unknown systems: {sorted(unknown)}")
     if args.egress_pacing and not args.gateway_admission:
         ap.error("--egress-pacing needs --gateway-admission (the gateway books each pull at the paced rate)")
+    if not 0.0 < args.max_utilization <= 1.0:
+        ap.error(f"--max-utilization must be in (0, 1], got {args.max_utilization}")
     if REPLICATED in systems and not args.gateway_admission:
         ap.error(f"{REPLICATED} needs --gateway-admission (its gateway replicas share the link's cap)")
     inputs = replace(
@@ -487,6 +496,7 @@ def main() -> int:
         n_pd=4,
         output_tokens=float(args.output_tokens),
         link_capacity_gbps=args.link_gbps,
+        link_max_utilization=args.max_utilization,
     )
     point = plan(inputs).prfaas_pd.point
     args.lambda_max = point.throughput_rps
@@ -501,6 +511,7 @@ def main() -> int:
         threshold_min_tokens=round(point.split.threshold_tokens),
         gateway_admission=args.gateway_admission,
         egress_pacing=args.egress_pacing,
+        link_max_utilization=args.max_utilization,
     )
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-goodput-"))
     stack = LocalStack(spec, work)
