@@ -222,10 +222,12 @@ def test_objects_rendered_per_region(helm: str) -> None:
         "ServiceAccount": 1, "ServiceMonitor": 1,
     }  # fmt: skip
     # region A: the dashboard only (the gateway's RouterConfig is the operator's); region B: + router settings
-    assert region_a == {**common, "ConfigMap": 1} and region_b == common
-    assert sum(region_a.values()) == 20 and sum(region_b.values()) == 21 and len(render(helm, CRD_CHART)) == 4
+    # region A's gateway: a StatefulSet with a headless Service naming each replica for its peers
+    gateway_a = {"ConfigMap": 1, "Deployment": 1, "StatefulSet": 1, "Service": 3}
+    assert region_a == dict(sorted({**common, **gateway_a}.items())) and region_b == common
+    assert sum(region_a.values()) == 21 and sum(region_b.values()) == 21 and len(render(helm, CRD_CHART)) == 4
     demo = render(helm, CHART, REPO / "examples/03-helm/demo/values.yaml")
-    assert len(demo) == 27
+    assert len(demo) == 28
 
 
 # --- values: schema and documentation ---------------------------------------------------------------------------
@@ -340,7 +342,7 @@ def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
     pfc_name = yaml.safe_load((REPO / values).read_text())["gateway"]["prefillCluster"]
     operator_cm = gateway_configmap_name(pfc_name)
     assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-gateway-config")]
-    deploy = find(docs, "Deployment", "-gateway")
+    deploy = find(docs, "StatefulSet", "-gateway")
     pod = deploy["spec"]["template"]["spec"]
     assert "checksum/config" not in (deploy["spec"]["template"]["metadata"].get("annotations") or {})
     volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == operator_cm)
@@ -350,7 +352,7 @@ def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
     args = gateway["args"]
     assert args[0] == "router" and args[args.index("--config") + 1] == f"{mount['mountPath']}/{CONFIG_KEY}"
     assert gateway["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v and v["name"] != "peer-ca"}
     mounted = {secrets[m["name"]]: m["mountPath"] for m in gateway["volumeMounts"] if m["name"] in secrets}
 
     objects = [d for f in resources for d in yaml.safe_load_all((REPO / f).read_text()) if d]
@@ -393,6 +395,59 @@ def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
         assert [(x.name, x.capacity_gbps, x.max_utilization) for x in config.links] == [
             (ls.link, ls.capacity_gbps, ls.max_utilization)
         ]
+        assert config.gateway.admission.peers == ls.peers and ls.replicas == deploy["spec"]["replicas"]
+
+
+def test_gateway_replicas_reach_each_other_by_the_names_the_prefill_cluster_lists(helm: str) -> None:
+    """Gateway replicas lend each other their share of the link only if each can reach the others by the URLs in
+    the PrefillCluster's linkScheduling.peers: the example lists exactly the StatefulSet's pods under its headless
+    Service (what `helm install` prints), the peers Service selects the gateway pods without the ServiceMonitor
+    scraping them twice, the NetworkPolicy admits the replicas to each other (region A admits only region B's
+    CIDR otherwise), and peerCaFile is where the chart mounts the gateway's CA."""
+    from prfaas_core.api import PrefillCluster
+
+    values = REPO / "examples/03-helm/region-a/values.yaml"
+    docs = render(helm, CHART, values)
+    sts = find(docs, "StatefulSet", "-gateway")
+    headless = find(docs, "Service", "-gateway-peers")
+    port = containers(sts)[0]["ports"][0]
+    assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert [(p["targetPort"], p["port"]) for p in headless["spec"]["ports"]] == [(port["name"], port["containerPort"])]
+    names = [f"{sts['metadata']['name']}-{i}.{headless['metadata']['name']}.{NAMESPACE}.svc" for i in range(2)]
+    urls = [f"https://{n}:{port['containerPort']}" for n in names]
+
+    body = yaml.safe_load((REPO / "examples/03-helm/region-a/prefill-cluster.yaml").read_text())
+    ls = PrefillCluster.model_validate(body).spec.link_scheduling
+    assert ls is not None and ls.replicas == sts["spec"]["replicas"] == 2
+    assert ls.peers == urls
+
+    proc = run_helm(helm, "install", "prfaas", str(CHART), "-n", NAMESPACE, "--dry-run=client", "-f", str(values))
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert all(f"- {u}" in notes for u in urls) and f"peerCaFile: {ls.peer_ca_file}" in notes
+
+    monitor = find(docs, "ServiceMonitor")
+    selected = {v for e in monitor["spec"]["selector"]["matchExpressions"] for v in e.get("values", [])}
+    component = "app.kubernetes.io/component"
+    assert headless["metadata"]["labels"][component] not in selected
+    assert find(docs, "Service", "-gateway")["metadata"]["labels"][component] in selected
+
+    policy = find(docs, "NetworkPolicy", "-gateway")
+    peer_rules = [
+        r for r in policy["spec"]["ingress"]
+        if {"podSelector": {"matchLabels": sts["spec"]["selector"]["matchLabels"]}} in r.get("from", [])
+    ]  # fmt: skip
+    assert peer_rules and peer_rules[0]["ports"] == [{"port": port["name"], "protocol": "TCP"}]
+
+    pod = sts["spec"]["template"]["spec"]
+    ca = next(v for v in pod["volumes"] if v["name"] == "peer-ca")["secret"]
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["gateway"]["tls"]
+    tls = {**defaults, **yaml.safe_load(values.read_text())["gateway"]["tls"]}
+    assert ca["secretName"] == tls["caSecretName"] and ca["items"] == [{"key": tls["caKey"], "path": "ca.crt"}]
+    mount = next(m for m in containers(sts)[0]["volumeMounts"] if m["name"] == "peer-ca")
+    assert ls.peer_ca_file == f"{mount['mountPath']}/ca.crt"
 
 
 def test_router_mounts_the_operators_configmap_and_the_chart_never_renders_it(helm: str) -> None:
@@ -615,13 +670,13 @@ def test_the_tokenizer_volume_is_mounted_into_routers_and_gateways(helm: str, tm
     extra.write_text(
         "tokenizer:\n  mountPath: /models/tok\n  volume:\n    persistentVolumeClaim:\n      claimName: qwen-tokenizer\n"
     )
-    for region, kind_suffix in (("region-b", "-router"), ("region-a", "-gateway")):
+    for region, kind, kind_suffix in (("region-b", "Deployment", "-router"), ("region-a", "StatefulSet", "-gateway")):
         values = REPO / f"examples/03-helm/{region}/values.yaml"
-        deploy = find(render(helm, CHART, values, "-f", str(extra)), "Deployment", kind_suffix)
+        deploy = find(render(helm, CHART, values, "-f", str(extra)), kind, kind_suffix)
         pod = deploy["spec"]["template"]["spec"]
         volume = next(v for v in pod["volumes"] if v["name"] == "prfaas-tokenizer")
         assert volume["persistentVolumeClaim"] == {"claimName": "qwen-tokenizer"}
         mount = next(m for m in containers(deploy)[0]["volumeMounts"] if m["name"] == "prfaas-tokenizer")
         assert mount == {"name": "prfaas-tokenizer", "mountPath": "/models/tok", "readOnly": True}
-        plain = find(render(helm, CHART, values), "Deployment", kind_suffix)
+        plain = find(render(helm, CHART, values), kind, kind_suffix)
         assert all(v["name"] != "prfaas-tokenizer" for v in plain["spec"]["template"]["spec"]["volumes"])

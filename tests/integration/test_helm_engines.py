@@ -39,6 +39,8 @@ def _expected() -> dict[tuple[str, str], dict[str, Any]]:
 def _pods(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for d in docs:
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") != "engine":
+            continue  # the gateway is a StatefulSet too
         if d["kind"] == "StatefulSet":
             out[d["metadata"]["name"]] = d["spec"]["template"]
         elif d["kind"] == "LeaderWorkerSet":

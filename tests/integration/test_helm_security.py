@@ -35,13 +35,13 @@ def test_a_cluster_internal_plain_gateway_with_a_token_renders(helm: str) -> Non
         None,
         *_sets(*GATEWAY, "gateway.tls.enabled=false", "gateway.token.secretName=k", "gateway.service.type=ClusterIP"),
     )
-    assert "--allow-insecure-gateway" not in containers(find(docs, "Deployment", "-gateway"))[0]["args"]
+    assert "--allow-insecure-gateway" not in containers(find(docs, "StatefulSet", "-gateway"))[0]["args"]
 
 
 def test_the_acknowledged_insecure_gateway_passes_the_flag_and_notes_warn(helm: str) -> None:  # noqa: F811
     sets = _sets(*GATEWAY, "gateway.tls.enabled=false", "security.allowInsecureGateway=true")
     docs = render(helm, CHART, None, *sets)
-    assert "--allow-insecure-gateway" in containers(find(docs, "Deployment", "-gateway"))[0]["args"]
+    assert "--allow-insecure-gateway" in containers(find(docs, "StatefulSet", "-gateway"))[0]["args"]
     proc = run_helm(helm, "install", "prfaas", str(CHART), "-n", NAMESPACE, "--dry-run=client", *sets)
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]

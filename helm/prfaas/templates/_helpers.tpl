@@ -246,4 +246,9 @@ router_config.py build_gateway. */}}
 {{- printf "%s-gateway-config" (required "gateway.prefillCluster is required with gateway.enabled" .Values.gateway.prefillCluster) }}
 {{- end }}
 
+{{/* The gateway replicas' headless Service: <replica>.<this>.<namespace>.svc names each for the peers' loans. */}}
+{{- define "prfaas.gateway.peersService" -}}
+{{- printf "%s-gateway-peers" (include "prfaas.fullname" .) }}
+{{- end }}
+
 {{- define "prfaas.gateway.configDir" -}}/etc/prfaas/gateway{{- end }}
