@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable
 
 import httpx
@@ -19,6 +20,18 @@ PEER_TIMEOUT_S = 1.0
 """A call between gateway replicas (wall seconds); a peer that does not answer in time lends nothing."""
 
 
+def peer_tls(ca_file: str | None) -> ssl.SSLContext:
+    """What verifies the peers: ``ca_file`` (a path given to httpx is deprecated there), or the system's CAs when it is
+    unset or unreadable. Unreadable (the chart mounts the CA Secret optional) is logged, not fatal: peers a private
+    CA signed are then unreachable, and this replica keeps its own share of the cap (exact, slower)."""
+    if ca_file:
+        try:
+            return ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            log.error("gateway peer CA unreadable: peers it signed are unreachable", ca_file=ca_file, error=str(exc))
+    return ssl.create_default_context()
+
+
 class PeerLoans:
     """The calls a replica makes to its peers (:data:`~prfaas_core.names.LOANS_PATH`) with the gateway's own bearer
     token. A peer that answers 409 is this replica (``peers`` may list every replica): it is skipped from then on."""
@@ -30,7 +43,7 @@ class PeerLoans:
         """Peer URL -> its replica id, learned from its answers."""
         self.self_urls: set[str] = set()
         self.ca_file = ca_file
-        self.http = httpx.AsyncClient(timeout=PEER_TIMEOUT_S, verify=ca_file or True)
+        self.http = httpx.AsyncClient(timeout=PEER_TIMEOUT_S, verify=peer_tls(ca_file))
 
     def others(self) -> list[str]:
         return [u for u in self.urls if u not in self.self_urls]

@@ -86,7 +86,7 @@ class Proxy:
         await self.close()
         self.remote_tls.clear()
         for remote in self.rt.compiled.remotes:
-            verify: Any = remote.ca_file if remote.ca_file else True
+            verify: Any = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
             self.remote_clients[remote.name] = httpx.AsyncClient(
                 verify=verify, timeout=httpx.Timeout(remote.timeout_seconds, connect=5.0)
             )

@@ -231,3 +231,58 @@ def test_certificate_rotation_is_live_and_a_bad_pair_keeps_the_last_good_one(gw:
         gw.url + "/status", headers=auth(NEW_TOKEN), verify=ssl.create_default_context(cafile=str(b_cert)), timeout=5
     )
     assert resp.status_code == 200
+
+
+def test_replicas_lend_each_other_over_tls_verified_by_the_peer_ca(tmp_path: Path) -> None:
+    """Two TLS gateway replicas sharing one certificate and token (the chart's one Secret each), as the chart runs
+    them: a replica's peer client (``PeerLoans``, what ``linkScheduling.peerCaFile`` configures) borrows from the
+    other over https, verifying it with the CA file (the certificate names the address in ``peers``); a CA that
+    did not sign the peer's certificate makes the peer unreachable: the request never reaches it, it lends
+    nothing."""
+    import asyncio
+
+    from prfaas_core import names
+    from prfaas_router.peer_loans import PeerLoans
+
+    cert, key = self_signed(tmp_path, "gateway")
+    other_ca, _ = self_signed(tmp_path, "other")
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    ports = [free_port(), free_port()]
+    peers = [f"https://127.0.0.1:{p}" for p in ports]
+    with processes(tmp_path) as procs:
+        engine = start_engine(procs)
+        for i, port in enumerate(ports):
+            admission = {"link": "a-to-b", "replicas": 2, "peers": peers, "peerCaFile": str(cert)}
+            path = gateway_config(
+                tmp_path, engine, tokenFile=str(tmp_path / "token"), tlsCertFile=str(cert), tlsKeyFile=str(key),
+                admission=admission,
+            )  # fmt: skip
+            config = json.loads(path.read_text())
+            config["links"] = [{"name": "a-to-b", "capacityGbps": 10, "maxUtilization": 0.8}]
+            (tmp_path / f"gateway-{i}.json").write_text(json.dumps(config))
+            args = ["router", "--config", str(tmp_path / f"gateway-{i}.json"), "--port", str(port)]
+            procs.start(f"gateway-{i}", [*PRFAAS, *args])
+        verify = ssl.create_default_context(cafile=str(cert))
+
+        def ready() -> bool:
+            procs.check_alive()
+            return all(httpx.get(u + "/ready", verify=verify, timeout=2).status_code == 200 for u in peers)
+
+        wait_for(ready, 60, "both gateway replicas to be ready")
+
+        async def ask(ca: Path, url: str) -> tuple[str, float] | None:
+            loans = PeerLoans(peers, lambda: TOKEN.encode(), str(ca))
+            try:
+                return await loans.ask(url, "a-to-b", 0.5, 5.0, "replica-of-the-test", 0.0)
+            finally:
+                await loans.aclose()
+
+        lent = asyncio.run(ask(cert, peers[1]))
+        assert lent is not None and lent[0] and 0 < lent[1] <= 0.5, lent
+        text = httpx.get(peers[1] + "/metrics", headers=auth(TOKEN), verify=verify, timeout=5).text
+        assert metric_value(text, names.METRIC_GATEWAY_LOANS, {"link": "a-to-b", "result": "lent"}) == 1
+        assert asyncio.run(ask(other_ca, peers[0])) is None  # not verified: unreachable, lends nothing
+        text = httpx.get(peers[0] + "/metrics", headers=auth(TOKEN), verify=verify, timeout=5).text
+        assert (
+            metric_value(text, names.METRIC_GATEWAY_LOANS, {"link": "a-to-b", "result": "lent"}) == 0
+        )  # never reached

@@ -9,6 +9,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -229,3 +230,18 @@ def test_a_config_reload_keeps_the_pulls_on_the_wire_and_takes_the_new_spec() ->
             admission_for(_gateway_config(link="nowhere"), adm)
 
     asyncio.run(main())
+
+
+def test_an_unreadable_peer_ca_verifies_with_the_system_cas_instead_of_failing_the_gateway(tmp_path: Path) -> None:
+    """The chart mounts the CA Secret optional: a missing or broken peerCaFile must not stop the gateway, nor let
+    it talk to peers unverified. It falls back to the system's CAs (peers a private CA signed: unreachable)."""
+    import ssl
+
+    from prfaas_router.peer_loans import peer_tls
+
+    bad = tmp_path / "ca.crt"
+    bad.write_text("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+    for ca in (str(tmp_path / "absent.crt"), str(bad)):
+        ctx = peer_tls(ca)
+        assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+        assert ctx.cert_store_stats() == ssl.create_default_context().cert_store_stats()
