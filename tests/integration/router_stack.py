@@ -31,9 +31,12 @@ class Stack:
     dir: Path
     ports: dict[str, int] = field(default_factory=dict)
     router_config: dict[str, Any] = field(default_factory=dict)
+    tls_ca: Path | None = None
+    """With TLS: the certificate the gateway replicas serve (self-signed: its own CA)."""
 
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.ports[name]}"
+        scheme = "https" if self.tls_ca is not None and name.startswith("gateway") else "http"
+        return f"{scheme}://127.0.0.1:{self.ports[name]}"
 
     @property
     def router(self) -> str:
@@ -55,16 +58,18 @@ def start_stack(
     wait_ready: bool = True,
     link_gbps: float = 100.0,
     gateway_replicas: int = 1,
+    gateway_tls: tuple[Path, Path] | None = None,
     **router_extra: Any,
 ) -> Stack:
     """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
     ``gateway_extra``: more top-level fields of the gateway's config; ``wait_ready=False``: return as soon as
     the processes are started (the caller waits for what it needs); ``link_gbps``: the link emulator's capacity
     (and the routers' configured one); ``gateway_replicas`` > 1: the admission's ``replicas`` and ``peers`` name
-    them all (ports ``gateway``, ``gateway-2``, ...), and the stack starts them all."""
+    them all (ports ``gateway``, ``gateway-2``, ...), and the stack starts them all; ``gateway_tls``: (certificate,
+    key) the gateways serve, which the router's remote and the replicas' peers verify (``caFile``, ``peerCaFile``)."""
     replicas = ["gateway", *(f"gateway-{k}" for k in range(2, gateway_replicas + 1))]
     names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", *replicas, "router")
-    st = Stack(procs, tmp, {n: free_port() for n in names})
+    st = Stack(procs, tmp, {n: free_port() for n in names}, tls_ca=gateway_tls[0] if gateway_tls else None)
     p = st.ports
     scale = ["--time-scale", str(TIME_SCALE), "--byte-scale", str(BYTE_SCALE)]
     (tmp / "token").write_text(TOKEN + "\n")
@@ -157,12 +162,16 @@ def start_stack(
         "prfaasHardware": {"accelerator": "H200"},
         "scale": scale_cfg,
     }
+    if gateway_tls is not None:
+        gateway["gateway"].update(tlsCertFile=str(gateway_tls[0]), tlsKeyFile=str(gateway_tls[1]))  # type: ignore[attr-defined]
     if gateway_admission is not None:
         adm = dict(gateway_admission)
         gateway["links"] = [{"name": "a-to-b", "capacityGbps": adm.pop("capacityGbps")}]
         gateway["gateway"]["admission"] = {"link": "a-to-b", **adm}  # type: ignore[index]
         if gateway_replicas > 1:
-            peers = {"replicas": gateway_replicas, "peers": [st.url(r) for r in replicas]}
+            peers: dict[str, Any] = {"replicas": gateway_replicas, "peers": [st.url(r) for r in replicas]}
+            if gateway_tls is not None:
+                peers["peerCaFile"] = str(gateway_tls[0])
             gateway["gateway"]["admission"].update(peers)  # type: ignore[index]
     gateway.update(gateway_extra or {})
     (tmp / "gateway.json").write_text(json.dumps(gateway))
@@ -182,6 +191,7 @@ def start_stack(
                 "tokenFile": str(tmp / "token"),
                 "link": "a-to-b",
                 "timeoutSeconds": 10,
+                **({"caFile": str(gateway_tls[0])} if gateway_tls is not None else {}),
             }
         ],
         "links": [{"name": "a-to-b", "capacityGbps": link_gbps, "metricsUrl": st.url("link_admin") + "/metrics"}],
@@ -202,7 +212,7 @@ def start_stack(
     def ready() -> bool:
         procs.check_alive()
         status, body = http("GET", st.router + "/ready", timeout_s=2)
-        gw_status, gw = http("GET", st.url("gateway") + "/status", timeout_s=2, headers=GATEWAY_AUTH)
+        gw_status, gw = http("GET", st.url("gateway") + "/status", timeout_s=2, headers=GATEWAY_AUTH, ca_file=st.tls_ca)
         if not (status == 200 and body.get("healthy_engines") == 2 and gw_status == 200):
             return False
         # the gateway has its engine, and the router has seen that (its own status poll), so the first long

@@ -286,3 +286,30 @@ def test_replicas_lend_each_other_over_tls_verified_by_the_peer_ca(tmp_path: Pat
         assert (
             metric_value(text, names.METRIC_GATEWAY_LOANS, {"link": "a-to-b", "result": "lent"}) == 0
         )  # never reached
+
+
+def test_the_router_reaches_tls_gateway_replicas_that_borrow_from_each_other_over_tls(tmp_path: Path) -> None:
+    """The region-A install end to end on one machine: two gateway replicas serving TLS from one certificate, the
+    router's remote verifying it (``caFile``), the replicas verifying each other (``peerCaFile``). One pull is
+    faster than a replica's share of the cap (``pullGbps`` 60 > 80 / 2), so the replica that serves the long
+    request must borrow the rest from the other one over https before its answer goes out."""
+    from router_stack import GATEWAY_AUTH, start_stack
+    from testbed_support import prompt
+
+    from prfaas_core import names
+
+    cert, key = self_signed(tmp_path, "gateway")
+    with processes(tmp_path) as procs:
+        admission = {"capacityGbps": 100.0, "pullGbps": 60.0}
+        st = start_stack(procs, tmp_path, gateway_admission=admission, gateway_replicas=2, gateway_tls=(cert, key))
+        resp = httpx.post(st.router + "/v1/completions", json={"prompt": prompt(40_000), "max_tokens": 2}, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-prfaas-route"] == "remote"
+        verify = ssl.create_default_context(cafile=str(cert))
+
+        def loans(replica: str, result: str) -> float:
+            text = httpx.get(st.url(replica) + "/metrics", headers=GATEWAY_AUTH, verify=verify, timeout=5).text
+            return metric_value(text, names.METRIC_GATEWAY_LOANS, {"link": "a-to-b", "result": result})
+
+        assert loans("gateway", "borrowed") >= 1 and loans("gateway-2", "lent") >= 1
+        assert loans("gateway", "unreachable") == 0

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -73,15 +74,22 @@ async def serving(app: web.Application) -> AsyncIterator[str]:
 
 
 def http(
-    method: str, url: str, body: Any = None, timeout_s: float = 10.0, headers: dict[str, str] | None = None
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout_s: float = 10.0,
+    headers: dict[str, str] | None = None,
+    ca_file: Path | None = None,
 ) -> tuple[int, Any]:
-    """A blocking JSON request (for tests of subprocesses); returns (status, parsed body or text)."""
+    """A blocking JSON request (for tests of subprocesses); returns (status, parsed body or text). ``ca_file``
+    verifies an https server."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(
         url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
     )
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
             status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
