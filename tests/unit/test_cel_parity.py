@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prfaas_core.api import InterDCLink, PDCluster
+from prfaas_core.api import InterDCLink, PDCluster, PrefillCluster
 from prfaas_core.schema.check import cel_environment, check_against_crd
 from prfaas_core.schema.crds import crd_schema_by_kind
 from prfaas_core.schema.validation import model_issues
@@ -89,3 +89,45 @@ def test_pd_cluster_rules_agree(
     if model:
         # pydantic stops at the first failing rule of an object; the API server reports every rule
         assert model <= crd, (crd, model)
+
+
+@SETTINGS
+@given(
+    replicas=st.one_of(st.none(), st.integers(min_value=1, max_value=5)),
+    peers=st.one_of(st.none(), st.integers(min_value=0, max_value=6)),
+    paced=st.booleans(),
+    pull=st.booleans(),
+)
+def test_prefill_cluster_link_scheduling_rules_agree(
+    replicas: int | None, peers: int | None, paced: bool, pull: bool
+) -> None:
+    """Absent fields included: a rule on a field the object leaves out must not fail to evaluate (the API server
+    rejects the object when a rule errors)."""
+    ls: dict[str, Any] = {"link": "a-to-b", "capacityGbps": 10}
+    if replicas is not None:
+        ls["replicas"] = replicas
+    if peers is not None:
+        ls["peers"] = [f"https://gw-{i}.peers.ns.svc:8443" for i in range(peers)]
+    if paced:
+        ls["egressPacing"] = "PerInstance"
+    if pull:
+        ls["pullGbps"] = 2.5
+    doc = {
+        "apiVersion": "prfaas.io/v1alpha1",
+        "kind": "PrefillCluster",
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {
+            "region": "a",
+            "mode": "Managed",
+            "modelProfileRef": {"name": "m"},
+            "instances": 4,
+            "hardware": {"accelerator": "H200"},
+            "workload": {"kind": "StatefulSet", "name": "w"},
+            "linkScheduling": ls,
+        },
+    }
+    crd, model = _verdicts("PrefillCluster", PrefillCluster, doc)
+    assert bool(crd) == bool(model) and model <= crd, (crd, model)  # pydantic stops at an object's first rule
+    n, r = peers or 0, replicas or 1
+    pacing_clash, peers_off = paced and pull, n not in (0, r, r - 1)
+    assert crd == {f"spec.linkScheduling.{f}" for f, bad in (("pullGbps", pacing_clash), ("peers", peers_off)) if bad}

@@ -34,6 +34,14 @@ class LinkSchedulingSpec(GatewayAdmission):
             field_path=".pullGbps",
             reason="FieldValueForbidden",
         ),
+        CelRule(
+            rule="!has(self.peers) || size(self.peers) == 0 || size(self.peers) == self.replicas"
+            " || size(self.peers) == self.replicas - 1",
+            message="peers lists every gateway replica (replicas of them; one replica's own URL may be left out): "
+            "a replica missing from peers lends and borrows nothing, one too many is asked in vain",
+            check=lambda s: len(s.peers) in (0, s.replicas, s.replicas - 1),
+            field_path=".peers",
+        ),
     )
 
     capacity_gbps: float = Field(gt=0, le=100_000, description="The link's capacity, Gbps (its InterDCLink's).")
