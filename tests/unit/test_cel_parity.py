@@ -11,6 +11,7 @@ from prfaas_core.api import InterDCLink, PDCluster, PrefillCluster
 from prfaas_core.schema.check import cel_environment, check_against_crd
 from prfaas_core.schema.crds import crd_schema_by_kind
 from prfaas_core.schema.validation import model_issues
+from support.resources import prefill_cluster_doc
 
 SETTINGS = settings(max_examples=60, deadline=None)
 cel_environment()  # raises the recursion limit once, before hypothesis starts watching it
@@ -112,21 +113,7 @@ def test_prefill_cluster_link_scheduling_rules_agree(
         ls["egressPacing"] = "PerInstance"
     if pull:
         ls["pullGbps"] = 2.5
-    doc = {
-        "apiVersion": "prfaas.io/v1alpha1",
-        "kind": "PrefillCluster",
-        "metadata": {"name": "p", "namespace": "ns"},
-        "spec": {
-            "region": "a",
-            "mode": "Managed",
-            "modelProfileRef": {"name": "m"},
-            "instances": 4,
-            "hardware": {"accelerator": "H200"},
-            "workload": {"kind": "StatefulSet", "name": "w"},
-            "linkScheduling": ls,
-        },
-    }
-    crd, model = _verdicts("PrefillCluster", PrefillCluster, doc)
+    crd, model = _verdicts("PrefillCluster", PrefillCluster, prefill_cluster_doc(ls))
     assert bool(crd) == bool(model) and model <= crd, (crd, model)  # pydantic stops at an object's first rule
     n, r = peers or 0, replicas or 1
     pacing_clash, peers_off = paced and pull, n not in (0, r, r - 1)

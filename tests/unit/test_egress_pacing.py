@@ -17,23 +17,12 @@ from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_calendar import earliest_window, paced_instance_gbps
 from prfaas_core.policy.link_state import EgressLedger, LinkParams
 from prfaas_operator.pacing import bandwidth_quantity, paced_gbps, pacing_patch
+from support.resources import prefill_cluster_doc
 
 
 def prefill_cluster(**link_scheduling: Any) -> PrefillCluster:
-    doc = {
-        "apiVersion": "prfaas.io/v1alpha1",
-        "kind": "PrefillCluster",
-        "metadata": {"name": "prfaas-h200", "namespace": "ns"},
-        "spec": {
-            "region": "region-a",
-            "modelProfileRef": {"name": "m"},
-            "instances": 2,
-            "hardware": {"accelerator": "H200", "gpusPerInstance": 8},
-            "workload": {"kind": "Deployment", "name": "prefill-engines"},
-            "linkScheduling": {"link": "a-to-b", "capacityGbps": 5, "maxUtilization": 0.8, **link_scheduling},
-        },
-    }
-    return PrefillCluster.model_validate(doc)
+    ls = {"link": "a-to-b", "capacityGbps": 5, "maxUtilization": 0.8, **link_scheduling}
+    return PrefillCluster.model_validate(prefill_cluster_doc(ls))
 
 
 def test_the_paced_rate_is_an_equal_share_of_the_cap() -> None:
