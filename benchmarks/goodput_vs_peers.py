@@ -14,8 +14,9 @@ ways of routing the same requests over it:
 * ``prfaas_pd_3r2g`` (with ``--gateway-admission``) — our router as 3 replicas behind a round-robin front (the
   load client sends request ``i`` to replica ``i mod 3``), over 2 fresh gateway replicas that each start with
   cap / 2 of the link and lend each other their idle share (``gateway.admission.peers``; routers 1 and 3 on one,
-  router 2 on the other): each replica sees only its own share of the traffic, and the cap must hold for all of
-  them together.
+  router 2 on the other). The router replicas share their PD prefill books (``prfaas router --peers``;
+  ``--no-replica-sync``: each sees only its own requests' and the engines' scraped counts), and the cap must hold
+  for all of them together.
 
 Traffic: Poisson arrivals, the paper's truncated log-normal input lengths (μ 9.90, σ 1.00 on [128, 131072]),
 single-turn (fresh token-id prompts: no prefix-cache hits anywhere), a few output tokens. For a given rate
@@ -91,9 +92,11 @@ COUNTED = {
     names.METRIC_GATEWAY_PULLS: ("end",),
     names.METRIC_GATEWAY_PULL_HOLD_SECONDS + "_sum": (),
     names.METRIC_GATEWAY_PULL_HOLD_SECONDS + "_count": (),
+    names.METRIC_ROUTER_REPLICA_SYNC: ("result",),
 }
 """What our router and gateway count per probe: decisions by reason, fallbacks, link waits, admissions, pulls
-reported over or leased out, and how long answers were held for room on the wire."""
+reported over or leased out, how long answers were held for room on the wire, and the books router replicas sent
+each other."""
 
 
 def scrape(urls: list[str], headers: dict[str, str]) -> dict[str, float]:
@@ -228,16 +231,16 @@ class Bench:
         for g, port in enumerate(ports):
             argv = [*PRFAAS, "router", "--config", str(st.work_dir / "gateway-replica.json"), "--port", str(port)]
             st.spawn(f"gateway-r{g}", argv)
-        urls = []
-        for r in range(routers):
+        router_ports = [free_port() for _ in range(routers)]
+        urls = [f"http://127.0.0.1:{port}" for port in router_ports]
+        peers = [] if self.args.no_replica_sync else ["--peers", ",".join(urls)]  # each recognises itself
+        for r, port in enumerate(router_ports):
             target = gw_urls[r % gateways]
             remote = st.router_config.remotes[0].model_copy(update={"url": target, "status_url": target + "/status"})
             cfg = st.router_config.model_copy(update={"remotes": [remote]})
             path = st.work_dir / f"router-r{r}.json"
             write_router_config(path, cfg)
-            port = free_port()
-            st.spawn(f"router-r{r}", [*PRFAAS, "router", "--config", str(path), "--port", str(port)])
-            urls.append(f"http://127.0.0.1:{port}")
+            st.spawn(f"router-r{r}", [*PRFAAS, "router", "--config", str(path), "--port", str(port), *peers])
         for url in urls:
             self._wait_serving(url)
         self.counted_urls = [u + "/metrics" for u in urls + gw_urls]
@@ -465,6 +468,11 @@ def main() -> int:
         help="the link's maxUtilization, our cap as a fraction of the link (default 0.8, the InterDCLink default); 1.0 "
         "gives our systems the same wire the peers use",
     )
+    ap.add_argument(
+        "--no-replica-sync",
+        action="store_true",
+        help=f"{REPLICATED}'s router replicas do not share their PD prefill books (the A/B of --peers)",
+    )
     ap.add_argument("--work-dir", default=None, help="logs and configs (default: a temp dir)")
     ap.add_argument("--out", default="out/bench/goodput.json")
     ap.add_argument(
@@ -539,6 +547,7 @@ def main() -> int:
             "gateway_admission": spec.gateway_admission,
             "egress_pacing_gbps_per_instance": stack.relay_gbps(True) if spec.egress_pacing else None,
             "link_cap_gbps": cap,
+            "router_replica_sync": not args.no_replica_sync,
             "rtt_ms": spec.rtt_ms,
             "threshold_min_tokens": spec.threshold_min_tokens,
             "planner_lambda_max_rps": round(point.throughput_rps, 3),

@@ -56,6 +56,22 @@ def register(sub: Any) -> None:
         help="accept only requests naming this model (repeatable; others get OpenAI's 404 model_not_found); "
         "default: any name",
     )
+    p.add_argument(
+        "--peers",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="another router replica in front of the same PD cluster (repeatable, or comma-separated): the "
+        "replicas share their PD prefill books, so each counts the others' local prefills in its queues. This "
+        "replica's own URL may be listed (it recognises itself)",
+    )
+    p.add_argument(
+        "--peers-dns",
+        default="",
+        metavar="NAME:PORT",
+        help="peer router replicas by DNS: every address NAME resolves to (re-resolved every few seconds), e.g. "
+        "the chart's headless Service <release>-router-peers.<namespace>.svc:8080. Empty: none",
+    )
     p.set_defaults(handler=run)
 
 
@@ -63,18 +79,26 @@ def run(args: argparse.Namespace) -> int:
     from prfaas_router.app import check_secure
     from prfaas_router.app import run as run_router
     from prfaas_router.config import load_config
+    from prfaas_router.replica_sync import parse_peers_dns
 
     configure_logging(args.log_level)
+    peers = [u.strip() for arg in args.peers for u in arg.split(",") if u.strip()]
     try:
         config, _ = load_config(args.config, args.settings)
         check_secure(config, args.allow_insecure_gateway)
-    except ValueError as exc:  # ConfigError, InsecureGatewayError
+        peers_dns = parse_peers_dns(args.peers_dns)
+        for url in peers:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--peers wants base URLs (http://host:port), got {url!r}")
+    except ValueError as exc:  # ConfigError, InsecureGatewayError, a malformed peer
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         settings = Path(args.settings) if args.settings else None
         models = frozenset(args.model) if args.model else None
-        run_router(Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway, models)
+        run_router(
+            Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway, models, peers, peers_dns
+        )
     except KeyboardInterrupt:
         return 0
     return 0

@@ -92,6 +92,9 @@ LOANS_PATH: Final = "/v1/prfaas/links/{link}/loans"
 """Between gateway replicas (POST, bearer token): lend the caller a fraction of this replica's share of ``link``
 (:class:`~prfaas_core.policy.link_shares.LinkShares`); ``DELETE`` :data:`LOAN_PATH` gives it back."""
 LOAN_PATH: Final = "/v1/prfaas/links/{link}/loans/{loan_id}"
+REPLICA_BOOKS_PATH: Final = "/v1/prfaas/replicas/books"
+"""Between router replicas in front of one PD cluster (PUT): the sender's PD prefill books
+(:class:`~prfaas_core.api.replica_books.ReplicaBooksWire`), so each replica counts the others' local prefills."""
 REASON_WAIT_FOR_LINK: Final = "wait_for_link"
 """The routing decision kind of a request that waited for a later link window."""
 
@@ -169,6 +172,13 @@ METRIC_ROUTER_LINK_AVAILABLE_GBPS: Final = "prfaas_router_link_available_gbps"
 """(router) The link's available bandwidth as estimated from its KV pulls' timing (model Gbps; the configured
 capacity when nothing bounds it), by ``link``: the capacity its cap, watermarks and ``t`` use now."""
 METRIC_ROUTER_LINK_AVAILABLE_SOURCE: Final = "prfaas_router_link_available_source"
+METRIC_ROUTER_REPLICA_PEERS: Final = "prfaas_router_replica_peers"
+"""(router) Other router replicas whose PD prefill books this one heard within the expiry (they count in its queues)."""
+METRIC_ROUTER_REPLICA_SYNC: Final = "prfaas_router_replica_sync_total"
+METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS: Final = "prfaas_router_replica_peer_prefill_seconds"
+"""(router) The other replicas' local prefills in flight on each PD prefill ``instance`` as this one last heard them
+(their predicted seconds, model time): what it adds to its own books there."""
+"""(router) Books sent to peer replicas, by ``result``: sent, unreachable, refused (another status), self."""
 """(router) 1 for the estimate's current ``source`` (configured, streams, stalled), 0 for the others, by ``link``."""
 METRIC_GATEWAY_ADMISSIONS: Final = "prfaas_gateway_admissions_total"
 """(gateway) Remote prefills the link calendar answered, by ``link`` and ``result``: booked, or the decline's reason
@@ -287,6 +297,9 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_ABANDONED_KV,
             METRIC_ROUTER_RELEASED_KV,
             METRIC_ROUTER_READY,
+            METRIC_ROUTER_REPLICA_PEERS,
+            METRIC_ROUTER_REPLICA_SYNC,
+            METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS,
         )
     },
     METRIC_GATEWAY_KV_EGRESS_BYTES: "gateway",

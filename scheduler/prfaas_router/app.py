@@ -25,6 +25,7 @@ from .hygiene import Hygiene, start_listener
 from .metrics import RouterMetrics
 from .proxy import Proxy
 from .readiness import not_ready_reason
+from .replica_sync import ReplicaSync
 from .runtime import Runtime, compile_config
 from .security import InsecureGatewayError, SecurityMetrics, TlsReloader, TokenAuth, auth_middleware
 from .signals import Signals
@@ -61,10 +62,14 @@ def create_app(
     http_limits: httpx.Limits | None = None,
     allow_insecure_gateway: bool = False,
     models: frozenset[str] | None = None,
+    peers: list[str] | tuple[str, ...] = (),
+    peers_dns: tuple[str, int] | None = None,
 ) -> web.Application:
     """A router (or gateway) app over ``config``; with ``config_path`` the file is watched and reloaded.
     Gateway mode without a token raises :class:`InsecureGatewayError` unless ``allow_insecure_gateway``.
-    ``models``: the model names requests may name (others get OpenAI's 404); None accepts any."""
+    ``models``: the model names requests may name (others get OpenAI's 404); None accepts any. ``peers`` and
+    ``peers_dns``: the other router replicas in front of the same PD cluster, which share their PD prefill books
+    (:mod:`.replica_sync`; router mode only)."""
     check_secure(config, allow_insecure_gateway)
     runtime = Runtime(compile_config(config), clock)
     metrics = RouterMetrics()
@@ -92,6 +97,7 @@ def create_app(
     app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=middlewares)
     app[RUNTIME], app[PROXY], app[GATEWAY], app[METRICS] = runtime, proxy, gateway, metrics
     app[HYGIENE] = hygiene
+    replicas = ReplicaSync(runtime, metrics, peers, peers_dns) if not gateway_mode else None
     tls = _tls_reloader(config, security)
     if tls is not None:
         app[TLS] = tls
@@ -152,10 +158,15 @@ def create_app(
 
         task = asyncio.create_task(refresher())
         creds = asyncio.create_task(credentials())
+        sync = asyncio.create_task(replicas.run(stop)) if replicas is not None and replicas.enabled else None
         yield
         stop.set()
         await task
         await creds
+        if sync is not None:
+            await sync
+        if replicas is not None:
+            await replicas.aclose()
         await proxy.shutdown()
         await gateway.aclose()
         await http.aclose()
@@ -173,6 +184,8 @@ def create_app(
         app.router.add_post(names.PULL_DONE_PATH, gateway.pull_done)
         app.router.add_post(names.LOANS_PATH, gateway.lend)
         app.router.add_delete(names.LOAN_PATH, gateway.repay)
+    if replicas is not None:
+        app.router.add_put(names.REPLICA_BOOKS_PATH, replicas.receive)
     return app
 
 
@@ -244,9 +257,11 @@ def run(
     settings_path: Path | None = None,
     allow_insecure_gateway: bool = False,
     models: frozenset[str] | None = None,
+    peers: list[str] | tuple[str, ...] = (),
+    peers_dns: tuple[str, int] | None = None,
 ) -> None:
     """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies)."""
-    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models)
+    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models, peers, peers_dns)
     try:
         import uvloop
     except ImportError:  # optional speedup
@@ -263,11 +278,19 @@ async def serve(
     settings_path: Path | None = None,
     allow_insecure_gateway: bool = False,
     models: frozenset[str] | None = None,
+    peers: list[str] | tuple[str, ...] = (),
+    peers_dns: tuple[str, int] | None = None,
 ) -> None:
     """Run until cancelled (the CLI's ``prfaas router``)."""
     config, _ = load_config(config_path, settings_path)
     app = create_app(
-        config, config_path, settings_path=settings_path, allow_insecure_gateway=allow_insecure_gateway, models=models
+        config,
+        config_path,
+        settings_path=settings_path,
+        allow_insecure_gateway=allow_insecure_gateway,
+        models=models,
+        peers=peers,
+        peers_dns=peers_dns,
     )
     runner, _ = await start_listener(app, app[HYGIENE], host, port, server_ssl_context(app))
     gc.freeze()  # what startup allocated (config, profiles, modules) stays out of every later collection

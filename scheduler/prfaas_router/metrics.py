@@ -157,6 +157,24 @@ class RouterMetrics:
             ["link", "source"],
             registry=r,
         )
+        self.replica_peers = Gauge(
+            names.METRIC_ROUTER_REPLICA_PEERS,
+            "Other router replicas whose PD prefill books this one heard within the expiry.",
+            registry=r,
+        )
+        self.replica_sync = Counter(
+            names.METRIC_ROUTER_REPLICA_SYNC.removesuffix("_total"),
+            "Books sent to peer router replicas, by result (sent, unreachable, refused, self).",
+            ["result"],
+            registry=r,
+        )
+        self.replica_peer_prefill = Gauge(
+            names.METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS,
+            "The other replicas' local prefills in flight on each PD prefill instance, as last heard (predicted model "
+            "seconds).",
+            ["instance"],
+            registry=r,
+        )
         self.gateway_admissions = Counter(
             names.METRIC_GATEWAY_ADMISSIONS.removesuffix("_total"),
             "Gateway mode: remote prefills the link calendar answered, by link and result (booked, or the decline's "

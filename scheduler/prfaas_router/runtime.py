@@ -8,6 +8,7 @@ same policies and profiles apply to real engines (scale 1) and to the time-scale
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams, Transition
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
+from prfaas_core.policy.replica_books import Book, InstanceBook, Mark, ReplicaBooks
 from prfaas_core.policy.routing import InstanceView, RouteDecision, RouteRequest
 from prfaas_core.policy.short_term import (
     PRODUCTION,
@@ -140,8 +142,9 @@ class EngineLoad:
     probe_s: float = 0.0
     """How long its last health probe took (a slow engine is deprioritised by it, not declared dead)."""
     own: int = 0
-    """This router's own prefills the engine may have counted in ``waiting + running`` at that scrape (those in
-    flight when it began, and those started while it ran): the rest is the other replicas' work."""
+    """This router's own prefills, and those of the replicas whose books it holds, that the engine may have counted
+    in ``waiting + running`` at that scrape (those in flight when it began, and those started while it ran): the
+    rest is work no book shows (replicas not heard from, other clients)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,13 @@ class Runtime:
     """This router's prefills in flight on each instance."""
     _own_started: dict[str, int] = field(default_factory=dict)
     """This router's prefills ever started on each instance (monotonic; with the above, :meth:`own_seen`)."""
+    replica: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """This router replica's id in the books it sends its peers (new at each start)."""
+    peer_books: ReplicaBooks = field(default_factory=ReplicaBooks)
+    """The other router replicas' PD prefill books, as last heard (:mod:`.replica_sync` sends and receives them)."""
+    books_changed: Callable[[], None] | None = None
+    """Called whenever this router's own books change (the replica sync sends them at once)."""
+    _books_seq: int = 0
     _active_decodes: dict[str, int] = field(default_factory=dict)
     _estimators: dict[str, LinkEstimator] = field(default_factory=dict)
     _pulls: dict[str, tuple[str, Pull]] = field(default_factory=dict)
@@ -304,21 +314,42 @@ class Runtime:
         started[instance] = started.get(instance, 0) + 1
         m = self._mean_prefill_s
         self._mean_prefill_s = seconds if m <= 0.0 else m + PREFILL_EWMA * (seconds - m)
+        self._changed()
         try:
             yield
         finally:
             q[instance] = max(0.0, q.get(instance, 0.0) - seconds)
             own[instance] = max(0, own.get(instance, 0) - 1)
+            self._changed()
 
-    def own_mark(self, instance: str) -> tuple[int, int]:
-        """Where this router's prefills on ``instance`` stand as a scrape of it begins (see :meth:`own_seen`)."""
-        return self._own_prefills.get(instance, 0), self._own_started.get(instance, 0)
+    def _changed(self) -> None:
+        self._books_seq += 1
+        if self.books_changed is not None:
+            self.books_changed()
 
-    def own_seen(self, instance: str, mark: tuple[int, int]) -> int:
-        """This router's prefills on ``instance`` that a scrape begun at ``mark`` may have counted: those in
-        flight when it began plus those started since (an upper bound: the engine's count may lag or lead)."""
-        in_flight, started = mark
-        return in_flight + self._own_started.get(instance, 0) - started
+    def own_book(self) -> Book:
+        """This router's PD prefill books as its peers get them."""
+        q, own = self._queued_prefill_s, self._own_prefills
+        return Book(
+            self.replica,
+            self._books_seq,
+            {name: InstanceBook(own.get(name, 0), n, q.get(name, 0.0)) for name, n in self._own_started.items()},
+        )
+
+    def own_mark(self, instance: str) -> tuple[int, int, Mark]:
+        """Where this router's prefills on ``instance``, and its peers' as last heard, stand as a scrape of it
+        begins (see :meth:`own_seen`)."""
+        now = self.clock()
+        own = self._own_prefills.get(instance, 0), self._own_started.get(instance, 0)
+        return *own, self.peer_books.mark(instance, now)
+
+    def own_seen(self, instance: str, mark: tuple[int, int, Mark]) -> int:
+        """The prefills on ``instance`` this router and its peers booked that a scrape begun at ``mark`` may have
+        counted: those in flight when it began plus those started since (an upper bound: the engine's count may
+        lag or lead)."""
+        in_flight, started, peers = mark
+        mine = in_flight + self._own_started.get(instance, 0) - started
+        return mine + self.peer_books.seen(instance, peers, self.clock())
 
     @contextmanager
     def decoding(self, instance: str, pull_key: str | None = None) -> Iterator[None]:
@@ -340,12 +371,13 @@ class Runtime:
 
     def queued_work_s(self, instance: str, load: EngineLoad) -> float:
         """The prefill work ahead of a new request on ``instance``: this router's own bookkeeping (exact for its
-        own requests, up to date) plus what the engine reported at the last scrape beyond this router's own
-        requests then (the other router replicas' waiting and running requests, each at the mean prefill
-        time). A request of this router that the scrape saw and that has finished since is not counted twice:
+        own requests, up to date), its peer replicas' books as last heard (:mod:`.replica_sync`), plus what the
+        engine reported at the last scrape beyond those books then (replicas not heard from, each request at the
+        mean prefill time). A booked request that the scrape saw and that has finished since is not counted twice:
         a stale scrape once sent a short follow-up turn remote as a 'queue surge' on an idle engine."""
         others = max(0.0, load.waiting + load.running - load.own)
-        return self._queued_prefill_s.get(instance, 0.0) + others * self._mean_prefill_s
+        booked = self._queued_prefill_s.get(instance, 0.0) + self.peer_books.seconds(instance, self.clock())
+        return booked + others * self._mean_prefill_s
 
     def active_decodes(self, instance: str) -> int:
         return self._active_decodes.get(instance, 0)

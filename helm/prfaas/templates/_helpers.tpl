@@ -251,4 +251,9 @@ router_config.py build_gateway. */}}
 {{- printf "%s-gateway-peers" (include "prfaas.fullname" .) }}
 {{- end }}
 
+{{/* The router replicas' headless Service: each replica resolves it to its peers and shares its PD prefill books. */}}
+{{- define "prfaas.router.peersService" -}}
+{{- printf "%s-router-peers" (include "prfaas.fullname" .) }}
+{{- end }}
+
 {{- define "prfaas.gateway.configDir" -}}/etc/prfaas/gateway{{- end }}

@@ -16,6 +16,7 @@ from .model_profile import (
 )
 from .pd_cluster import LongTermPolicySpec, PDCluster, PDClusterSpec, PDClusterStatus
 from .prefill_cluster import LinkSchedulingSpec, PrefillCluster, PrefillClusterSpec, PrefillClusterStatus
+from .replica_books import InstanceBookWire, ReplicaBooksWire
 from .resources import KINDS, KINDS_BY_NAME, ResourceKind
 from .router_config import RemoteGateway, RouterConfig, RouterEndpoint, RouterLink
 
@@ -32,6 +33,7 @@ __all__ = [
     "GatewayEndpointSpec",
     "GatewayStatus",
     "HardwareSpec",
+    "InstanceBookWire",
     "InterDCLink",
     "InterDCLinkSpec",
     "InterDCLinkStatus",
@@ -56,6 +58,7 @@ __all__ = [
     "PrefillTimePoint",
     "PrefillTimeSpec",
     "RemoteGateway",
+    "ReplicaBooksWire",
     "ResourceKind",
     "RoleRange",
     "RouterConfig",
