@@ -328,6 +328,19 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 ),
             ),
             Panel(
+                "Router replicas: peers heard and books sent",
+                "Per router replica, the other replicas whose PD prefill books it heard within 3 s (each counts the "
+                "others' local prefills in its queues; fewer than replicas - 1 means it prices the PD queues from "
+                "the engines' scrapes alone), and the books sent per second by result.",
+                (
+                    _t("max by (instance) (prfaas_router_replica_peers)", "peers heard {{instance}}"),
+                    _t(
+                        f"sum by (result) (rate(prfaas_router_replica_sync_total[{RATE}]))",
+                        "books sent/s {{result}}",
+                    ),
+                ),
+            ),
+            Panel(
                 "Scrape targets up",
                 "Prometheus scrape health of every PrFaaS target.",
                 (_t("sum by (job) (up)", "{{job}}"),),

@@ -224,10 +224,13 @@ def test_objects_rendered_per_region(helm: str) -> None:
     # region A: the dashboard only (the gateway's RouterConfig is the operator's); region B: + router settings
     # region A's gateway: a StatefulSet with a headless Service naming each replica for its peers
     gateway_a = {"ConfigMap": 1, "Deployment": 1, "StatefulSet": 1, "Service": 3}
-    assert region_a == dict(sorted({**common, **gateway_a}.items())) and region_b == common
-    assert sum(region_a.values()) == 21 and sum(region_b.values()) == 21 and len(render(helm, CRD_CHART)) == 4
+    # region B's routers: a headless Service through which the replicas find each other and share their books
+    router_b = {"Service": 3}
+    assert region_a == dict(sorted({**common, **gateway_a}.items()))
+    assert region_b == dict(sorted({**common, **router_b}.items()))
+    assert sum(region_a.values()) == 21 and sum(region_b.values()) == 22 and len(render(helm, CRD_CHART)) == 4
     demo = render(helm, CHART, REPO / "examples/03-helm/demo/values.yaml")
-    assert len(demo) == 28
+    assert len(demo) == 29
 
 
 # --- values: schema and documentation ---------------------------------------------------------------------------
@@ -448,6 +451,49 @@ def test_gateway_replicas_reach_each_other_by_the_names_the_prefill_cluster_list
     assert ca["secretName"] == tls["caSecretName"] and ca["items"] == [{"key": tls["caKey"], "path": "ca.crt"}]
     mount = next(m for m in containers(sts)[0]["volumeMounts"] if m["name"] == "peer-ca")
     assert ls.peer_ca_file == f"{mount['mountPath']}/ca.crt"
+
+
+def test_router_replicas_find_each_other_to_share_their_books(helm: str) -> None:
+    """The router replicas resolve a headless Service that selects exactly their pods to each other's addresses
+    (--peers-dns from the settings ConfigMap, on the container's own port), the ServiceMonitor does not scrape them
+    twice through it, and the NetworkPolicy admits the replicas to each other; router.replicaSync.enabled=false
+    leaves every piece out and the flag empty (the router then shares nothing)."""
+    from prfaas_router.replica_sync import parse_peers_dns
+
+    values = REPO / "examples/03-helm/region-b/values.yaml"
+    docs = render(helm, CHART, values)
+    deploy = find(docs, "Deployment", "-router")
+    router = containers(deploy)[0]
+    port = next(p for p in router["ports"] if p["name"] == "http")
+    headless = find(docs, "Service", "-router-peers")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    assert headless["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert [(p["targetPort"], p["port"]) for p in headless["spec"]["ports"]] == [("http", port["containerPort"])]
+    args = router["args"]
+    assert args[args.index("--peers-dns") + 1] == "$(PRFAAS_ROUTER_PEERS_DNS)"
+    settings = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("router-settings"))
+    dns = settings["data"]["PRFAAS_ROUTER_PEERS_DNS"]
+    assert parse_peers_dns(dns) == (f"{headless['metadata']['name']}.{NAMESPACE}.svc", port["containerPort"])
+
+    monitor = find(docs, "ServiceMonitor")
+    selected = {v for e in monitor["spec"]["selector"]["matchExpressions"] for v in e.get("values", [])}
+    component = "app.kubernetes.io/component"
+    assert headless["metadata"]["labels"][component] not in selected
+    assert find(docs, "Service", "-router")["metadata"]["labels"][component] in selected
+
+    policy = find(docs, "NetworkPolicy", "-router")
+    peer_rules = [
+        r for r in policy["spec"]["ingress"]
+        if {"podSelector": {"matchLabels": deploy["spec"]["selector"]["matchLabels"]}} in r.get("from", [])
+    ]  # fmt: skip
+    assert peer_rules and peer_rules[0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+    off = render(helm, CHART, values, "--set", "router.replicaSync.enabled=false")
+    assert not [d for d in off if d["metadata"]["name"].endswith("-router-peers")]
+    off_settings = next(d for d in off if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("router-settings"))
+    assert off_settings["data"]["PRFAAS_ROUTER_PEERS_DNS"] == "" and parse_peers_dns("") is None
+    off_policy = find(off, "NetworkPolicy", "-router")
+    assert all("podSelector" not in str(r.get("from", "")) for r in off_policy["spec"]["ingress"])
 
 
 def test_router_mounts_the_operators_configmap_and_the_chart_never_renders_it(helm: str) -> None:
