@@ -32,8 +32,11 @@ def test_the_newest_book_of_each_replica_counts_until_it_expires() -> None:
     assert books.heard(book("b", 8, pd0=(0, 1, 0.0), pd1=(2, 2, 6.0)), now=EXPIRY_S)
     assert books.seconds("pd0", now=EXPIRY_S + 0.01) == 0.0  # a's 4 s expired with it
     assert [b.replica for b in books.live(EXPIRY_S + 0.01)] == ["b"]
+    # a heartbeat (the same book again) keeps a replica live past the expiry of its last change
+    assert books.heard(book("b", 8, pd0=(0, 1, 0.0), pd1=(2, 2, 6.0)), now=2 * EXPIRY_S - 0.01)
+    assert books.seconds("pd1", now=2 * EXPIRY_S + 0.5) == 6.0
     # a replica restarted under the same id (it never does: ids are new at each start) would be taken once expired
-    assert books.heard(book("a", 1, pd0=(1, 1, 4.0)), now=EXPIRY_S + 0.02)
+    assert books.heard(book("a", 1, pd0=(1, 1, 4.0)), now=2 * EXPIRY_S + 0.6)
 
 
 def test_a_scrape_counts_each_peers_prefills_it_may_have_seen_once() -> None:

@@ -54,9 +54,10 @@ class ReplicaBooks:
     _books: dict[str, tuple[float, Book]] = field(default_factory=dict)
 
     def heard(self, book: Book, now: float) -> bool:
-        """Take ``book`` unless an equal or newer one from its replica is already held; True when taken."""
+        """Take ``book`` unless a newer one from its replica is held (a late body); True when taken. An unchanged
+        book (a heartbeat: the same ``seq``) keeps its replica live."""
         held = self._books.get(book.replica)
-        if held is not None and held[1].seq >= book.seq and now - held[0] < self.expiry_s:
+        if held is not None and held[1].seq > book.seq and now - held[0] < self.expiry_s:
             return False
         self._books[book.replica] = (now, book)
         return True
