@@ -490,7 +490,9 @@ def test_router_replicas_find_each_other_to_share_their_books(helm: str) -> None
 
     off = render(helm, CHART, values, "--set", "router.replicaSync.enabled=false")
     assert not [d for d in off if d["metadata"]["name"].endswith("-router-peers")]
-    off_settings = next(d for d in off if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("router-settings"))
+    off_settings = next(
+        d for d in off if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("router-settings")
+    )
     assert off_settings["data"]["PRFAAS_ROUTER_PEERS_DNS"] == "" and parse_peers_dns("") is None
     off_policy = find(off, "NetworkPolicy", "-router")
     assert all("podSelector" not in str(r.get("from", "")) for r in off_policy["spec"]["ingress"])
@@ -529,6 +531,27 @@ def test_the_sidecar_named_template_is_what_demo_engine_pods_carry(helm: str) ->
     assert volumes["prfaas-router-config"]["configMap"]["name"] == "pd-demo-router-config"
     assert "role" not in str(engines["spec"]["selector"])  # the operator flips roles: never in a selector
     assert not [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router")]
+    # the sidecars find each other through a headless Service selecting the PD cluster's engine pods
+    from prfaas_router.replica_sync import parse_peers_dns
+
+    peers = find(docs, "Service", "-router-sidecar-peers")
+    assert peers["spec"]["clusterIP"] == "None"
+    pod_labels = engines["spec"]["template"]["metadata"]["labels"]
+    assert (
+        peers["spec"]["selector"] == {"prfaas.io/pd-cluster": "pd-demo"}
+        and pod_labels["prfaas.io/pd-cluster"] == "pd-demo"
+    )
+    assert [(p["targetPort"], p["port"]) for p in peers["spec"]["ports"]] == [("router", 8100)]
+    sidecar = by_name["prfaas-router"]
+    assert sidecar["args"][sidecar["args"].index("--peers-dns") + 1] == "$(PRFAAS_ROUTER_PEERS_DNS)"
+    env = {e["name"]: e["value"] for e in sidecar["env"]}  # env wins over the settings' envFrom
+    assert parse_peers_dns(env["PRFAAS_ROUTER_PEERS_DNS"]) == (f"{peers['metadata']['name']}.{NAMESPACE}.svc", 8100)
+    off = render(
+        helm, CHART, REPO / "tests/data/helm/values-sidecar-demo.yaml", "--set", "sidecar.replicaSync.enabled=false"
+    )
+    off_sidecar = next(c for c in containers(find(off, "Deployment", "pd-engines")) if c["name"] == "prfaas-router")
+    assert {e["name"]: e["value"] for e in off_sidecar["env"]}["PRFAAS_ROUTER_PEERS_DNS"] == ""
+    assert not [d for d in off if d["metadata"]["name"].endswith("-router-sidecar-peers")]
 
 
 def test_operator_is_one_active_replica_through_its_lease(helm: str) -> None:

@@ -204,12 +204,21 @@ Clients then call port `router` (sidecar.port) of any engine pod. The engine's o
     - $(PRFAAS_ROUTER_PORT)
     - --log-level
     - $(PRFAAS_ROUTER_LOG_LEVEL)
+    # the other sidecars in front of the same PD cluster, which share their PD prefill books (empty: none)
+    - --peers-dns
+    - $(PRFAAS_ROUTER_PEERS_DNS)
   envFrom:
     - configMapRef:
         name: {{ include "prfaas.router.settingsName" . }}
   env:
     - name: PRFAAS_ROUTER_PORT
       value: {{ .Values.sidecar.port | quote }}
+    - name: PRFAAS_ROUTER_PEERS_DNS
+      {{- if .Values.sidecar.replicaSync.enabled }}
+      value: {{ printf "%s.%s.svc:%v" (include "prfaas.routerSidecar.peersService" .) .Release.Namespace .Values.sidecar.port | quote }}
+      {{- else }}
+      value: ""
+      {{- end }}
   ports:
     - name: router
       containerPort: {{ .Values.sidecar.port }}
@@ -254,6 +263,11 @@ router_config.py build_gateway. */}}
 {{/* The router replicas' headless Service: each replica resolves it to its peers and shares its PD prefill books. */}}
 {{- define "prfaas.router.peersService" -}}
 {{- printf "%s-router-peers" (include "prfaas.fullname" .) }}
+{{- end }}
+
+{{/* The router sidecars' headless Service (sidecar.replicaSync): every pod of sidecar.replicaSync.podLabels. */}}
+{{- define "prfaas.routerSidecar.peersService" -}}
+{{- printf "%s-router-sidecar-peers" (include "prfaas.fullname" .) }}
 {{- end }}
 
 {{- define "prfaas.gateway.configDir" -}}/etc/prfaas/gateway{{- end }}
