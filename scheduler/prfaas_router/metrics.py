@@ -168,6 +168,8 @@ class RouterMetrics:
             ["result"],
             registry=r,
         )
+        for result in ("sent", "unreachable", "refused", "self"):  # exported at 0 before the first send
+            self.replica_sync.labels(result)
         self.replica_peer_prefill = Gauge(
             names.METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS,
             "The other replicas' local prefills in flight on each PD prefill instance, as last heard (predicted model "
