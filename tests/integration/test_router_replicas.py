@@ -13,10 +13,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from router_stack import model_profile_json
 from testbed_support import PRFAAS, counter, free_port, http, processes, prompt, wait_for
 
 from prfaas_core import names
-from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.policy.replica_books import EXPIRY_S
 
@@ -40,7 +40,7 @@ def test_router_replicas_see_each_others_local_prefills(tmp_path: Path) -> None:
         config = {
             "pdCluster": "pd-h20",
             "thresholdMinTokens": 1_000_000,  # nothing goes remote: there is no remote
-            "model": builtin_model_profiles()["internal-1t"],
+            "model": model_profile_json(),
             "endpoints": [
                 {"name": n, "url": f"http://127.0.0.1:{p}", "role": "decode" if n == "pd-2" else "prefill"}
                 for n, (p, _) in engines.items()
