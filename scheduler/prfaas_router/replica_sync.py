@@ -2,10 +2,11 @@
 
 Each replica ``PUT``\\ s its books to every peer (:data:`~prfaas_core.names.REPLICA_BOOKS_PATH`) as soon as they
 change (a local prefill starts or ends) and every :data:`~prfaas_core.policy.replica_books.HEARTBEAT_S` otherwise;
-sends are serialised, so a burst of changes goes as one body. Peers are static base URLs (``--peers``), and/or the
-addresses a DNS name resolves to (``--peers-dns NAME:PORT``: the chart's headless ``<release>-router-peers``
-Service, re-resolved every :data:`DNS_REFRESH_S`, so replicas that scale in or out are found). A replica that
-receives its own id answers 409 and is skipped from then on (it may be listed, or resolved, among its peers).
+rounds are serialised and start :data:`MIN_ROUND_S` apart at least, so a burst of changes goes as one body. Peers
+are static base URLs (``--peers``), and/or the addresses a DNS name resolves to (``--peers-dns NAME:PORT``: the
+chart's headless ``<release>-router-peers`` Service, re-resolved every :data:`DNS_REFRESH_S`, so replicas that
+scale in or out are found). A replica that receives its own id answers 409 and is skipped from then on (it may be
+listed, or resolved, among its peers).
 
 A peer that does not answer costs one :data:`PEER_TIMEOUT_S` per send and nothing else: its books expire from the
 others' view and the engines' scraped counts stand for its work again (the behaviour without sync).
@@ -37,6 +38,9 @@ PEER_TIMEOUT_S = 0.5
 """One send to one peer (wall seconds)."""
 DNS_REFRESH_S = 5.0
 """How often ``--peers-dns`` is resolved again (wall seconds)."""
+MIN_ROUND_S = 0.02
+"""Two send rounds start at least this far apart (wall seconds): a busy router's many changes go as one body per
+round (a few hundred requests a second would otherwise cost that many PUTs per peer), 20 ms stale at most."""
 
 
 def to_wire(book: Book) -> ReplicaBooksWire:
@@ -139,11 +143,16 @@ class ReplicaSync:
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), HEARTBEAT_S)
+            started = time.monotonic()
             self._changed.clear()
             try:
                 await self.send()
             except Exception:  # a failed round is retried at the next change or heartbeat; never kill the loop
                 log.exception("router replica sync failed")
+            rest = MIN_ROUND_S - (time.monotonic() - started)
+            if rest > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), rest)
 
     async def receive(self, request: web.Request) -> web.Response:
         """``PUT`` :data:`~prfaas_core.names.REPLICA_BOOKS_PATH`: a peer's books (400 when malformed, 409 when

@@ -113,3 +113,63 @@ def test_router_replicas_see_each_others_local_prefills(tmp_path: Path) -> None:
             "router B to forget the stopped router A",
         )
         assert counter(b, names.METRIC_ROUTER_REPLICA_SYNC, result="unreachable") >= 1
+
+
+async def test_a_burst_of_changes_goes_in_few_rounds_and_dns_finds_the_peers() -> None:
+    """Over real sockets, in one process: a peer found by ``--peers-dns localhost:PORT`` gets this replica's books;
+    200 prefills starting and ending 2 ms apart go in a bounded number of rounds (one body per round, rounds
+    MIN_ROUND_S apart: not a PUT per change), and the last body is the final state."""
+    import asyncio
+
+    from aiohttp import web
+    from testbed_support import await_for, serving
+
+    from prfaas_core.api import ReplicaBooksWire, RouterConfig
+    from prfaas_router.metrics import RouterMetrics
+    from prfaas_router.replica_sync import MIN_ROUND_S, ReplicaSync
+    from prfaas_router.runtime import Runtime, compile_config
+
+    bodies: list[ReplicaBooksWire] = []
+
+    async def receive(request: web.Request) -> web.Response:
+        bodies.append(ReplicaBooksWire.model_validate_json(await request.read()))
+        return web.Response(status=204)
+
+    peer = web.Application()
+    peer.router.add_put(names.REPLICA_BOOKS_PATH, receive)
+    async with serving(peer) as url:
+        port = int(url.rsplit(":", 1)[1])
+        roles = {"pd-0": "prefill", "pd-1": "prefill", "pd-2": "decode"}
+        doc = {
+            "pdCluster": "pd",
+            "thresholdMinTokens": 1_000_000,
+            "model": model_profile_json(),
+            "endpoints": [{"name": n, "url": f"http://{n}", "role": r} for n, r in roles.items()],
+        }
+        rt = Runtime(compile_config(RouterConfig.model_validate(doc)))
+        sync = ReplicaSync(rt, RouterMetrics(), peers_dns=("localhost", port))
+        stop = asyncio.Event()
+        task = asyncio.create_task(sync.run(stop))
+        try:
+            await await_for(lambda: bodies, 10, "the first heartbeat to reach the peer found by DNS")
+            first = len(bodies)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            for k in range(200):
+                with rt.prefill_queued(f"pd-{k % 2}", 1.0):
+                    await asyncio.sleep(0.002)  # a change every 2 ms: time enough for a round after each
+            burst_s = loop.time() - started
+            await await_for(
+                lambda: bodies and bodies[-1].seq == rt.own_book().seq, 10, "the final books to reach the peer"
+            )
+            rounds = len(bodies) - first
+            assert 1 <= rounds <= burst_s / MIN_ROUND_S + 3, (rounds, burst_s)  # not 1000 PUTs
+            final = bodies[-1].instances
+            assert {n: (i.in_flight, i.started, i.seconds) for n, i in final.items()} == {
+                "pd-0": (0, 100, 0.0),
+                "pd-1": (0, 100, 0.0),
+            }
+        finally:
+            stop.set()
+            await task
+            await sync.aclose()
