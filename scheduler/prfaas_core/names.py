@@ -182,7 +182,8 @@ METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS: Final = "prfaas_router_replica_peer_
 """(router) 1 for the estimate's current ``source`` (configured, streams, stalled), 0 for the others, by ``link``."""
 METRIC_GATEWAY_ADMISSIONS: Final = "prfaas_gateway_admissions_total"
 """(gateway) Remote prefills the link calendar answered, by ``link`` and ``result``: booked, or the decline's reason
-(link_window, overloaded)."""
+(link_window, overloaded; kv_lease: booked, prefilled, then held for the wire until the engine's KV lease nearly ran
+out)."""
 METRIC_GATEWAY_ADMISSION_WAIT_SECONDS: Final = "prfaas_gateway_admission_wait_seconds"
 """(gateway) Histogram of the booked windows' waits (model seconds) before their prefill starts, by ``link``."""
 METRIC_GATEWAY_LINK_AVAILABLE_GBPS: Final = "prfaas_gateway_link_available_gbps"

@@ -76,6 +76,18 @@ LOAN_GRACE_WALL_S = 2.0
 borrower's pull lease starts after the loan's answer reached it."""
 PEER_RECHECK_S = 0.1
 """With peers, a held answer re-checks at least this often (wall seconds): only a replica's oldest calls them."""
+KV_LEASE_USE = 0.8
+"""A held answer waits for the wire at most this fraction of the engine's KV lease (``kvLeaseSeconds``): the rest
+covers the answer's way to the router, the decode leg's start and the pull's first request, after which the
+decode's heartbeats keep the KV."""
+
+
+class KvLeaseOver(Exception):
+    """A held answer's KV lease nearly ran out before its pull fit on the wire: the caller prefills elsewhere."""
+
+    def __init__(self, held_s: float) -> None:
+        super().__init__(f"held {held_s:.1f} s for room on the link")
+        self.held_s = held_s
 
 
 def _params(link: RouterLink, share: float) -> LinkParams:
@@ -120,7 +132,7 @@ class LinkAdmission:
         self._wire_lock = asyncio.Lock()
         if metrics is not None:  # every series of the link from the start, at 0: rates and alerts see them
             metrics.gateway_link_share.labels(self.link).set(self.shares.base)
-            for result in ("booked", "link_window", "overloaded"):
+            for result in ("booked", "link_window", "overloaded", "kv_lease"):
                 metrics.gateway_admissions.labels(self.link, result)
             for end in ("reported", "lease"):
                 metrics.gateway_pulls.labels(self.link, end)
@@ -397,7 +409,9 @@ class LinkAdmission:
         times alone let two pulls overlap when one started late: 9.8 Gbps in 1-s windows on an 8-Gbps cap); the
         pull then counts there until the caller reports it over (:meth:`pulled`) or its lease runs out. Returns
         the pull's id for the answer's :data:`~prfaas_core.names.HEADER_PULL_ID` (None: nothing to report; a
-        layer-wise stream has ended with its prefill; a failure frees the window)."""
+        layer-wise stream has ended with its prefill; a failure frees the window). Raises :class:`KvLeaseOver`
+        (the window freed) when the answer waited :data:`KV_LEASE_USE` of the engine's KV lease (wall time): a
+        pull that late would find the KV freed, so :meth:`lease_answer` tells the caller to prefill elsewhere."""
         w, key = booking.window, booking.key
         span = w.stream_end_s - w.stream_start_s
         if not ok or self.spec.stream_timing == "layer-wise" or span <= 0:
@@ -407,16 +421,20 @@ class LinkAdmission:
         rate = max(w.rate_gbps, self.spec.pull_gbps or 0.0)
         held_from = clock()
         self.holding += 1
-        self._held_since[key] = time.time()
+        self._held_since[key] = wall_from = time.time()
         lease = span * LEASE_FACTOR + LEASE_GRACE_S
+        kv_deadline = wall_from + self.spec.kv_lease_seconds * KV_LEASE_USE
         try:
             while not await self._onto_wire(key, rate, lease, clock):
                 self._changed.clear()
+                left = kv_deadline - time.time()
+                if left <= 0:
+                    raise KvLeaseOver(time.time() - wall_from)
                 # the ceiling may also rise (a fresher report), and a peer's share free up (it tells nobody)
                 recheck = RECHECK_S if self.peers is None else min(RECHECK_S, PEER_RECHECK_S)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), recheck)
-        except BaseException:  # the caller went away while held: no pull will come
+                    await asyncio.wait_for(self._changed.wait(), min(recheck, left))
+        except BaseException:  # the caller went away while held, or its KV lease ran out: no pull will come
             self._give_back(key)
             self.ledger.finish(key)
             raise
@@ -437,6 +455,16 @@ class LinkAdmission:
         self.ledger.reserve(key, Transfer(w.bytes, now, 0.0, -1, 0.0, span))
         self._leases[key] = asyncio.get_running_loop().call_later(lease / self.time_scale, self._over, key, "lease")
         return key
+
+    def lease_answer(self, over: KvLeaseOver) -> web.Response:
+        """The 429 ``kv_lease`` for a prefill whose answer waited too long for the wire (its KV waits out the
+        engine's lease there; no decode will pull it)."""
+        why = (
+            f"the prefill's answer was {over}, up to {KV_LEASE_USE:.0%} of the prefill engine's "
+            f"{self.spec.kv_lease_seconds:g}-s KV lease: prefill elsewhere"
+        )
+        log.warning("a held answer reached its KV lease before its pull fit on the wire", link=self.link, why=why)
+        return self._decline("kv_lease", None, why)
 
     async def _onto_wire(self, key: str, rate: float, lease_s: float, clock: Callable[[], float]) -> bool:
         """Whether the pull ``key`` may go on the wire now, borrowing from the peers what it misses. One answer at a

@@ -28,7 +28,7 @@ from prfaas_core.policy.routing import InstanceView
 from prfaas_core.request.tokens import block_hashes
 
 from .aborts import Aborts, SideLost, engine_side
-from .admission import LinkAdmission, admission_for
+from .admission import KvLeaseOver, LinkAdmission, admission_for
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error
 from .legs import LINK_HEADER, LINK_LABEL, UNKNOWN_LINK, reported_prompt_tokens
 from .metrics import RouterMetrics
@@ -109,15 +109,19 @@ class Gateway:
                 return verdict
             booking = verdict
             await self.admission.hold(booking, rt.model_now())
-        ok = False
         try:
             resp = await self._prefill_on_instance(request, body, ids, hashes, hits)
-            ok = resp.status == 200
-        finally:
+        except BaseException:
             if booking is not None and self.admission is not None:
-                pull_id = await self.admission.release(booking, ok, rt.model_now)
-                if pull_id is not None:
-                    resp.headers[names.HEADER_PULL_ID] = pull_id
+                await self.admission.release(booking, False, rt.model_now)
+            raise
+        if booking is not None and self.admission is not None:
+            try:
+                pull_id = await self.admission.release(booking, resp.status == 200, rt.model_now)
+            except KvLeaseOver as over:
+                return self.admission.lease_answer(over)
+            if pull_id is not None:
+                resp.headers[names.HEADER_PULL_ID] = pull_id
         return resp
 
     async def pull_done(self, request: web.Request) -> web.Response:

@@ -208,3 +208,45 @@ def test_a_caller_gone_while_held_frees_its_booking_and_a_failed_prefill_books_n
         assert adm.on_wire_gbps() == 5.0  # only a
 
     asyncio.run(main())
+
+
+def test_an_answer_held_past_most_of_the_kv_lease_is_declined_and_frees_its_window() -> None:
+    """The pull on the wire is never reported; the next answer waits for it until 80 % of the engine's KV lease has
+    passed (wall time), then the gateway answers 429 kv_lease: a decode sent later would find the KV freed. The
+    router prefills locally on that decline (it is not a link_window to wait for)."""
+    from prfaas_router.admission import KV_LEASE_USE, KvLeaseOver
+    from prfaas_router.link_wait import resubmit_wait_s
+
+    async def main() -> None:
+        spec = GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 5.0, "kvLeaseSeconds": 0.25})
+        adm = LinkAdmission(spec, LINK, time_scale=1.0, metrics=RouterMetrics())
+        nbytes = 5.0 * GBPS_BITS / 8.0  # 1 s at 5 Gbps: one pull on the wire at a time
+        a, b = adm.decide("a", {}, nbytes, 1.0, 0.0), adm.decide("b", {}, nbytes, 1.0, 0.0)
+        assert isinstance(a, Booking) and isinstance(b, Booking)
+        now = [1.0]
+        assert await adm.release(a, True, lambda: now[0]) == "a"
+        held = asyncio.create_task(adm.release(b, True, lambda: now[0]))
+        await asyncio.sleep(0.25 * KV_LEASE_USE / 2)
+        assert not held.done() and adm.holding == 1  # still within the lease
+        with pytest.raises(KvLeaseOver) as over:
+            await asyncio.wait_for(held, 5.0)
+        assert over.value.held_s >= 0.25 * KV_LEASE_USE
+        assert adm.holding == 0 and adm.ledger.get("b") is None and adm.on_wire_gbps() == 5.0  # only a
+        resp = adm.lease_answer(over.value)
+        assert resp.status == 429 and resp.body is not None
+        decline = AdmissionDecline.model_validate(json.loads(bytes(resp.body)))  # type: ignore[arg-type]
+        assert decline.reason == "kv_lease" and decline.link == "a-to-b" and "KV lease" in decline.message
+        assert adm.metrics.gateway_admissions.labels("a-to-b", "kv_lease")._value.get() == 1  # type: ignore[union-attr]
+        assert resubmit_wait_s(decline, 30.0, 60.0, local_wait_s=5.0) is None  # local, whatever local's queue
+        # the wire is free again once a is reported (past its bytes' time at 5 Gbps): the next answer goes at once
+        now[0] = 10.0
+        assert adm.pulled("a") and adm.on_wire_gbps() == 0.0
+        c = adm.decide("c", {}, nbytes, 1.0, now[0])
+        assert isinstance(c, Booking) and await adm.release(c, True, lambda: now[0]) == "c"
+
+    asyncio.run(main())
+
+
+def test_the_kv_lease_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="kvLeaseSeconds"):
+        GatewayAdmission.model_validate({"link": "a-to-b", "kvLeaseSeconds": 0})

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator
 
 from .base import ApiModel
 
-DeclineReason = Literal["link_window", "overloaded"]
+DeclineReason = Literal["link_window", "overloaded", "kv_lease"]
 PeerUrl = Annotated[str, Field(pattern=r"^https?://[^/\s]+(/\S*)?$", max_length=2048)]
 """A gateway replica's base URL."""
 
@@ -25,7 +25,9 @@ class AdmissionDecline(ApiModel):
 
     reason: DeclineReason = Field(
         description="link_window: the earliest window starts later than the caller accepts; overloaded: the "
-        "gateway holds as many waiting prefills as it will."
+        "gateway holds as many waiting prefills as it will; kv_lease: the prefill ran, but its answer waited for "
+        "room on the link until the prefill engine's KV lease nearly ran out (its KV is lost to the caller: "
+        "prefill elsewhere)."
     )
     earliest_start_ms: float | None = Field(
         default=None, ge=0, description="Milliseconds from now until the earliest window starts (link_window)."
@@ -68,6 +70,15 @@ class GatewayAdmission(ApiModel):
     )
     max_waiting: int = Field(
         default=256, ge=1, description="Prefills held for a later window at once; beyond it: 429 overloaded."
+    )
+    kv_lease_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="How long a prefill engine keeps a prefill's KV for a pull that has not started (wall "
+        "seconds; vLLM's NixlConnector kv_lease_duration, 30 s; older vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT). A "
+        "pull-after-prefill answer is held for room on the link at most 80 % of it; then the gateway answers 429 "
+        "kv_lease and the caller prefills elsewhere, instead of sending a decode to pull KV already freed.",
     )
 
     @field_validator("peers")
