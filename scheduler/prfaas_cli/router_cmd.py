@@ -72,6 +72,14 @@ def register(sub: Any) -> None:
         help="peer router replicas by DNS: every address NAME resolves to (re-resolved every few seconds), e.g. "
         "the chart's headless Service <release>-router-peers.<namespace>.svc:8080. Empty: none",
     )
+    p.add_argument(
+        "--peers-token-file",
+        default="",
+        metavar="PATH",
+        help="a bearer token the replicas share (the chart's replicaSync.tokenSecret): sent with this replica's "
+        "books and required on the peers' (401 without it); re-read when it changes. Empty: books are taken from "
+        "anyone who reaches the port",
+    )
     p.set_defaults(handler=run)
 
 
@@ -79,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from prfaas_router.app import check_secure
     from prfaas_router.app import run as run_router
     from prfaas_router.config import load_config
-    from prfaas_router.replica_sync import parse_peers_dns
+    from prfaas_router.replica_sync import ReplicaPeers, parse_peers_dns
 
     configure_logging(args.log_level)
     peers = [u.strip() for arg in args.peers for u in arg.split(",") if u.strip()]
@@ -90,15 +98,24 @@ def run(args: argparse.Namespace) -> int:
         for url in peers:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"--peers wants base URLs (http://host:port), got {url!r}")
+        token_file = args.peers_token_file or None
+        if token_file is not None and not _readable_token(token_file):
+            raise ValueError(f"--peers-token-file {token_file}: unreadable or empty")
     except ValueError as exc:  # ConfigError, InsecureGatewayError, a malformed peer
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         settings = Path(args.settings) if args.settings else None
         models = frozenset(args.model) if args.model else None
-        run_router(
-            Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway, models, peers, peers_dns
-        )
+        replicas = ReplicaPeers(tuple(peers), peers_dns, token_file)
+        run_router(Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway, models, replicas)
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def _readable_token(path: str) -> bool:
+    try:
+        return bool(Path(path).read_bytes().strip())
+    except OSError:
+        return False

@@ -178,7 +178,8 @@ METRIC_ROUTER_REPLICA_SYNC: Final = "prfaas_router_replica_sync_total"
 METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS: Final = "prfaas_router_replica_peer_prefill_seconds"
 """(router) The other replicas' local prefills in flight on each PD prefill ``instance`` as this one last heard them
 (their predicted seconds, model time): what it adds to its own books there."""
-"""(router) Books sent to peer replicas, by ``result``: sent, unreachable, refused (another status), self."""
+"""(router) Books sent to peer replicas, by ``result``: sent, unreachable, refused (another status), unauthorized
+(the peer refused this replica's ``--peers-token-file`` token, or it has none), self."""
 """(router) 1 for the estimate's current ``source`` (configured, streams, stalled), 0 for the others, by ``link``."""
 METRIC_GATEWAY_ADMISSIONS: Final = "prfaas_gateway_admissions_total"
 """(gateway) Remote prefills the link calendar answered, by ``link`` and ``result``: booked, or the decline's reason

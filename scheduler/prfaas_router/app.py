@@ -25,7 +25,7 @@ from .hygiene import Hygiene, start_listener
 from .metrics import RouterMetrics
 from .proxy import Proxy
 from .readiness import not_ready_reason
-from .replica_sync import ReplicaSync
+from .replica_sync import NO_PEERS, ReplicaPeers, ReplicaSync
 from .runtime import Runtime, compile_config
 from .security import InsecureGatewayError, SecurityMetrics, TlsReloader, TokenAuth, auth_middleware
 from .signals import Signals
@@ -62,14 +62,13 @@ def create_app(
     http_limits: httpx.Limits | None = None,
     allow_insecure_gateway: bool = False,
     models: frozenset[str] | None = None,
-    peers: list[str] | tuple[str, ...] = (),
-    peers_dns: tuple[str, int] | None = None,
+    peers: ReplicaPeers = NO_PEERS,
 ) -> web.Application:
     """A router (or gateway) app over ``config``; with ``config_path`` the file is watched and reloaded.
     Gateway mode without a token raises :class:`InsecureGatewayError` unless ``allow_insecure_gateway``.
-    ``models``: the model names requests may name (others get OpenAI's 404); None accepts any. ``peers`` and
-    ``peers_dns``: the other router replicas in front of the same PD cluster, which share their PD prefill books
-    (:mod:`.replica_sync`; router mode only)."""
+    ``models``: the model names requests may name (others get OpenAI's 404); None accepts any. ``peers``: the other
+    router replicas in front of the same PD cluster, which share their PD prefill books, and their shared token
+    (:mod:`.replica_sync`; router mode only; raises ValueError when the token file is unreadable)."""
     check_secure(config, allow_insecure_gateway)
     runtime = Runtime(compile_config(config), clock)
     metrics = RouterMetrics()
@@ -97,7 +96,9 @@ def create_app(
     app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=middlewares)
     app[RUNTIME], app[PROXY], app[GATEWAY], app[METRICS] = runtime, proxy, gateway, metrics
     app[HYGIENE] = hygiene
-    replicas = ReplicaSync(runtime, metrics, peers, peers_dns) if not gateway_mode else None
+    replicas = ReplicaSync(runtime, metrics, peers, security) if not gateway_mode else None
+    if replicas is not None and replicas.enabled and replicas.token.token is None:
+        log.warning("router replica books accepted from anyone who reaches this port: set --peers-token-file")
     tls = _tls_reloader(config, security)
     if tls is not None:
         app[TLS] = tls
@@ -257,11 +258,10 @@ def run(
     settings_path: Path | None = None,
     allow_insecure_gateway: bool = False,
     models: frozenset[str] | None = None,
-    peers: list[str] | tuple[str, ...] = (),
-    peers_dns: tuple[str, int] | None = None,
+    peers: ReplicaPeers = NO_PEERS,
 ) -> None:
     """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies)."""
-    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models, peers, peers_dns)
+    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models, peers)
     try:
         import uvloop
     except ImportError:  # optional speedup
@@ -278,8 +278,7 @@ async def serve(
     settings_path: Path | None = None,
     allow_insecure_gateway: bool = False,
     models: frozenset[str] | None = None,
-    peers: list[str] | tuple[str, ...] = (),
-    peers_dns: tuple[str, int] | None = None,
+    peers: ReplicaPeers = NO_PEERS,
 ) -> None:
     """Run until cancelled (the CLI's ``prfaas router``)."""
     config, _ = load_config(config_path, settings_path)
@@ -290,7 +289,6 @@ async def serve(
         allow_insecure_gateway=allow_insecure_gateway,
         models=models,
         peers=peers,
-        peers_dns=peers_dns,
     )
     runner, _ = await start_listener(app, app[HYGIENE], host, port, server_ssl_context(app))
     gc.freeze()  # what startup allocated (config, profiles, modules) stays out of every later collection

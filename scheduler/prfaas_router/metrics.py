@@ -164,11 +164,11 @@ class RouterMetrics:
         )
         self.replica_sync = Counter(
             names.METRIC_ROUTER_REPLICA_SYNC.removesuffix("_total"),
-            "Books sent to peer router replicas, by result (sent, unreachable, refused, self).",
+            "Books sent to peer router replicas, by result (sent, unreachable, refused, unauthorized, self).",
             ["result"],
             registry=r,
         )
-        for result in ("sent", "unreachable", "refused", "self"):  # exported at 0 before the first send
+        for result in ("sent", "unreachable", "refused", "unauthorized", "self"):  # exported at 0 before the first send
             self.replica_sync.labels(result)
         self.replica_peer_prefill = Gauge(
             names.METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS,

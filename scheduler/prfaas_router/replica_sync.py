@@ -10,6 +10,12 @@ listed, or resolved, among its peers).
 
 A peer that does not answer costs one :data:`PEER_TIMEOUT_S` per send and nothing else: its books expire from the
 others' view and the engines' scraped counts stand for its work again (the behaviour without sync).
+
+**Who may send books.** The path shares the router's port with its clients, and books steer its routing, so with
+``--peers-token-file`` (the chart's ``replicaSync.tokenSecret``) a replica sends ``Authorization: Bearer <token>``
+and takes books only with it (401 otherwise, constant-time compare); the file is polled, and a rotated token is in
+force at once while the previous one is accepted :data:`TOKEN_OVERLAP_S` longer. Without it, anyone who reaches the
+port may send books (warned at start).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import asyncio
 import contextlib
 import socket
 import time
+from dataclasses import dataclass
 
 import httpx
 import structlog
@@ -31,6 +38,7 @@ from prfaas_core.policy.replica_books import HEARTBEAT_S, Book, InstanceBook
 from .http_util import json_error
 from .metrics import RouterMetrics
 from .runtime import Runtime
+from .security import SecurityMetrics, TokenAuth
 
 log = structlog.get_logger("prfaas.router.replicas")
 
@@ -41,6 +49,22 @@ DNS_REFRESH_S = 5.0
 MIN_ROUND_S = 0.02
 """Two send rounds start at least this far apart (wall seconds): a busy router's many changes go as one body per
 round (a few hundred requests a second would otherwise cost that many PUTs per peer), 20 ms stale at most."""
+TOKEN_POLL_S = 5.0
+"""How often ``--peers-token-file`` is checked for a rotated token (wall seconds)."""
+TOKEN_OVERLAP_S = 30.0
+"""A rotated-out token is still taken this long (wall seconds): the replicas see the new file at different times."""
+
+
+@dataclass(frozen=True)
+class ReplicaPeers:
+    """The other router replicas (``--peers``, ``--peers-dns``) and the shared token (``--peers-token-file``)."""
+
+    urls: tuple[str, ...] = ()
+    dns: tuple[str, int] | None = None
+    token_file: str | None = None
+
+
+NO_PEERS = ReplicaPeers()
 
 
 def to_wire(book: Book) -> ReplicaBooksWire:
@@ -79,12 +103,21 @@ class ReplicaSync:
         self,
         runtime: Runtime,
         metrics: RouterMetrics,
-        peers: list[str] | tuple[str, ...] = (),
-        peers_dns: tuple[str, int] | None = None,
+        peers: ReplicaPeers = NO_PEERS,
+        security: SecurityMetrics | None = None,
     ) -> None:
         self.runtime, self.metrics = runtime, metrics
-        self.static = [u.rstrip("/") for u in peers]
-        self.dns = peers_dns
+        self.static = [u.rstrip("/") for u in peers.urls]
+        self.dns = peers.dns
+        self.token = TokenAuth(
+            peers.token_file,
+            security or SecurityMetrics(metrics.registry),
+            TOKEN_OVERLAP_S,
+            source="--peers-token-file",
+            credential="peers_token",
+        )
+        """Raises ValueError when the file is unreadable or empty."""
+        self._token_polled = time.monotonic()
         self.resolved: list[str] = []
         self._resolved_at = float("-inf")
         self.self_urls: set[str] = set()
@@ -110,15 +143,19 @@ class ReplicaSync:
         return [u for u in dict.fromkeys(self.static + self.resolved) if u not in self.self_urls]
 
     async def _put(self, url: str, body: bytes) -> str:
+        headers = {"Content-Type": "application/json"}
+        if self.token.token is not None:
+            headers["Authorization"] = "Bearer " + self.token.token.decode()
         try:
-            resp = await self.http.put(
-                url + names.REPLICA_BOOKS_PATH, content=body, headers={"Content-Type": "application/json"}
-            )
+            resp = await self.http.put(url + names.REPLICA_BOOKS_PATH, content=body, headers=headers)
         except httpx.HTTPError:
             return "unreachable"
         if resp.status_code == 409:
             self.self_urls.add(url)
             return "self"
+        if resp.status_code == 401:
+            log.warning("router peer refused our token", peer=url, body=resp.text[:200])
+            return "unauthorized"
         if resp.status_code != 204:
             log.warning("router peer refused our books", peer=url, status=resp.status_code, body=resp.text[:200])
             return "refused"
@@ -146,6 +183,9 @@ class ReplicaSync:
             started = time.monotonic()
             self._changed.clear()
             try:
+                if started - self._token_polled >= TOKEN_POLL_S:
+                    self._token_polled = started
+                    self.token.poll()
                 await self.send()
             except Exception:  # a failed round is retried at the next change or heartbeat; never kill the loop
                 log.exception("router replica sync failed")
@@ -156,7 +196,11 @@ class ReplicaSync:
 
     async def receive(self, request: web.Request) -> web.Response:
         """``PUT`` :data:`~prfaas_core.names.REPLICA_BOOKS_PATH`: a peer's books (400 when malformed, 409 when
-        they are this replica's own)."""
+        they are this replica's own; 401 without the peers' token, when one is set)."""
+        refused = self.token.refusal(request.headers.get("Authorization"))
+        if refused is not None:
+            log.warning("replica books refused", reason=refused, peer=request.remote)
+            return json_error(401, f"replica books: {refused} bearer token (the replicas' --peers-token-file)")
         try:
             wire = ReplicaBooksWire.model_validate_json(await request.read())
         except ValidationError as exc:

@@ -169,12 +169,16 @@ class TokenAuth:
     previous: bytes | None = None
     previous_until: float = 0.0
     digest: str | None = None
+    source: str = "gateway.tokenFile"
+    """Where the file is named (messages)."""
+    credential: str = "token"
+    """The credential's label on :data:`~prfaas_core.names.METRIC_ROUTER_CREDENTIAL_RELOADS`."""
 
     def __post_init__(self) -> None:
         if self.path is not None:
             self.token, self.digest = self._read(self.path), _digest(self.path)
             if self.token is None:
-                raise InsecureGatewayError(f"gateway.tokenFile {self.path}: unreadable or empty")
+                raise InsecureGatewayError(f"{self.source} {self.path}: unreadable or empty")
 
     @staticmethod
     def _read(path: str) -> bytes | None:
@@ -200,15 +204,15 @@ class TokenAuth:
         self.digest = digest
         new = self._read(self.path)
         if new is None:
-            self.metrics.reloads.labels("token", "rejected").inc()
-            log.error("gateway token file unreadable or empty; keeping the last good token", path=self.path)
+            self.metrics.reloads.labels(self.credential, "rejected").inc()
+            log.error(f"{self.source} unreadable or empty; keeping the last good token", path=self.path)
             return False
         if self.token is not None and hmac.compare_digest(new, self.token):
             return False
         self.previous, self.previous_until = self.token, self.clock() + self.overlap_s
         self.token = new
-        self.metrics.reloads.labels("token", "loaded").inc()
-        log.info("gateway token rotated", path=self.path, overlap_s=self.overlap_s)
+        self.metrics.reloads.labels(self.credential, "loaded").inc()
+        log.info(f"{self.source}: token rotated", path=self.path, overlap_s=self.overlap_s)
         return True
 
     def refusal(self, authorization: str | None) -> str | None:

@@ -5,6 +5,7 @@ and a PD decode engine (H20), and the router. Time-scaled so long prompts take m
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ def start_stack(
     link_gbps: float = 100.0,
     gateway_replicas: int = 1,
     gateway_tls: tuple[Path, Path] | None = None,
+    router_args: Sequence[str] = (),
     **router_extra: Any,
 ) -> Stack:
     """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
@@ -66,7 +68,8 @@ def start_stack(
     the processes are started (the caller waits for what it needs); ``link_gbps``: the link emulator's capacity
     (and the routers' configured one); ``gateway_replicas`` > 1: the admission's ``replicas`` and ``peers`` name
     them all (ports ``gateway``, ``gateway-2``, ...), and the stack starts them all; ``gateway_tls``: (certificate,
-    key) the gateways serve, which the router's remote and the replicas' peers verify (``caFile``, ``peerCaFile``)."""
+    key) the gateways serve, which the router's remote and the replicas' peers verify (``caFile``, ``peerCaFile``);
+    ``router_args``: more command-line arguments of the router (``--peers``)."""
     replicas = ["gateway", *(f"gateway-{k}" for k in range(2, gateway_replicas + 1))]
     names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", *replicas, "router")
     st = Stack(procs, tmp, {n: free_port() for n in names}, tls_ca=gateway_tls[0] if gateway_tls else None)
@@ -205,7 +208,9 @@ def start_stack(
     st.write_router_config()
     for r in replicas:
         procs.start(r, [*PRFAAS, "router", "--config", str(tmp / "gateway.json"), "--port", str(p[r])])
-    procs.start("router", [*PRFAAS, "router", "--config", str(tmp / "router.json"), "--port", str(p["router"])])
+    procs.start(
+        "router", [*PRFAAS, "router", "--config", str(tmp / "router.json"), "--port", str(p["router"]), *router_args]
+    )
     if not wait_ready:
         return st
 

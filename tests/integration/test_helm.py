@@ -11,6 +11,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
+from os.path import dirname
 from pathlib import Path
 from typing import Any
 
@@ -488,6 +489,19 @@ def test_router_replicas_find_each_other_to_share_their_books(helm: str) -> None
     ]  # fmt: skip
     assert peer_rules and peer_rules[0]["ports"] == [{"port": "http", "protocol": "TCP"}]
 
+    # the shared books token: router.replicaSync.tokenSecret mounted where the flag's file points
+    assert args[args.index("--peers-token-file") + 1] == "$(PRFAAS_ROUTER_PEERS_TOKEN_FILE)"
+    token_file = settings["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"]
+    pod = deploy["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "router-peers-token")
+    assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
+    mount = next(m for m in router["volumeMounts"] if m["name"] == volume["name"])
+    assert token_file == f"{mount['mountPath']}/token" and mount["readOnly"] is True
+    open_books = render(helm, CHART, values, "--set", "router.replicaSync.tokenSecret=")
+    open_settings = find(open_books, "ConfigMap", "-router-settings")
+    assert open_settings["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"] == ""
+    assert "router-peers-token" not in str(find(open_books, "Deployment", "-router")["spec"]["template"])
+
     off = render(helm, CHART, values, "--set", "router.replicaSync.enabled=false")
     assert not [d for d in off if d["metadata"]["name"].endswith("-router-peers")]
     off_settings = next(
@@ -515,7 +529,8 @@ def test_router_mounts_the_operators_configmap_and_the_chart_never_renders_it(he
     mount = next(m for m in router["volumeMounts"] if m["name"] == volume["name"])
     assert config_path == f"{mount['mountPath']}/{CONFIG_KEY}"
     secret_mounts = {m["mountPath"] for m in router["volumeMounts"]} - {mount["mountPath"]}
-    assert secret_mounts == {f"{SECRETS_DIR}/region-a-gateway-token", f"{SECRETS_DIR}/region-a-gateway-ca"}
+    peers_token = dirname(settings["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"])  # router.replicaSync.tokenSecret
+    assert secret_mounts == {f"{SECRETS_DIR}/region-a-gateway-token", f"{SECRETS_DIR}/region-a-gateway-ca", peers_token}
     assert router["args"][0] == "router" and "$(PRFAAS_ROUTER_CONFIG)" in router["args"]
     assert "checksum/settings" in deploy["spec"]["template"]["metadata"]["annotations"]
 

@@ -3,7 +3,8 @@ from all three never takes the link's egress (the relay's own accounting, 1-s wi
 allowing one pull's burst (a pull runs at the wire's speed, not at its booked rate), and every request is answered.
 The routers' own links say 100 Gbps: only the gateway's calendar (0.1 Gbps, cap 0.08) holds them. With 2 gateway
 replicas (routers 1 and 2 on one, router 3 on the other) each starts with cap / 2 and borrows the other's idle share
-for a pull (one pull, at the link's 0.1 Gbps, needs the whole cap), over HTTP: the same one-pull allowance holds."""
+for a pull (one pull, at the link's 0.1 Gbps, needs the whole cap), over HTTP: the same one-pull allowance holds.
+The routers share their PD prefill books (``--peers``, as the chart's router replicas do) throughout."""
 
 from __future__ import annotations
 
@@ -38,19 +39,27 @@ def prompt(tokens: int) -> str:
 def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replicas: int) -> None:
     with processes(tmp_path) as procs:
         admission = {"capacityGbps": GATEWAY_GBPS, "pullGbps": GATEWAY_GBPS}
-        st = start_stack(procs, tmp_path, gateway_admission=admission, gateway_replicas=replicas)
+        ports = {k: free_port() for k in (2, 3)}
+        others = [f"http://127.0.0.1:{port}" for port in ports.values()]
+        st = start_stack(
+            procs,
+            tmp_path,
+            gateway_admission=admission,
+            gateway_replicas=replicas,
+            router_args=["--peers", ",".join(others)],
+        )
         gateways = [st.url("gateway"), *([st.url("gateway-2")] if replicas == 2 else [])]
-        routers = [st.router]
-        for k in (2, 3):
+        routers = [st.router, *others]
+        for k, port in ports.items():
             config = json.loads(json.dumps(st.router_config))
             target = gateways[-1] if k == 3 else gateways[0]
             config["remotes"][0].update(url=target, statusUrl=target + "/status")
             (tmp_path / f"router-{k}.json").write_text(json.dumps(config))
-            port = free_port()
+            peers = ",".join(r for r in routers if r != f"http://127.0.0.1:{port}")
+            config_file = str(tmp_path / f"router-{k}.json")
             procs.start(
-                f"router-{k}", [*PRFAAS, "router", "--config", str(tmp_path / f"router-{k}.json"), "--port", str(port)]
+                f"router-{k}", [*PRFAAS, "router", "--config", config_file, "--port", str(port), "--peers", peers]
             )
-            routers.append(f"http://127.0.0.1:{port}")
 
         def all_ready() -> bool:
             procs.check_alive()
@@ -108,6 +117,9 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
         assert statuses and all(s == 200 for s in statuses), statuses
         assert booked >= 1 and remote >= 1  # the link was used
         assert max(windows) <= allowed, (windows, allowed)
+        for r in routers:  # each router heard the other two and sent them its books
+            assert counter(r, names.METRIC_ROUTER_REPLICA_PEERS) == 2, r
+            assert counter(r, names.METRIC_ROUTER_REPLICA_SYNC, result="sent") >= 1, r
 
         def pulls(end: str) -> float:
             return sum(counter(g, names.METRIC_GATEWAY_PULLS, GATEWAY_AUTH, **LINK, end=end) for g in gateways)

@@ -3,7 +3,8 @@
 itself sees the long prefill its peer just sent to one instance and sends its own request to the other, idle one
 (without the books it would take the busy instance for idle: the engine's scraped count of another replica's work
 is worth the replica's own mean prefill time, 0 before its first); a replica that lists itself recognises itself;
-one that stops is forgotten by the other within the books' expiry."""
+books without the replicas' shared token are refused (401) and change nothing; one that stops is forgotten by the
+other within the books' expiry."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def test_router_replicas_see_each_others_local_prefills(tmp_path: Path) -> None:
         (tmp_path / "router.json").write_text(json.dumps(config))
         ports = [free_port(), free_port()]
         routers = [f"http://127.0.0.1:{p}" for p in ports]
-        peers = ["--peers", ",".join(routers)]  # each lists both: it recognises itself
+        (tmp_path / "peers-token").write_text("replica-s3cret\n")
+        # each lists both (it recognises itself); they share a token
+        peers = ["--peers", ",".join(routers), "--peers-token-file", str(tmp_path / "peers-token")]
         started = [
             procs.start(
                 f"router-{i}", [*PRFAAS, "router", "--config", str(tmp_path / "router.json"), "--port", str(p), *peers]
@@ -71,6 +74,13 @@ def test_router_replicas_see_each_others_local_prefills(tmp_path: Path) -> None:
             )
 
         wait_for(ready, 120, "two routers ready, each hearing the other and recognising itself")
+        # books from anyone else (the path shares the clients' port) are refused, whatever they claim
+        forged = {"replica": "intruder", "seq": 1, "instances": {"pd-0": {"inFlight": 9, "started": 9, "seconds": 99}}}
+        for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic replica-s3cret"}):
+            status, out = http("PUT", a + names.REPLICA_BOOKS_PATH, forged, timeout_s=5, headers=auth)
+            assert status == 401 and "peers-token-file" in json.dumps(out), (auth, status, out)
+        assert counter(a, names.METRIC_ROUTER_REPLICA_PEERS) == 1  # the intruder was not heard
+        assert all(counter(r, names.METRIC_ROUTER_REPLICA_SYNC, result="unauthorized") == 0 for r in routers)
         answers: list[int] = []
         long = threading.Thread(
             target=lambda: answers.append(
@@ -115,7 +125,7 @@ def test_router_replicas_see_each_others_local_prefills(tmp_path: Path) -> None:
         assert counter(b, names.METRIC_ROUTER_REPLICA_SYNC, result="unreachable") >= 1
 
 
-async def test_a_burst_of_changes_goes_in_few_rounds_and_dns_finds_the_peers() -> None:
+async def test_a_burst_of_changes_goes_in_few_rounds_and_dns_finds_the_peers(tmp_path: Path) -> None:
     """Over real sockets, in one process: a peer found by ``--peers-dns localhost:PORT`` gets this replica's books;
     200 prefills starting and ending 2 ms apart go in a bounded number of rounds (one body per round, rounds
     MIN_ROUND_S apart: not a PUT per change), and the last body is the final state."""
@@ -126,12 +136,13 @@ async def test_a_burst_of_changes_goes_in_few_rounds_and_dns_finds_the_peers() -
 
     from prfaas_core.api import ReplicaBooksWire, RouterConfig
     from prfaas_router.metrics import RouterMetrics
-    from prfaas_router.replica_sync import MIN_ROUND_S, ReplicaSync
+    from prfaas_router.replica_sync import MIN_ROUND_S, ReplicaPeers, ReplicaSync
     from prfaas_router.runtime import Runtime, compile_config
 
     bodies: list[ReplicaBooksWire] = []
 
     async def receive(request: web.Request) -> web.Response:
+        assert request.headers.get("Authorization") == "Bearer tok-1"  # the shared token, stripped
         bodies.append(ReplicaBooksWire.model_validate_json(await request.read()))
         return web.Response(status=204)
 
@@ -147,7 +158,9 @@ async def test_a_burst_of_changes_goes_in_few_rounds_and_dns_finds_the_peers() -
             "endpoints": [{"name": n, "url": f"http://{n}", "role": r} for n, r in roles.items()],
         }
         rt = Runtime(compile_config(RouterConfig.model_validate(doc)))
-        sync = ReplicaSync(rt, RouterMetrics(), peers_dns=("localhost", port))
+        token = tmp_path / "token"
+        token.write_text("tok-1\n")
+        sync = ReplicaSync(rt, RouterMetrics(), ReplicaPeers(dns=("localhost", port), token_file=str(token)))
         stop = asyncio.Event()
         task = asyncio.create_task(sync.run(stop))
         try:

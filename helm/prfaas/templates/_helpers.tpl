@@ -140,6 +140,16 @@ Router (standalone and sidecar)
   readOnly: true
 {{- end }}
 {{- include "prfaas.tokenizer.volumeMount" . }}
+{{- if .Values.router.replicaSync.tokenSecret }}
+- name: prfaas-router-peers-token
+  mountPath: {{ dir (include "prfaas.router.peersTokenFile" .) }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Where the router replicas' shared books token is mounted (router.replicaSync.tokenSecret). */}}
+{{- define "prfaas.router.peersTokenFile" -}}
+/var/run/prfaas/router/peers/token
 {{- end }}
 
 {{/*
@@ -174,6 +184,14 @@ restarts until it appears (kubelet then fills the volume; later changes are hot-
     secretName: {{ $name }}
 {{- end }}
 {{- include "prfaas.tokenizer.volume" . }}
+{{- with .Values.router.replicaSync.tokenSecret }}
+- name: prfaas-router-peers-token
+  secret:
+    secretName: {{ . }}
+    items:
+      - key: token
+        path: token
+{{- end }}
 {{- end }}
 
 {{/*
@@ -207,6 +225,8 @@ Clients then call port `router` (sidecar.port) of any engine pod. The engine's o
     # the other sidecars in front of the same PD cluster, which share their PD prefill books (empty: none)
     - --peers-dns
     - $(PRFAAS_ROUTER_PEERS_DNS)
+    - --peers-token-file
+    - $(PRFAAS_ROUTER_PEERS_TOKEN_FILE)
   envFrom:
     - configMapRef:
         name: {{ include "prfaas.router.settingsName" . }}
