@@ -20,6 +20,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from prfaas_core import names
 from prfaas_core.capacity.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.policy.role_types import RolePolicyParams
@@ -71,6 +75,15 @@ def register(sub: Any) -> None:
         help="instead of a scenario: model seconds of steady traffic (240); with --engines vllm: wall seconds (60)",
     )
     p.add_argument("--link-gbps", type=float, help="link capacity at the start, model Gbps (scenario's; 100)")
+    p.add_argument(
+        "--link-scheduling",
+        choices=("off", "gateway", "paced"),
+        default="off",
+        help="gateway: the PrFaaS gateway books every KV pull in its link calendar under the cap (source-side "
+        "admission; what a PrefillCluster's spec.linkScheduling turns on); paced: that, and each PrFaaS "
+        "instance's egress paced to cap / instances (egressPacing: PerInstance). Default off: the router's own "
+        "ledger admits",
+    )
     p.add_argument(
         "--time-scale",
         type=float,
@@ -239,6 +252,8 @@ def stack_for(args: argparse.Namespace, up: UpPlan, work: Path) -> LocalStack:
         link_gbps=up.scenario.link_gbps,
         time_scale=up.scenario.time_scale,
         threshold_min_tokens=up.threshold_tokens,
+        gateway_admission=args.link_scheduling != "off",
+        egress_pacing=args.link_scheduling == "paced",
     )
     return LocalStack(spec, work)
 
@@ -269,6 +284,7 @@ def replay_run(args: argparse.Namespace, up: UpPlan, stack: LocalStack, records:
     finally:
         view.close()
     out = summary(st, slo, time.perf_counter() - st.started)
+    out["link_scheduling"] = link_scheduling_summary(args.link_scheduling, stack)
     published = json.loads(stack.config_path.read_text())
     out.update(loop_summary(st, cluster.counts(), cluster.config.threshold_min_tokens, published))
     out["plan"] = up.plan_json()
@@ -277,8 +293,35 @@ def replay_run(args: argparse.Namespace, up: UpPlan, stack: LocalStack, records:
     return out
 
 
+def link_scheduling_summary(mode: str, stack: LocalStack) -> dict[str, Any]:
+    """``--link-scheduling`` and, when the gateway scheduled the link, what its calendar answered (by result) and
+    how its pulls ended, from its own counters."""
+    out: dict[str, Any] = {"mode": mode}
+    if mode == "off":
+        return out
+    wanted = {names.METRIC_GATEWAY_ADMISSIONS: "result", names.METRIC_GATEWAY_PULLS: "end"}
+    counts: dict[str, dict[str, float]] = {"admissions": {}, "pulls": {}}
+    try:
+        text = httpx.get(stack.urls["gateway"] + "/metrics", headers=stack.gateway_headers, timeout=5.0).text
+    except httpx.HTTPError as exc:
+        out["error"] = f"the gateway's /metrics: {exc.__class__.__name__}"
+        return out
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            label = wanted.get(sample.name)
+            if label is not None:
+                into = counts["admissions" if sample.name == names.METRIC_GATEWAY_ADMISSIONS else "pulls"]
+                key = sample.labels.get(label, "")
+                into[key] = into.get(key, 0.0) + sample.value
+    out.update(counts)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     if args.engines == "vllm":
+        if args.link_scheduling != "off":
+            print("error: --link-scheduling runs with the emulated engines (their gateway, relays)", file=sys.stderr)
+            return 2
         if args.load is None:
             args.load = 0.5
         return real_up.run(args)

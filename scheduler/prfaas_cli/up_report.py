@@ -176,6 +176,11 @@ def print_summary(out: dict[str, Any]) -> None:
         )
         for f in p["flips"]:
             print(f"  {f['action']} at {f['model_s']:g} s: {f['reason']}")
+    ls = out.get("link_scheduling", {})
+    if ls.get("admissions") is not None:
+        booked = {k: round(v) for k, v in sorted(ls["admissions"].items())}
+        pulls = {k: round(v) for k, v in sorted(ls["pulls"].items())}
+        print(f"\nlink scheduled by the gateway ({ls['mode']}): windows {booked}; pulls ended {pulls}")
     lp = out["loop"]
     print(
         f"\nflips {len(out['role_flips'])}, t changes {len(out['threshold_changes'])}; roles now "

@@ -94,6 +94,32 @@ def test_prfaas_up_runs_the_stack_end_to_end(tmp_path: Path) -> None:
     print(f"prfaas up: {req['requests']} requests, {routes}, {wall:.0f} s wall")
 
 
+@pytest.mark.timeout(300)
+def test_link_scheduling_books_every_remote_pull_at_the_gateway(tmp_path: Path) -> None:
+    """``--link-scheduling paced``: the gateway's calendar books every remote prefill's pull (its own counters, in
+    the summary) and every pull is reported over by the router, none waits out its lease; every request is
+    answered. The real engines have no such stack: refused before anything starts."""
+    work = tmp_path / "up"
+    result = run_up(
+        work, "--duration", "40", "--time-scale", "8", "--load", "0.4", "--link-gbps", "10", "--link-scheduling",
+        "paced", "--prometheus", "off",
+    )  # fmt: skip
+    assert result.returncode == 0, f"exit {result.returncode}\nstderr:\n{result.stderr[-3000:]}"
+    s: dict[str, Any] = json.loads(result.stdout)
+    req = s["requests"]
+    assert req["requests"] >= 10 and req["ok"] == req["requests"], s["errors"]
+    ls = s["link_scheduling"]
+    remote = req["routes"].get("remote", 0)
+    assert ls["mode"] == "paced" and remote > 0, (ls, req["routes"])
+    assert ls["admissions"]["booked"] >= remote, ls
+    assert ls["pulls"]["reported"] >= 1 and ls["pulls"]["lease"] == 0, ls
+    gateway = json.loads((work / "gateway.json").read_text())
+    assert gateway["gateway"]["admission"]["link"] == "a-to-b"
+
+    refused = run_up(tmp_path / "vllm", "--engines", "vllm", "--link-scheduling", "gateway", timeout_s=60)
+    assert refused.returncode == 2 and "--link-scheduling" in refused.stderr
+
+
 SHORT = Path(__file__).parent / "data" / "up-short.yaml"
 SHAPER_BURST_GBITS = DEFAULT_CHUNK_BYTES * 8 / 1e-3 / 1e9
 """One relay chunk (LinkConfig.chunk_bytes) of wire bytes in model Gbit: what a 1-s window may carry above
