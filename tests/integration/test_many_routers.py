@@ -117,9 +117,14 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
         assert statuses and all(s == 200 for s in statuses), statuses
         assert booked >= 1 and remote >= 1  # the link was used
         assert max(windows) <= allowed, (windows, allowed)
-        for r in routers:  # each router heard the other two and sent them its books
-            assert counter(r, names.METRIC_ROUTER_REPLICA_PEERS) == 2, r
-            assert counter(r, names.METRIC_ROUTER_REPLICA_SYNC, result="sent") >= 1, r
+        # each router sent the other two its books and hears both (a heartbeat lost to the burst's CPU load may
+        # have let a peer expire for a moment: the next ones bring it back)
+        assert all(counter(r, names.METRIC_ROUTER_REPLICA_SYNC, result="sent") >= 1 for r in routers)
+        wait_for(
+            lambda: all(counter(r, names.METRIC_ROUTER_REPLICA_PEERS) == 2 for r in routers),
+            30,
+            "every router to hear the other two",
+        )
 
         def pulls(end: str) -> float:
             return sum(counter(g, names.METRIC_GATEWAY_PULLS, GATEWAY_AUTH, **LINK, end=end) for g in gateways)
