@@ -233,7 +233,10 @@ class Bench:
             st.spawn(f"gateway-r{g}", argv)
         router_ports = [free_port() for _ in range(routers)]
         urls = [f"http://127.0.0.1:{port}" for port in router_ports]
-        peers = [] if self.args.no_replica_sync else ["--peers", ",".join(urls)]  # each recognises itself
+        token = st.work_dir / "router-peers-token"
+        token.write_text(os.urandom(16).hex())
+        # each recognises itself; they authenticate their books as the chart's replicas do
+        peers = [] if self.args.no_replica_sync else ["--peers", ",".join(urls), "--peers-token-file", str(token)]
         for r, port in enumerate(router_ports):
             target = gw_urls[r % gateways]
             remote = st.router_config.remotes[0].model_copy(update={"url": target, "status_url": target + "/status"})

@@ -84,6 +84,9 @@ def test_goodput_vs_peers(tmp_path: Path) -> None:
     counted = out["systems"]["prfaas_pd_3r2g"]["reference"]["router_counted"]
     decisions = sum(v for k, v in counted.items() if k.startswith("prfaas_router_route_decisions_total"))
     assert decisions >= 6, counted
+    # and shared their PD prefill books, authenticated by their token
+    assert counted.get("prfaas_router_replica_sync_total{result=sent}", 0) > 0, counted
+    assert "prfaas_router_replica_sync_total{result=unauthorized}" not in counted, counted
 
 
 def test_parity(tmp_path: Path) -> None:
