@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_cli.load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
 from prfaas_cli.local_loop import write_router_config
@@ -70,6 +69,7 @@ from prfaas_core.capacity.planner import plan
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.request.trace import TraceRecord
 from prfaas_link.config import DEFAULT_CHUNK_BYTES
+from prfaas_router.prom_text import sums_by_labels
 
 SYSTEMS = ("prfaas_pd", "prfaas_pd_3r2g", "vllm_router_pd", "all_local")
 REPLICATED = "prfaas_pd_3r2g"
@@ -108,14 +108,11 @@ def scrape(urls: list[str], headers: dict[str, str]) -> dict[str, float]:
             text = httpx.get(url, headers=headers, timeout=5.0).text
         except httpx.HTTPError:
             continue
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                keys = COUNTED.get(sample.name)
-                if keys is None:
-                    continue
-                label = ",".join(f"{k}={sample.labels.get(k, '')}" for k in keys)
-                key = f"{sample.name}{{{label}}}" if label else sample.name
-                out[key] = out.get(key, 0.0) + sample.value
+        for name, sums in sums_by_labels(text, COUNTED).items():
+            for values, value in sums.items():
+                label = ",".join(f"{k}={v}" for k, v in zip(COUNTED[name], values, strict=True))
+                key = f"{name}{{{label}}}" if label else name
+                out[key] = out.get(key, 0.0) + value
     return out
 
 

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from prfaas_router.app import run as run_router
     from prfaas_router.config import load_config
     from prfaas_router.replica_sync import ReplicaPeers, parse_peers_dns
+    from prfaas_router.security import read_token
 
     configure_logging(args.log_level)
     peers = [u.strip() for arg in args.peers for u in arg.split(",") if u.strip()]
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"--peers wants base URLs (http://host:port), got {url!r}")
         token_file = args.peers_token_file or None
-        if token_file is not None and not _readable_token(token_file):
+        if token_file is not None and read_token(token_file) is None:
             raise ValueError(f"--peers-token-file {token_file}: unreadable or empty")
     except ValueError as exc:  # ConfigError, InsecureGatewayError, a malformed peer
         print(f"error: {exc}", file=sys.stderr)
@@ -112,10 +113,3 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     return 0
-
-
-def _readable_token(path: str) -> bool:
-    try:
-        return bool(Path(path).read_bytes().strip())
-    except OSError:
-        return False

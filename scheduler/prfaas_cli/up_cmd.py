@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_core import names
 from prfaas_core.capacity.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.request.trace import TraceRecord, parse_trace
+from prfaas_router.prom_text import sums_by_labels
 
 from . import real_up
 from .dashboard_png import DASHBOARD, without_exporter
@@ -299,21 +299,14 @@ def link_scheduling_summary(mode: str, stack: LocalStack) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": mode}
     if mode == "off":
         return out
-    wanted = {names.METRIC_GATEWAY_ADMISSIONS: "result", names.METRIC_GATEWAY_PULLS: "end"}
-    counts: dict[str, dict[str, float]] = {"admissions": {}, "pulls": {}}
     try:
         text = httpx.get(stack.urls["gateway"] + "/metrics", headers=stack.gateway_headers, timeout=5.0).text
     except httpx.HTTPError as exc:
         out["error"] = f"the gateway's /metrics: {exc.__class__.__name__}"
         return out
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            label = wanted.get(sample.name)
-            if label is not None:
-                into = counts["admissions" if sample.name == names.METRIC_GATEWAY_ADMISSIONS else "pulls"]
-                key = sample.labels.get(label, "")
-                into[key] = into.get(key, 0.0) + sample.value
-    out.update(counts)
+    sums = sums_by_labels(text, {names.METRIC_GATEWAY_ADMISSIONS: ("result",), names.METRIC_GATEWAY_PULLS: ("end",)})
+    for key, name in (("admissions", names.METRIC_GATEWAY_ADMISSIONS), ("pulls", names.METRIC_GATEWAY_PULLS)):
+        out[key] = {label: v for (label,), v in sums.get(name, {}).items()}
     return out
 
 

@@ -29,6 +29,23 @@ def sample_sums(text: str, names: Collection[str], labels: Mapping[str, str] | N
     return out
 
 
+def sums_by_labels(text: str, wanted: Mapping[str, tuple[str, ...]]) -> dict[str, dict[tuple[str, ...], float]]:
+    """Per sample name in ``wanted``, the sum of its samples per value of its labels ``wanted[name]`` (a label a
+    sample lacks counts as ""); a name with no sample is absent. The same line filter as :func:`sample_sums`."""
+    lines = [line for line in text.splitlines() if line.startswith(tuple(wanted))]
+    out: dict[str, dict[tuple[str, ...], float]] = {}
+    if not lines:
+        return out
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            keys = wanted.get(sample.name)
+            if keys is not None:
+                into = out.setdefault(sample.name, {})
+                values = tuple(sample.labels.get(k, "") for k in keys)
+                into[values] = into.get(values, 0.0) + sample.value
+    return out
+
+
 def sample_sum(text: str, name: str, labels: Mapping[str, str] | None = None) -> float | None:
     """The sum of the samples named ``name`` whose labels include ``labels`` (None: there are none)."""
     return sample_sums(text, (name,), labels).get(name)

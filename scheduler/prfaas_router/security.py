@@ -136,6 +136,15 @@ def _digest(path: str) -> str | None:
         return None
 
 
+def read_token(path: str) -> bytes | None:
+    """A token file's content, stripped (None: unreadable or empty)."""
+    try:
+        value = Path(path).read_bytes().strip()
+    except OSError:
+        return None
+    return value or None
+
+
 @dataclass
 class SecurityMetrics:
     registry: CollectorRegistry
@@ -176,17 +185,9 @@ class TokenAuth:
 
     def __post_init__(self) -> None:
         if self.path is not None:
-            self.token, self.digest = self._read(self.path), _digest(self.path)
+            self.token, self.digest = read_token(self.path), _digest(self.path)
             if self.token is None:
                 raise InsecureGatewayError(f"{self.source} {self.path}: unreadable or empty")
-
-    @staticmethod
-    def _read(path: str) -> bytes | None:
-        try:
-            value = Path(path).read_bytes().strip()
-        except OSError:
-            return None
-        return value or None
 
     def set_path(self, path: str | None) -> None:
         """A reloaded config named another file (or the same): read it as a rotation."""
@@ -202,7 +203,7 @@ class TokenAuth:
         if digest == self.digest:
             return False
         self.digest = digest
-        new = self._read(self.path)
+        new = read_token(self.path)
         if new is None:
             self.metrics.reloads.labels(self.credential, "rejected").inc()
             log.error(f"{self.source} unreadable or empty; keeping the last good token", path=self.path)

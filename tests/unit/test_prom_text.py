@@ -50,3 +50,27 @@ def test_the_wanted_lines_sum_as_a_full_parse_does() -> None:
     assert sample_sum(text, "vllm:num_requests_running") == 2.0  # the escaped label value parsed
     assert sample_sum(text, "vllm:prompt_tokens_total", {"model_name": "m"}) == 7.0
     assert sample_sum(text, "absent") is None
+
+
+def test_sums_by_labels_groups_each_wanted_name_by_its_labels() -> None:
+    from prfaas_router.prom_text import sums_by_labels
+
+    text = (
+        "# TYPE prfaas_gateway_admissions counter\n"
+        'prfaas_gateway_admissions_total{link="a",result="booked"} 3\n'
+        'prfaas_gateway_admissions_total{link="b",result="booked"} 2\n'
+        'prfaas_gateway_admissions_total{link="a",result="kv_lease"} 1\n'
+        'prfaas_gateway_admissions_created{link="a",result="booked"} 1.7e9\n'
+        'prfaas_gateway_pulls_total{link="a"} 4\n'
+        "other_total 9\n"
+    )
+    wanted = {
+        "prfaas_gateway_admissions_total": ("result",),
+        "prfaas_gateway_pulls_total": ("end",),
+        "absent_total": (),
+    }
+    assert sums_by_labels(text, wanted) == {
+        "prfaas_gateway_admissions_total": {("booked",): 5.0, ("kv_lease",): 1.0},
+        "prfaas_gateway_pulls_total": {("",): 4.0},  # a label the sample lacks counts as ""
+    }
+    assert sums_by_labels("", wanted) == {}
