@@ -66,9 +66,8 @@ from prfaas_cli.up_cmd import generate_trace
 from prfaas_core import names
 from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.capacity.planner import plan
-from prfaas_core.names import GBPS_BITS
 from prfaas_core.request.trace import TraceRecord
-from prfaas_link.config import DEFAULT_CHUNK_BYTES
+from prfaas_link.config import shaper_burst_gbit
 from prfaas_router.prom_text import sums_by_labels
 
 SYSTEMS = ("prfaas_pd", "prfaas_pd_3r2g", "vllm_router_pd", "all_local")
@@ -536,8 +535,7 @@ def main() -> int:
         stack.stop()
     ours = results.get("prfaas_pd", {}).get("goodput_rps")
     cap = spec.link_gbps * spec.link_max_utilization
-    # a relay grants whole chunks: a 1-s window may carry one chunk per relay above the rate (model Gbit)
-    burst = spec.n_prfaas * DEFAULT_CHUNK_BYTES * 8 / spec.byte_scale / GBPS_BITS
+    burst = shaper_burst_gbit(spec.n_prfaas, spec.byte_scale)  # one relay per PrFaaS engine
     out = {
         "benchmark": "goodput_vs_peers",
         "setup": {

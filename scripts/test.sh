@@ -23,8 +23,11 @@ step "mypy (strict on the core)"; mypy scheduler/prfaas_core scheduler/prfaas_cl
 step "import layering";        lint-imports
 step "generated CRDs";         prfaas crds --check --out crds
 step "pytest"
+# two workers (pytest-xdist; CI has 2 cores): each module is one unit of work, and the real-engine tier one unit on
+# one worker, handed out first (tests/conftest.py). PRFAAS_TEST_WORKERS=0 runs everything in this process.
+workers=(-n "${PRFAAS_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 if [ "$full" = 1 ]; then
-  PRFAAS_FULL=1 pytest --durations=25 "$@"
+  PRFAAS_FULL=1 pytest "${workers[@]}" --durations=25 "$@"
 else
-  pytest -m "not slow" --durations=25 "$@"
+  pytest -m "not slow" "${workers[@]}" --durations=25 "$@"
 fi

@@ -53,6 +53,9 @@ class Result:
     error: str = ""
     sent_at: float | None = None
     """Wall clock (perf_counter) when the request was sent; None while not sent."""
+    arrival_s: float = 0.0
+    """When the trace has it arrive (model seconds from the replay's start): what places it in a phase, however
+    late a loaded client sent it."""
     done: bool = False
 
     def meets(self, slo: Slo) -> bool:
@@ -194,7 +197,10 @@ async def replay(
     urls = [url] if isinstance(url, str) else list(url)
     if not urls:
         raise ValueError("replay needs at least one URL")
-    results = [Result(i, rec.input_tokens, rec.uncached_tokens, rec.output_tokens) for i, rec in enumerate(records)]
+    results = [
+        Result(i, rec.input_tokens, rec.uncached_tokens, rec.output_tokens, arrival_s=rec.arrival_s)
+        for i, rec in enumerate(records)
+    ]
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections)
     timeout = aiohttp.ClientTimeout(total=600.0, sock_connect=10.0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:

@@ -64,6 +64,13 @@ class LocalStack:
     """The gateway's bearer token header (its /status needs it)."""
     router_config: RouterConfig | None = None
     link_metric_urls: list[str] = field(default_factory=list)
+    paced: bool = False
+    """The relays run at the paced rate (:meth:`pace_relays`; the spec's ``egress_pacing`` at the start)."""
+    link_gbps: float = 0.0
+    """The link's capacity in force (model Gbps; :meth:`reshape_link`; the spec's at the start)."""
+
+    def __post_init__(self) -> None:
+        self.paced, self.link_gbps = self.spec.egress_pacing, self.spec.link_gbps
 
     @property
     def config_path(self) -> Path:
@@ -214,19 +221,28 @@ class LocalStack:
             return {}
         return {"admission": {"link": "a-to-b", "pullGbps": self.relay_gbps(s.egress_pacing)}}
 
-    def relay_gbps(self, paced: bool) -> float:
-        """One PrFaaS instance's relay rate: its share of the link, or with egress pacing, of the cap
-        (:func:`~prfaas_core.policy.link_calendar.paced_instance_gbps`)."""
+    def relay_gbps(self, paced: bool, link_gbps: float | None = None) -> float:
+        """One PrFaaS instance's relay rate on a ``link_gbps`` link (the spec's by default): its share of the
+        link, or with egress pacing, of the cap (:func:`~prfaas_core.policy.link_calendar.paced_instance_gbps`)."""
         s = self.spec
-        share = s.link_gbps / s.n_prfaas
-        return min(share, paced_instance_gbps(s.link_gbps, s.link_max_utilization, s.n_prfaas)) if paced else share
+        gbps = s.link_gbps if link_gbps is None else link_gbps
+        share = gbps / s.n_prfaas
+        return min(share, paced_instance_gbps(gbps, s.link_max_utilization, s.n_prfaas)) if paced else share
 
     def pace_relays(self, paced: bool) -> None:
         """Every relay to :meth:`relay_gbps` now (a peer that does not pace runs on the unpaced link)."""
+        self.paced = paced
+        self._set_relays()
+
+    def reshape_link(self, gbps: float) -> None:
+        """The link's capacity becomes ``gbps`` (model): every relay its share, still paced if it was."""
+        self.link_gbps = gbps
+        self._set_relays()
+
+    def _set_relays(self) -> None:
+        rate = self.relay_gbps(self.paced, self.link_gbps)
         for i in range(self.spec.n_prfaas):
-            resp = httpx.post(
-                f"{self.urls[f'link-{i}']}/admin/link", json={"capacity_gbps": self.relay_gbps(paced)}, timeout=5.0
-            )
+            resp = httpx.post(f"{self.urls[f'link-{i}']}/admin/link", json={"capacity_gbps": rate}, timeout=5.0)
             resp.raise_for_status()
 
     def _router_config(

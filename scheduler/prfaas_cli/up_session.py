@@ -3,7 +3,7 @@ out (the link reshaped live at a phase's start, its capacity published to the ro
 the summary and the plot read (link egress, the router's ``t`` and link state), and the replay itself.
 
 The stack is anything with LocalStack's interface (``spec``, ``urls``, ``config_path``, ``router_config``,
-``link_metric_urls``); a stack that shapes its link some other way provides ``reshape_link(gbps)``.
+``link_metric_urls``, ``reshape_link(gbps)``, which keeps the relays paced when they were).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from prfaas_core.names import (
 from prfaas_core.policy.long_term import LoopDecision
 from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.request.trace import TraceRecord
+from prfaas_link.config import shaper_burst_gbit
 from prfaas_router.prom_text import sample_sum
 
 from .load import Result, prepare_bodies, replay, sample_egress
@@ -89,6 +90,9 @@ class SessionState:
     relay_egress: list[tuple[float, float]] = field(default_factory=list)
     """(model s at the window's end, model Gbps) per 1-s model window by the relays' own accounting (summed
     over the relays; read at the end of the session)."""
+    shaper_burst_gbit: float = 0.0
+    """What the relays together may carry above their rates in one window (:func:`shaper_burst_gbit`): the
+    allowance a window gets above the cap before it counts as over it."""
 
     def egress_series(self) -> list[tuple[float, float]]:
         """(model s at the window's end, model Gbps) per 1-s model window: the relays' own accounting when it
@@ -104,18 +108,6 @@ class SessionState:
     @property
     def cap_gbps(self) -> float:
         return self.link_gbps * self.link_max_utilization
-
-
-def reshape_link(stack: Any, gbps: float, client: httpx.Client) -> None:
-    """The link's capacity becomes ``gbps`` (model): the stack's own way, else every emulator relay its share."""
-    own = getattr(stack, "reshape_link", None)
-    if callable(own):
-        own(gbps)
-        return
-    relays = sorted(name for name in stack.urls if name.startswith("link-"))
-    for name in relays:
-        resp = client.post(f"{stack.urls[name]}/admin/link", json={"capacity_gbps": gbps / len(relays)})
-        resp.raise_for_status()
 
 
 def read_relay_windows(stack: Any, st: SessionState, client: httpx.Client) -> list[tuple[float, float]]:
@@ -198,6 +190,8 @@ async def run_session(
     bodies = prepare_bodies(records, seed)
     st = SessionState(phases, scale, len(records))
     st.link_gbps, st.link_max_utilization = stack.spec.link_gbps, stack.spec.link_max_utilization
+    relays = sum(name.startswith("link-") for name in stack.urls)
+    st.shaper_burst_gbit = shaper_burst_gbit(relays, getattr(stack.spec, "byte_scale", 1.0))
     stop = asyncio.Event()
     client = httpx.Client(timeout=5.0)
 
@@ -214,22 +208,18 @@ async def run_session(
 
     async def phases_driver() -> None:
         """The phases on time, whatever the loop is doing (a cycle can wait for the router for seconds)."""
-        phase_client = httpx.Client(timeout=5.0)
-        try:
-            while not stop.is_set():
-                now = st.model_now()
-                phase = phase_at(phases, now)
-                if phase.name != st.current_phase:
-                    st.current_phase = phase.name
-                    if phase.link_gbps != st.link_gbps or not st.link_changes:
-                        await asyncio.to_thread(reshape_link, stack, phase.link_gbps, phase_client)
-                        await asyncio.to_thread(cluster.set_link_capacity, phase.link_gbps)
-                        st.link_gbps = phase.link_gbps
-                        st.link_changes.append((now, phase.name, phase.link_gbps))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.1)
-        finally:
-            phase_client.close()
+        while not stop.is_set():
+            now = st.model_now()
+            phase = phase_at(phases, now)
+            if phase.name != st.current_phase:
+                st.current_phase = phase.name
+                if phase.link_gbps != st.link_gbps or not st.link_changes:
+                    await asyncio.to_thread(stack.reshape_link, phase.link_gbps)
+                    await asyncio.to_thread(cluster.set_link_capacity, phase.link_gbps)
+                    st.link_gbps = phase.link_gbps
+                    st.link_changes.append((now, phase.name, phase.link_gbps))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
 
     async def driver() -> None:
         while not stop.is_set():
@@ -259,7 +249,7 @@ async def run_session(
                 await asyncio.wait_for(stop.wait(), 1.0)
 
     st.current_phase = phases[0].name
-    await asyncio.to_thread(reshape_link, stack, phases[0].link_gbps, client)
+    await asyncio.to_thread(stack.reshape_link, phases[0].link_gbps)
     st.link_gbps = phases[0].link_gbps
     st.link_changes.append((0.0, phases[0].name, phases[0].link_gbps))
     tasks = [
@@ -293,4 +283,4 @@ async def run_session(
     return st, cluster
 
 
-__all__ = ["Cycle", "RouterSample", "SessionState", "read_relay_windows", "read_router", "reshape_link", "run_session"]
+__all__ = ["Cycle", "RouterSample", "SessionState", "read_relay_windows", "read_router", "run_session"]

@@ -29,9 +29,7 @@ def facts(st: SessionState, cluster: LocalCluster, slo: Slo) -> dict[str, Any]:
         roles_seen.append(f"{p}P/{d}D")
     last_router = st.router[-1] if st.router else None
     recent = st.egress[-5:]
-    in_phase = [
-        r for r in st.results if r.sent_at is not None and phase.contains((r.sent_at - st.started) * st.time_scale)
-    ]
+    in_phase = [r for r in st.results if r.sent_at is not None and phase.contains(r.arrival_s)]
     routes = {}
     for route in ("local", "remote"):
         sub = [r for r in in_phase if r.route == route]

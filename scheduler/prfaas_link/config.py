@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prfaas_core.launch.emulation import ScaleSettings
+from prfaas_core.names import GBPS_BITS
 
 
 class LinkConfigError(ValueError):
@@ -29,6 +30,13 @@ class Endpoint:
 
 DEFAULT_CHUNK_BYTES = 64 * 1024
 """What one shaper grant carries: a 1-s window may carry one chunk above the link's rate."""
+
+
+def shaper_burst_gbit(relays: int, byte_scale: float, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> float:
+    """What ``relays`` shaped relays together may carry above their rates in one 1-s window, in model Gbit: one
+    grant (``chunk_bytes`` of wire bytes, ``byte_scale`` wire bytes per model byte) each. The allowance every
+    "egress within the cap" check adds to the cap (a window counts whole grants)."""
+    return relays * chunk_bytes * 8 / byte_scale / GBPS_BITS
 
 
 @dataclass(frozen=True)

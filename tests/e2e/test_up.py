@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from prfaas_link.config import DEFAULT_CHUNK_BYTES
+from prfaas_link.config import shaper_burst_gbit
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 
@@ -98,7 +98,8 @@ def test_prfaas_up_runs_the_stack_end_to_end(tmp_path: Path) -> None:
 def test_link_scheduling_books_every_remote_pull_at_the_gateway(tmp_path: Path) -> None:
     """``--link-scheduling paced``: the gateway's calendar books every remote prefill's pull (its own counters, in
     the summary) and every pull is reported over by the router, none waits out its lease; every request is
-    answered. The real engines have no such stack: refused before anything starts."""
+    answered; egress stays within the cap and the relays' burst. The real engines have no such stack: refused
+    before anything starts."""
     work = tmp_path / "up"
     result = run_up(
         work, "--duration", "40", "--time-scale", "8", "--load", "0.4", "--link-gbps", "10", "--link-scheduling",
@@ -113,6 +114,11 @@ def test_link_scheduling_books_every_remote_pull_at_the_gateway(tmp_path: Path) 
     assert ls["mode"] == "paced" and remote > 0, (ls, req["routes"])
     assert ls["admissions"]["booked"] >= remote, ls
     assert ls["pulls"]["reported"] >= 1 and ls["pulls"]["lease"] == 0, ls
+    # paced: each relay runs at its share of the cap through every phase (a phase's reshape keeps the pacing), so no
+    # 1-s window (the relays' own accounting) passes the cap by more than one shaper grant per relay (2 relays)
+    assert s["egress_windows"] == "relays"
+    assert s["egress_peak_gbps"] <= s["link_cap_gbps"] + shaper_burst_gbit(2, 1e-3), s["phases"]
+    assert all(p["egress_windows_over_cap"] == 0 for p in s["phases"]), s["phases"]
     gateway = json.loads((work / "gateway.json").read_text())
     assert gateway["gateway"]["admission"]["link"] == "a-to-b"
 
@@ -121,9 +127,9 @@ def test_link_scheduling_books_every_remote_pull_at_the_gateway(tmp_path: Path) 
 
 
 SHORT = Path(__file__).parent / "data" / "up-short.yaml"
-SHAPER_BURST_GBITS = DEFAULT_CHUNK_BYTES * 8 / 1e-3 / 1e9
-"""One relay chunk (LinkConfig.chunk_bytes) of wire bytes in model Gbit: what a 1-s window may carry above
-the rate (the shaper grants whole chunks)."""
+SHAPER_BURST_GBITS = shaper_burst_gbit(1, 1e-3)
+"""One relay chunk (LinkConfig.chunk_bytes) of wire bytes in model Gbit at byte scale 1e-3: what a 1-s window
+may carry above the rate (the shaper grants whole chunks)."""
 
 
 @pytest.mark.timeout(400)
