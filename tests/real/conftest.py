@@ -11,7 +11,7 @@ Every test here is marked ``real_engine``; without the environment the tier skip
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +48,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(900))
 
 
+AT_TIER_END: list[Callable[[], None]] = []
+"""Closers of the tier's session resources (the router stack, then the engines), run once the tier's last test is
+torn down: the engines (10.5 GiB, and CPU even when idle) do not wait out the rest of the session. Each closer is
+idempotent; the fixtures close again at the session's end."""
+
+
+def _in_tier(item: pytest.Item | None) -> bool:
+    return item is not None and Path(__file__).parent in item.path.parents
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of this test
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if _in_tier(item) and not _in_tier(nextitem):
+        while AT_TIER_END:
+            AT_TIER_END.pop()()
+
+
 @dataclass
 class Engines:
     prfaas: RealEngine
@@ -78,6 +95,7 @@ def real_env() -> RealEnv:
 def vllm_pool(real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
     """The one fixture that starts real engines (through engine_launch); every group ended at the end."""
     pool = EnginePool(real_env, tmp_path_factory.mktemp("engines"))
+    AT_TIER_END.append(pool.close)
     try:
         yield pool
     finally:
@@ -116,6 +134,7 @@ def current(pool: EnginePool, engines: Engines) -> Engines:
 def stack(engines: Engines, real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
     """The gateway (token-authenticated) in front of ``prfaas``; the router in front of pdp0, pdp1 and pdd."""
     st = RealStack(tmp_path_factory.mktemp("stack"), real_env)
+    AT_TIER_END.append(st.close)
     try:
         st.start_router("gateway", st.gateway_config(engines.prfaas))
         st.wait_ready("gateway")
