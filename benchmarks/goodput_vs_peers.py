@@ -67,7 +67,6 @@ from prfaas_core import names
 from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.request.trace import TraceRecord
-from prfaas_link.config import shaper_burst_gbit
 from prfaas_router.prom_text import sums_by_labels
 
 SYSTEMS = ("prfaas_pd", "prfaas_pd_3r2g", "vllm_router_pd", "all_local")
@@ -535,7 +534,7 @@ def main() -> int:
         stack.stop()
     ours = results.get("prfaas_pd", {}).get("goodput_rps")
     cap = spec.link_gbps * spec.link_max_utilization
-    burst = shaper_burst_gbit(spec.n_prfaas, spec.byte_scale)  # one relay per PrFaaS engine
+    burst = stack.relay_burst_gbit()
     out = {
         "benchmark": "goodput_vs_peers",
         "setup": {

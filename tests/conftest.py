@@ -23,9 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 INVALID = REPO / "tests" / "data" / "invalid"
 REAL = REPO / "tests" / "real"
-
-
-REAL_SCOPE = "tests/real"
+REAL_SCOPE = REAL.relative_to(REPO).as_posix()
+"""The real-engine tier's node-id prefix: one unit of work under xdist."""
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

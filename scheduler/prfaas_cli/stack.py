@@ -25,6 +25,7 @@ from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.policy.link_calendar import paced_instance_gbps
+from prfaas_link.config import shaper_burst_gbit
 
 from .local_loop import write_router_config
 from .ports import free_port
@@ -228,6 +229,10 @@ class LocalStack:
         gbps = s.link_gbps if link_gbps is None else link_gbps
         share = gbps / s.n_prfaas
         return min(share, paced_instance_gbps(gbps, s.link_max_utilization, s.n_prfaas)) if paced else share
+
+    def relay_burst_gbit(self) -> float:
+        """What the relays (one per PrFaaS engine) may carry above their rates in one 1-s window, in model Gbit."""
+        return shaper_burst_gbit(self.spec.n_prfaas, self.spec.byte_scale)
 
     def pace_relays(self, paced: bool) -> None:
         """Every relay to :meth:`relay_gbps` now (a peer that does not pace runs on the unpaced link)."""

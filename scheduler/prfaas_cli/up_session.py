@@ -3,7 +3,7 @@ out (the link reshaped live at a phase's start, its capacity published to the ro
 the summary and the plot read (link egress, the router's ``t`` and link state), and the replay itself.
 
 The stack is anything with LocalStack's interface (``spec``, ``urls``, ``config_path``, ``router_config``,
-``link_metric_urls``, ``reshape_link(gbps)``, which keeps the relays paced when they were).
+``link_metric_urls``, ``reshape_link(gbps)``, which keeps the relays paced when they were, ``relay_burst_gbit()``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from prfaas_core.names import (
 from prfaas_core.policy.long_term import LoopDecision
 from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.request.trace import TraceRecord
-from prfaas_link.config import shaper_burst_gbit
 from prfaas_router.prom_text import sample_sum
 
 from .load import Result, prepare_bodies, replay, sample_egress
@@ -91,7 +90,7 @@ class SessionState:
     """(model s at the window's end, model Gbps) per 1-s model window by the relays' own accounting (summed
     over the relays; read at the end of the session)."""
     shaper_burst_gbit: float = 0.0
-    """What the relays together may carry above their rates in one window (:func:`shaper_burst_gbit`): the
+    """What the relays together may carry above their rates in one window (``LocalStack.relay_burst_gbit``): the
     allowance a window gets above the cap before it counts as over it."""
 
     def egress_series(self) -> list[tuple[float, float]]:
@@ -190,8 +189,7 @@ async def run_session(
     bodies = prepare_bodies(records, seed)
     st = SessionState(phases, scale, len(records))
     st.link_gbps, st.link_max_utilization = stack.spec.link_gbps, stack.spec.link_max_utilization
-    relays = sum(name.startswith("link-") for name in stack.urls)
-    st.shaper_burst_gbit = shaper_burst_gbit(relays, getattr(stack.spec, "byte_scale", 1.0))
+    st.shaper_burst_gbit = stack.relay_burst_gbit()
     stop = asyncio.Event()
     client = httpx.Client(timeout=5.0)
 

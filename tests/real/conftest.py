@@ -31,31 +31,29 @@ FIRST = ("test_real_netns.py", "test_real_up.py")
 next starts any, and before the loopback set starts (the machine holds one set, not two)."""
 
 
+def _in_tier(item: pytest.Item | None) -> bool:
+    return item is not None and Path(__file__).parent in item.path.parents
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    ours = [i for i, item in enumerate(items) if here in Path(str(item.fspath)).parents]
+    ours = [i for i, item in enumerate(items) if _in_tier(item)]
     if ours:
         tier = [items[i] for i in ours]
         rank = {name: i for i, name in enumerate(FIRST)}
-        tier.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(FIRST)))  # stable for the rest
+        tier.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable for the rest
         for i, item in zip(ours, tier, strict=True):
             items[i] = item
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.real_engine)
-            # the first test also sets up the tier's engines (a minute on 2 idle cores, several when busy);
-            # the engines' own start deadline (START_TIMEOUT_S) reports a stuck start first, with its log
-            item.add_marker(pytest.mark.timeout(900))
+    for i in ours:
+        items[i].add_marker(pytest.mark.real_engine)
+        # the first test also sets up the tier's engines (a minute on 2 idle cores, several when busy);
+        # the engines' own start deadline (START_TIMEOUT_S) reports a stuck start first, with its log
+        items[i].add_marker(pytest.mark.timeout(900))
 
 
 AT_TIER_END: list[Callable[[], None]] = []
 """Closers of the tier's session resources (the router stack, then the engines), run once the tier's last test is
 torn down: the engines (10.5 GiB, and CPU even when idle) do not wait out the rest of the session. Each closer is
 idempotent; the fixtures close again at the session's end."""
-
-
-def _in_tier(item: pytest.Item | None) -> bool:
-    return item is not None and Path(__file__).parent in item.path.parents
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own teardown of this test
