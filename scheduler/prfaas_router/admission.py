@@ -66,8 +66,13 @@ REPORT_MAX_AGE_S = 10.0
 """A router's available-bandwidth report counts this long (model seconds); after it the capacity stands again."""
 LEASE_FACTOR = 3.0
 LEASE_GRACE_S = 2.0
+LEASE_GRACE_WALL_S = 10.0
 """A pull let onto the wire counts there until reported over, or for ``LEASE_FACTOR`` x its booked span +
-``LEASE_GRACE_S`` (model seconds) at most: a router that never reports (or died) cannot hold the link."""
+``LEASE_GRACE_S`` (model seconds) + ``LEASE_GRACE_WALL_S`` (wall seconds) at most: a router that never reports (or
+died) cannot hold the link. The wall part covers the report's own path, which model time does not scale: the router
+reports at its decode's first byte (a loaded decode instance or machine delays it) and the report may take the
+router's ``PULL_REPORT_TIMEOUT_S``; under a compressed time scale the model part alone is a few wall seconds, and a
+lease that ran out before a late report would free the wire while the pull still ran."""
 RECHECK_S = 0.5
 """A held answer re-checks the wire at least this often (wall seconds): the ceiling can rise without a pull ending,
 and a peer's share can free up."""
@@ -422,7 +427,7 @@ class LinkAdmission:
         held_from = clock()
         self.holding += 1
         self._held_since[key] = wall_from = time.time()
-        lease = span * LEASE_FACTOR + LEASE_GRACE_S
+        lease = span * LEASE_FACTOR + LEASE_GRACE_S + LEASE_GRACE_WALL_S * self.time_scale  # model s
         kv_deadline = wall_from + self.spec.kv_lease_seconds * KV_LEASE_USE
         try:
             while not await self._onto_wire(key, rate, lease, clock):

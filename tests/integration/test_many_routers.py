@@ -130,8 +130,18 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
             return sum(counter(g, names.METRIC_GATEWAY_PULLS, GATEWAY_AUTH, **LINK, end=end) for g in gateways)
 
         # every remote request's router told the gateway when its pull was over (none waited out a lease)
-        wait_for(lambda: pulls("reported") >= remote, 30, f"{remote:.0f} pulls reported over")
-        assert pulls("lease") == 0
+        ends = wait_for(
+            lambda: (e := {end: pulls(end) for end in ("reported", "lease")})["reported"] + e["lease"] >= remote and e,
+            60,
+            f"{remote:.0f} pulls over, reported or by their leases",
+        )
+        reports = [
+            f"router-{k}: {line}"
+            for k, name in enumerate(("router", "router-2", "router-3"), 1)
+            for line in procs.log(name).splitlines()
+            if "report" in line and "pull" in line
+        ]
+        assert ends["lease"] == 0 and ends["reported"] >= remote, (ends, remote, reports)
         if replicas == 2:  # the replicas lent each other their share over HTTP, and gave every loan back
             loans = {
                 r: sum(counter(g, names.METRIC_GATEWAY_LOANS, GATEWAY_AUTH, **LINK, result=r) for g in gateways)

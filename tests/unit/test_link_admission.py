@@ -174,9 +174,13 @@ def test_an_answer_is_held_until_its_pull_fits_next_to_the_pulls_on_the_wire() -
     asyncio.run(main())
 
 
-def test_an_unreported_pull_leaves_the_wire_when_its_lease_runs_out() -> None:
+def test_an_unreported_pull_leaves_the_wire_when_its_lease_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prfaas_router import admission
+
+    monkeypatch.setattr(admission, "LEASE_GRACE_WALL_S", 0.0)
+
     async def main() -> None:
-        adm = _pulls(time_scale=1000.0)  # the lease (3 x 1 s + 2 s model) is 5 ms of wall time
+        adm = _pulls(time_scale=1000.0)  # the lease (3 x 1 s + 2 s model, no wall grace) is 5 ms of wall time
         a = adm.decide("a", {}, 5.0 * GBPS_BITS / 8.0, 1.0, 0.0)
         assert isinstance(a, Booking)
         assert await adm.release(a, True, lambda: 1.0) == "a"
