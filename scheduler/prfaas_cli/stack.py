@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from prfaas_core.api import RouterConfig
+from prfaas_core.api import RouterConfig, SloSpec
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.policy.link_calendar import paced_instance_gbps
@@ -53,6 +53,9 @@ class StackSpec:
     egress_pacing: bool = False
     """Each PrFaaS instance's egress paced to cap / instances (what ``linkScheduling.egressPacing: PerInstance``
     asks of the CNI in a cluster): its relay runs at that rate, and the gateway books each pull at it."""
+    slo: SloSpec | None = field(default_factory=SloSpec)
+    """The SLO the router routes by (spills, link waits): what the operator passes from a PDCluster's
+    ``spec.slo``, its defaults here; None: a router with no SLO configured."""
 
 
 @dataclass
@@ -285,6 +288,7 @@ class LocalStack:
                 "prfaasHardware": {"accelerator": "H200"},
                 "scale": self._scale_config(),
                 "routing": {"refreshIntervalSeconds": 0.5},
+                "slo": None if s.slo is None else s.slo.model_dump(by_alias=True),
             }
         )
 

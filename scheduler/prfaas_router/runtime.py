@@ -459,7 +459,9 @@ class Runtime:
         return route(
             RouteTick(
                 self.model_now(),
-                RouteRequest(total_tokens, l_pd),
+                RouteRequest(
+                    total_tokens, l_pd, ttft_slo_s=c.config.slo.ttft_seconds(total_tokens) if c.config.slo else None
+                ),
                 snap.threshold.tokens,
                 c.kv,
                 c.prfaas.prefill_seconds,

@@ -94,6 +94,25 @@ def test_a_short_request_spills_to_prfaas_when_the_pd_queue_surges() -> None:
     assert capped.target == "local" and capped.kind == "admission"
 
 
+def test_with_an_slo_a_short_request_spills_once_its_local_ttft_would_miss_it() -> None:
+    n = 16_000
+    wait = 0.9 * PD(n)  # shorter than its own prefill: no surge by the wait alone
+    local_ttft = wait + PD(n)
+    slo = local_ttft - 0.1
+    no_slo = decide_route(RouteRequest(n), surged(wait, 0.0), KV, PRF, PD)
+    assert no_slo.target == "local" and no_slo.kind == "threshold"
+    d = decide_route(RouteRequest(n, ttft_slo_s=slo), surged(wait, 0.0), KV, PRF, PD)
+    assert d.target == "remote" and d.kind == "spill" and f"misses its SLO {slo:.2f} s" in d.reason, d.reason
+    # local meets its SLO: no spill
+    met = decide_route(RouteRequest(n, ttft_slo_s=local_ttft + 0.1), surged(wait, 0.0), KV, PRF, PD)
+    assert met.target == "local" and met.kind == "threshold"
+    # PrFaaS would miss it too (though sooner than local): the request stays where t put it
+    late = slo - PRF(n) + 0.05
+    assert late + PRF(n) < local_ttft
+    both = decide_route(RouteRequest(n, ttft_slo_s=slo), surged(wait, late), KV, PRF, PD)
+    assert both.target == "local" and both.kind == "threshold"
+
+
 def test_a_long_request_spills_to_pd_when_the_prfaas_queue_surges() -> None:
     long = RouteRequest(30_000)
     assert decide_route(long, surged(local_wait=0.0, remote_wait=0.0), KV, PRF, PD).target == "remote"

@@ -12,8 +12,9 @@ cap -> local (admission). Every decision carries its reason; the hot path does a
 
 Queue surges (paper-spec §2.5: "when utilization approaches a threshold or queuing surges, a short-term routing
 adjustment is triggered"): with both clusters' predicted prefill waits known and the link abundant, a request
-whose side is backed up — its wait exceeds its own prefill time there — *spills* to the other cluster when that
-gives it the lower predicted TTFT (wait + prefill). ``t`` balances the clusters' throughput on average; spills
+whose side is backed up — its wait exceeds its own prefill time there, or (a request ``t`` keeps local, with an
+SLO) its predicted local TTFT misses its objective while PrFaaS's meets it — *spills* to the other cluster when
+that gives it the lower predicted TTFT (wait + prefill). ``t`` balances the clusters' throughput on average; spills
 absorb the bursts that a fixed split leaves queued on one side while the other idles. A spill to PrFaaS is
 admitted under the cap like any remote prefill.
 """
@@ -44,6 +45,9 @@ class RouteRequest:
     """Prefix already cached in the PD cluster (best instance)."""
     prfaas_cached_tokens: int = 0
     """Prefix already cached in the PrFaaS cluster."""
+    ttft_slo_s: float | None = None
+    """The request's own TTFT objective, s (None: no SLO configured). With it, a request ``t`` keeps local spills
+    to PrFaaS as soon as its predicted local TTFT misses the objective while PrFaaS's meets it."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,9 @@ def decide_route(
         move_to_prfaas = best - l_prfaas
     # a spill to PD prefills from PD's own prefix (no cache move on a detour)
     local_tokens = uncached_local if length <= t else req.total_tokens - l_pd
-    spill = _surge(view, pd_prefill_seconds, prfaas_prefill_seconds, local_tokens, uncached_remote, length <= t)
+    spill = _surge(
+        view, pd_prefill_seconds, prfaas_prefill_seconds, local_tokens, uncached_remote, length <= t, req.ttft_slo_s
+    )
     if length <= t and spill is None:
         if move_to_pd <= 0 or pd_prefill_seconds is None:
             return RouteDecision("local", uncached_local, 0.0, 0.0, f"{basis} <= t {t}: local prefill", move_to_pd)
@@ -176,6 +182,7 @@ def _surge(
     uncached_local: int,
     uncached_remote: int,
     local_by_t: bool,
+    slo_s: float | None = None,
 ) -> str | None:
     """Why the request should spill to the cluster ``t`` did not choose (None: it should not)."""
     if (
@@ -190,11 +197,17 @@ def _surge(
     remote_prefill = prfaas_prefill_seconds(float(uncached_remote))
     local_ttft = view.local_wait_s + local_prefill
     remote_ttft = view.remote_wait_s + remote_prefill
-    if local_by_t and view.local_wait_s > local_prefill and remote_ttft < local_ttft:
-        return (
-            f"PD prefill queue surge (wait {view.local_wait_s:.2f} s > its prefill {local_prefill:.2f} s; "
-            f"predicted TTFT local {local_ttft:.2f} s vs PrFaaS {remote_ttft:.2f} s)"
-        )
+    if local_by_t and remote_ttft < local_ttft:
+        if view.local_wait_s > local_prefill:
+            return (
+                f"PD prefill queue surge (wait {view.local_wait_s:.2f} s > its prefill {local_prefill:.2f} s; "
+                f"predicted TTFT local {local_ttft:.2f} s vs PrFaaS {remote_ttft:.2f} s)"
+            )
+        if slo_s is not None and local_ttft > slo_s >= remote_ttft:
+            return (
+                f"PD prefill queue surge (wait {view.local_wait_s:.2f} s: predicted TTFT local {local_ttft:.2f} s "
+                f"misses its SLO {slo_s:.2f} s, PrFaaS {remote_ttft:.2f} s meets it)"
+            )
     if not local_by_t and view.remote_wait_s > remote_prefill and local_ttft < remote_ttft:
         return (
             f"PrFaaS queue surge (wait {view.remote_wait_s:.2f} s > its prefill {remote_prefill:.2f} s; "

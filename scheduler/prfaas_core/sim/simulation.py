@@ -191,7 +191,7 @@ class Simulation(DecodeSide):
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
         tick = RouteTick(
             now,
-            RouteRequest(total, l_pd),
+            RouteRequest(total, l_pd, ttft_slo_s=self.cfg.slo.ttft_seconds(req.spec.uncached_tokens)),
             self.t,
             self.kv,
             self.prfaas_seconds,
