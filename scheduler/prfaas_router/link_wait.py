@@ -77,14 +77,18 @@ def local_ttft_s(local_wait_s: float | None, local_prefill_s: float) -> float:
 
 
 def resubmit_wait_s(
-    decline: AdmissionDecline, local_ttft: float, slo_ttft_s: float | None = None, local_wait_s: float = 0.0
+    decline: AdmissionDecline,
+    local_ttft: float,
+    slo_ttft_s: float | None = None,
+    local_wait_s: float = 0.0,
+    spill: bool = False,
 ) -> float | None:
     """After a ``link_window`` decline: the wait to accept on re-submission, or None (go local), by the core's
     rule (:func:`prefer_local`) on the gateway's predicted TTFT (its calendar: every router's streams, the real
     PrFaaS queue). With an SLO, the request goes local only when the remote misses it while local fits it and a
-    PD prefill instance is idle; without one, when local's predicted TTFT is better."""
+    PD prefill instance is idle; without one (or for a spill), when local's predicted TTFT is better."""
     if decline.reason != "link_window" or decline.earliest_start_ms is None or decline.predicted_ttft_ms is None:
         return None
-    if prefer_local(decline.predicted_ttft_ms / 1000.0, local_ttft, slo_ttft_s, local_wait_s):
+    if prefer_local(decline.predicted_ttft_ms / 1000.0, local_ttft, slo_ttft_s, local_wait_s, spill):
         return None
     return decline.earliest_start_ms / 1000.0 * WAIT_SLACK + 0.001

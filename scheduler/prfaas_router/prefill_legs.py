@@ -133,22 +133,22 @@ async def remote_in_window(
     """The remote prefill under the gateway's admission: the first try accepts a window up to where the remote
     TTFT, as the gateway's calendar predicts it, reaches the local alternative's (or the request's SLO, when that
     is later); on a decline, wait (re-submit) or go local by :func:`.link_wait.resubmit_wait_s`. A spill (a
-    request ``t`` kept local, sent remote for a PD queue surge) never waits: a window now, or local (as in the
-    simulator). Returns (the KV handle or None, the route)."""
+    request ``t`` kept local, sent remote for a PD queue surge) waits only while its remote TTFT beats local's
+    (the core's rule, as in the simulator). Returns (the KV handle or None, the route)."""
     rt, m, c = proxy.rt, proxy.metrics, proxy.rt.compiled
     nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
     queue = rt.local_wait_s()
     local = link_wait.local_ttft_s(queue, c.pd.prefill_seconds(float(total)))
     slo = c.config.slo.ttft_seconds(total) if c.config.slo is not None else None
     cap = rt.link_params(remote.link).cap_gbps
-    limit = max(local, slo or 0.0)
-    may_wait = decision.kind != "spill"
-    first = link_wait.max_wait_s(limit, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap) if may_wait else 0.0
+    spill = decision.kind == "spill"
+    limit = local if spill else max(local, slo or 0.0)
+    first = link_wait.max_wait_s(limit, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
     try:
         kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, first, probe, limit)
         return kv, "remote"
     except link_wait.LinkDeclined as declined:
-        wait = link_wait.resubmit_wait_s(declined.decline, local, slo, queue or 0.0) if may_wait else None
+        wait = link_wait.resubmit_wait_s(declined.decline, local, slo, queue or 0.0, spill)
         m.link_waits.labels(remote.link, "local" if wait is None else "waited").inc()
         if wait is None:
             m.decisions.labels("local", names.REASON_WAIT_FOR_LINK).inc()

@@ -121,8 +121,15 @@ def test_choice_waits_only_when_it_pays() -> None:
     assert choose_window(w, local_ttft_s=1.5, slo_ttft_s=1.8).action == "local"
     # ... but not behind a local queue (a long local prefill would delay everything queued behind it)
     assert choose_window(w, local_ttft_s=1.5, slo_ttft_s=1.8, local_wait_s=0.5).action == "wait_for_link"
+    # a spill (a short request sent remote for a PD queue surge) waits only while it beats local, SLO or not
+    remote = w.ttft_s
+    spill = choose_window(w, local_ttft_s=remote + 0.5, slo_ttft_s=1.0, local_wait_s=0.5, spill=True)
+    assert spill.action == "wait_for_link" and "spill waits" in spill.reason
+    assert choose_window(w, local_ttft_s=remote - 0.1, slo_ttft_s=remote + 1.0, spill=True).action == "local"
+    assert choose_window(w, local_ttft_s=remote - 0.1, slo_ttft_s=1.0, local_wait_s=0.5, spill=True).action == "local"
     now = earliest_window(EgressLedger(lanes=1), 0.0, gbytes(6.0), 1.0, LINK)
     assert choose_window(now, 0.5, None).action == "remote"
+    assert choose_window(now, 0.5, None, spill=True).action == "remote"  # a window now is taken
     assert choose_window(None, 3.0, None).action == "local"
     assert max_wait_s(10.0, 2.0, gbytes(8.0), 8.0) == pytest.approx(8.0)
 

@@ -192,14 +192,23 @@ class WaitChoice:
 
 
 def choose_window(
-    window: Window | None, local_ttft_s: float, slo_ttft_s: float | None = None, local_wait_s: float = 0.0
+    window: Window | None,
+    local_ttft_s: float,
+    slo_ttft_s: float | None = None,
+    local_wait_s: float = 0.0,
+    spill: bool = False,
 ) -> WaitChoice:
-    """A remote candidate (its uncached length above ``t``; shorter requests never reach here and never wait)
-    against its local alternative, the SLO in mind. A window that starts now is taken. A later one is waited
-    for unless the remote misses the request's TTFT SLO while local fits it *and* a PD prefill instance is idle
-    (``local_wait_s`` 0): ``t`` sent the request remote because a long prefill taken locally delays every request
-    queued behind it (in the simulator, 19 long requests sent local at 5 Gbps made 124 others miss their SLO),
-    so a request neither side can serve in time still waits. Without an SLO: by predicted TTFT."""
+    """A remote candidate (its uncached length above ``t``, or a ``spill``) against its local alternative, the SLO
+    in mind. A window that starts now is taken. A later one is waited for unless the remote misses the request's
+    TTFT SLO while local fits it *and* a PD prefill instance is idle (``local_wait_s`` 0): ``t`` sent the request
+    remote because a long prefill taken locally delays every request queued behind it (in the simulator, 19 long
+    requests sent local at 5 Gbps made 124 others miss their SLO), so a request neither side can serve in time
+    still waits. Without an SLO: by predicted TTFT.
+
+    A spill (a request ``t`` kept local, sent remote because PD's prefill queue surged) is short: it never waits
+    *for the link* longer than it gains — it takes a later window only while its predicted TTFT through it still
+    beats local's (the window's wait includes the PrFaaS queue its spill decision already priced), so a spill no
+    longer bounces back to the surged queue just because no PrFaaS lane is free this instant."""
     if window is None:
         return WaitChoice("local", float("inf"), local_ttft_s, 0.0, "no link window (ceiling 0): local prefill")
     remote, wait = window.ttft_s, window.wait_s
@@ -208,16 +217,21 @@ def choose_window(
         fit += f" (SLO {slo_ttft_s:.2f} s)"
     if wait <= 1e-6:
         return WaitChoice("remote", remote, local_ttft_s, 0.0, f"link window now: predicted TTFT {fit}")
-    if not prefer_local(remote, local_ttft_s, slo_ttft_s, local_wait_s):
-        return WaitChoice("wait_for_link", remote, local_ttft_s, wait, f"wait for the link: predicted TTFT {fit}")
+    if not prefer_local(remote, local_ttft_s, slo_ttft_s, local_wait_s, spill):
+        what = "spill waits for the link" if spill else "wait for the link"
+        return WaitChoice("wait_for_link", remote, local_ttft_s, wait, f"{what}: predicted TTFT {fit}")
     return WaitChoice("local", remote, local_ttft_s, wait, f"local prefill: predicted TTFT {fit}")
 
 
 def prefer_local(
-    remote_ttft_s: float, local_ttft_s: float, slo_ttft_s: float | None = None, local_wait_s: float = 0.0
+    remote_ttft_s: float,
+    local_ttft_s: float,
+    slo_ttft_s: float | None = None,
+    local_wait_s: float = 0.0,
+    spill: bool = False,
 ) -> bool:
     """The rule of :func:`choose_window` on predicted TTFTs alone (a router judging a gateway's decline)."""
-    if slo_ttft_s is None:
+    if spill or slo_ttft_s is None:
         return remote_ttft_s > local_ttft_s
     return remote_ttft_s > slo_ttft_s >= local_ttft_s and local_wait_s <= 1e-6
 

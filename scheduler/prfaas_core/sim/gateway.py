@@ -93,15 +93,13 @@ class SimGateway:
         params: LinkParams,
         local_ttft_s: float,
         slo_ttft_s: float,
-        may_wait: bool = True,
+        spill: bool = False,
         local_wait_s: float = 0.0,
     ) -> tuple[WaitChoice, Window | None]:
-        """The earliest window and the router's choice (``may_wait`` false: a later window is declined)."""
+        """The earliest window and the router's choice (a ``spill`` waits only while it beats local)."""
         self.stats.asked += 1
         window = earliest_window(self.ledger, now_s, nbytes, prefill_s, params, self.timing)
-        choice = choose_window(window, local_ttft_s, slo_ttft_s, local_wait_s)
-        if not may_wait and choice.action == "wait_for_link":
-            choice = WaitChoice("local", choice.remote_ttft_s, local_ttft_s, choice.wait_s, "short: never waits")
+        choice = choose_window(window, local_ttft_s, slo_ttft_s, local_wait_s, spill)
         if choice.action == "local" or window is None:
             self.stats.declined_to_local += 1
             return choice, None
@@ -122,35 +120,36 @@ class SimGateway:
 def remote_candidate(
     decision: RouteDecision, kv: KvModel, total: int, l_pd: int, l_prf: int, scarce: bool
 ) -> tuple[int, float, bool] | None:
-    """``(uncached tokens, KV bytes, may wait)`` of the remote prefill the gateway is asked about, or None: the
+    """``(uncached tokens, KV bytes, spill)`` of the remote prefill the gateway is asked about, or None: the
     pre-filter chose local by length or unavailability, or the remote would first need a cache move (legacy
     path). A long request the pre-filter declined for the cap, or spilled to local for a PrFaaS queue surge, is
-    asked too (the calendar knows the real queue and link); a short one spilled to PrFaaS may not wait."""
+    asked too (the calendar knows the real queue and link); a short one spilled to PrFaaS waits only while it
+    beats local."""
     if decision.target == "remote":
         if decision.cache_transfer_tokens > 0:
             return None
-        return decision.uncached_tokens, decision.transfer_bytes, decision.kind != "spill"
+        return decision.uncached_tokens, decision.transfer_bytes, decision.kind == "spill"
     if decision.kind not in ("admission", "spill") or decision.move_bytes > 0:
         return None
     if scarce:
-        return total - l_pd, transfer_bytes(kv, total, l_pd), True
+        return total - l_pd, transfer_bytes(kv, total, l_pd), False
     if l_pd > l_prf:
         return None  # PD's longer prefix would first be moved to PrFaaS: the legacy path
-    return total - l_prf, transfer_bytes(kv, total, l_pd), True
+    return total - l_prf, transfer_bytes(kv, total, l_pd), False
 
 
 def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: int, local_tokens: int) -> bool:
     """Ask the gateway for a window for this remote candidate; book it and schedule the prefill at its start
     (True), or leave the request to the local side (False)."""
     assert sim.gateway is not None
-    uncached, nbytes, may_wait = ask
+    uncached, nbytes, spill = ask
     now = sim.events.now_s
     spec = req.spec
     prefill_s = sim.prfaas_seconds(float(max(uncached, 1)))
     local_wait = sim.least_wait(sim.pd, now) or 0.0
     local_ttft = local_wait + sim.pd_seconds(float(max(local_tokens, 1)))
     slo = ttft_slo_s(sim.cfg.slo, spec.uncached_tokens)
-    choice, window = sim.gateway.ask(now, nbytes, prefill_s, sim.link_params, local_ttft, slo, may_wait, local_wait)
+    choice, window = sim.gateway.ask(now, nbytes, prefill_s, sim.link_params, local_ttft, slo, spill, local_wait)
     if window is None:
         return False
     req.remote = True
