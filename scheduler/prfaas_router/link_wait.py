@@ -1,7 +1,8 @@
 """The router's side of the gateway's admission answer: the headers a remote prefill carries, the 429 decline
 it may get back, and the choice it then makes — wait for the link window (re-submit, accepting the wait) or
 prefill locally — by predicted TTFT (:func:`prfaas_core.policy.link_calendar.choose_window`, the rule the
-simulator runs). Short requests never reach the gateway (``t`` sends them local), so they never wait.
+simulator runs). Short requests reach the gateway only as spills (a PD queue surge), which wait only while the
+remote still beats local.
 The local ledger stays the router's fast pre-filter and its fallback when the gateway cannot be reached."""
 
 from __future__ import annotations
