@@ -58,12 +58,13 @@ from typing import Any
 
 import httpx
 
-from prfaas_cli.load import Result, Slo, prepare_bodies, replay, sample_egress, summarize
+from prfaas_cli.load import Result, prepare_bodies, replay, sample_egress, summarize
 from prfaas_cli.local_loop import write_router_config
 from prfaas_cli.ports import free_port
 from prfaas_cli.stack import PRFAAS, LocalStack, StackSpec
 from prfaas_cli.up_cmd import generate_trace
 from prfaas_core import names
+from prfaas_core.api import SloSpec
 from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.request.trace import TraceRecord
@@ -163,7 +164,7 @@ def at_rate(base: list[TraceRecord], rate: float, seconds: float, min_requests: 
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, stack: LocalStack, slo: Slo) -> None:
+    def __init__(self, args: argparse.Namespace, stack: LocalStack, slo: SloSpec) -> None:
         self.args = args
         self.stack = stack
         self.slo = slo
@@ -315,7 +316,7 @@ class Bench:
             for r in results:
                 row = {"system": self.system, "rate_rps": round(rate, 4), "input_tokens": r.input_tokens}
                 row |= {"route": r.route, "status": r.status, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s}
-                row |= {"ttft_limit_s": slo.ttft_limit_s(r.uncached_tokens), "miss": r.miss_reason(slo)}
+                row |= {"ttft_limit_s": slo.ttft_seconds(r.uncached_tokens), "miss": r.miss_reason(slo)}
                 out.write(json.dumps(row) + "\n")
         counted = {k: v - before.get(k, 0.0) for k, v in after.items()}
         summary = summarize(results, slo)
@@ -521,7 +522,7 @@ def main() -> int:
     )
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-goodput-"))
     stack = LocalStack(spec, work)
-    slo = Slo()
+    slo = SloSpec()
     started = time.perf_counter()
     load_before = os.getloadavg()
     results: dict[str, Any] = {}

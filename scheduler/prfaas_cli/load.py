@@ -21,22 +21,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from prfaas_core.api import SloSpec
 from prfaas_core.request.trace import TraceRecord
 
 ROUTE_HEADER = "x-prfaas-route"
 EGRESS = "prfaas_link_egress_bytes_total"
-
-
-@dataclass(frozen=True)
-class Slo:
-    """TTFT = base + per-1K (1024) uncached tokens; decode at least ``min_decode_tps`` per stream."""
-
-    ttft_base_s: float = 2.0
-    ttft_per_k_s: float = 0.2
-    min_decode_tps: float = 40.0
-
-    def ttft_limit_s(self, uncached_tokens: int) -> float:
-        return self.ttft_base_s + self.ttft_per_k_s * uncached_tokens / 1024.0
 
 
 @dataclass
@@ -58,29 +47,29 @@ class Result:
     late a loaded client sent it."""
     done: bool = False
 
-    def meets(self, slo: Slo) -> bool:
+    def meets(self, slo: SloSpec) -> bool:
         if self.status != 200 or self.ttft_s is None:
             return False
-        if self.ttft_s > slo.ttft_limit_s(self.uncached_tokens):
+        if self.ttft_s > slo.ttft_seconds(self.uncached_tokens):
             return False
-        return self.tpot_s is None or self.tpot_s <= 1.0 / slo.min_decode_tps
+        return self.tpot_s is None or self.tpot_s <= 1.0 / slo.min_decode_tokens_per_second
 
-    def missed(self, slo: Slo, now: float, time_scale: float) -> bool:
+    def missed(self, slo: SloSpec, now: float, time_scale: float) -> bool:
         """Already certain to miss the SLO: finished and not met, or still without a first token past its TTFT
         limit (a replay can stop early once enough requests have missed)."""
         if self.done:
             return not self.meets(slo)
         if self.sent_at is None or self.ttft_s is not None:
             return False
-        return (now - self.sent_at) * time_scale > slo.ttft_limit_s(self.uncached_tokens)
+        return (now - self.sent_at) * time_scale > slo.ttft_seconds(self.uncached_tokens)
 
-    def miss_reason(self, slo: Slo) -> str | None:
+    def miss_reason(self, slo: SloSpec) -> str | None:
         """Why a finished request missed the SLO (``error``, ``ttft`` or ``tpot``), None when it met it."""
         if self.status != 200 or self.ttft_s is None:
             return "error"
-        if self.ttft_s > slo.ttft_limit_s(self.uncached_tokens):
+        if self.ttft_s > slo.ttft_seconds(self.uncached_tokens):
             return "ttft"
-        if self.tpot_s is not None and self.tpot_s > 1.0 / slo.min_decode_tps:
+        if self.tpot_s is not None and self.tpot_s > 1.0 / slo.min_decode_tokens_per_second:
             return "tpot"
         return None
 
@@ -301,7 +290,7 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def summarize(results: Sequence[Result], slo: Slo) -> Summary:
+def summarize(results: Sequence[Result], slo: SloSpec) -> Summary:
     ok = [r for r in results if r.status == 200]
     meets = sum(1 for r in results if r.meets(slo))
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]

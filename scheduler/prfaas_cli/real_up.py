@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from prfaas_core import names
-from prfaas_core.api import RouterConfig
+from prfaas_core.api import RouterConfig, SloSpec
 from prfaas_core.capacity.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.capacity.workload import TruncatedLogNormal
@@ -41,7 +41,7 @@ from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.request.trace import TraceRecord
 from prfaas_router.prom_text import sample_sum
 
-from .load import Result, Slo, replay, summarize
+from .load import Result, replay, summarize
 from .local_loop import LocalCluster, LocalLoop, decision_json
 from .netns import LinkShape, NetnsPair, Side
 from .real_stack import LINK, RealStack
@@ -412,7 +412,7 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
 def summary(
     up: RealUp, cluster: RealCluster, results: list[Result], ready_s: float, wall_s: float, remote0: float, c0: Any
 ) -> dict[str, Any]:
-    slo = Slo()
+    slo = SloSpec()
     by_route = {
         route: summarize([r for r in results if r.route == route], slo).as_json()
         for route in sorted({r.route for r in results})

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from prfaas_core import names
+from prfaas_core.api import SloSpec
 from prfaas_core.capacity.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.policy.role_types import RolePolicyParams
@@ -32,7 +33,6 @@ from prfaas_router.prom_text import sums_by_labels
 from . import real_up
 from .dashboard_png import DASHBOARD, without_exporter
 from .dashboard_png import render as render_dashboard
-from .load import Slo
 from .plots import PlotDirError, check_plot_dir, write_plots
 from .scenario import (
     DEFAULT_SCENARIO,
@@ -274,7 +274,7 @@ def announce(args: argparse.Namespace, up: UpPlan, records: list[TraceRecord], w
 
 def replay_run(args: argparse.Namespace, up: UpPlan, stack: LocalStack, records: list[TraceRecord]) -> dict[str, Any]:
     """Run the scenario's replay with the live view; the summary (JSON) with the plot bytes attached."""
-    slo = Slo()
+    slo = SloSpec()
     started_unix = time.time()
     view = LiveView(slo, len(records))
     try:

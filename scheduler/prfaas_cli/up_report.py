@@ -7,7 +7,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .load import Result, Slo, summarize
+from prfaas_core.api import SloSpec
+
+from .load import Result, summarize
 from .plots import figure, png
 from .scenario import Phase
 from .up_session import Cycle, SessionState
@@ -17,7 +19,7 @@ SETTLE_S = 10.0
 """Model seconds after a phase starts before its egress counts as settled under the phase's cap."""
 
 
-def _requests(results: list[Result], slo: Slo) -> dict[str, Any]:
+def _requests(results: list[Result], slo: SloSpec) -> dict[str, Any]:
     out = summarize(results, slo).as_json()
     out["by_route"] = {
         route: summarize([r for r in results if r.route == route], slo).as_json()
@@ -49,7 +51,7 @@ def t_changes(st: SessionState) -> list[dict[str, Any]]:
     return out
 
 
-def phase_summary(st: SessionState, phase: Phase, slo: Slo) -> dict[str, Any]:
+def phase_summary(st: SessionState, phase: Phase, slo: SloSpec) -> dict[str, Any]:
     """One phase: the requests that arrived in it, the egress and router samples inside its span."""
     results = [r for r in st.results if r.sent_at is not None and phase.contains(r.arrival_s)]
     series = st.egress_series()
@@ -102,7 +104,7 @@ def _count(items: Any) -> dict[str, int]:
     return out
 
 
-def summary(st: SessionState, slo: Slo, wall_s: float) -> dict[str, Any]:
+def summary(st: SessionState, slo: SloSpec, wall_s: float) -> dict[str, Any]:
     """The run's JSON (the schema README and tests rely on: top-level as before, plus ``phases``)."""
     req = _requests(st.results, slo)
     by_route = req.pop("by_route")
@@ -210,7 +212,7 @@ def _legend(ax: Any) -> None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
-def render_plot(st: SessionState, slo: Slo) -> bytes:
+def render_plot(st: SessionState, slo: SloSpec) -> bytes:
     """Four panels over model time, the phases shaded: TTFT / SLO limit per request by route; egress against
     the cap; the router's ``t`` with its floor ``t_min``; the PD roles."""
     from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, NullFormatter
@@ -225,7 +227,7 @@ def render_plot(st: SessionState, slo: Slo) -> bytes:
         ax.set_xlim(0, end)
     for route, marker in (("local", "o"), ("remote", "^")):
         pts = [
-            ((r.sent_at - st.started) * st.time_scale, r.ttft_s / slo.ttft_limit_s(r.uncached_tokens))
+            ((r.sent_at - st.started) * st.time_scale, r.ttft_s / slo.ttft_seconds(r.uncached_tokens))
             for r in st.results
             if r.route == route and r.ttft_s is not None and r.sent_at is not None
         ]

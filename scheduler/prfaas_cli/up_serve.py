@@ -94,7 +94,7 @@ def serve(args: argparse.Namespace, up: Any, stack: LocalStack, work: Path) -> i
 
 
 async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[str, Any]:
-    from .load import Slo
+    from prfaas_core.api import SloSpec
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -102,7 +102,7 @@ async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[s
         loop.add_signal_handler(sig, stop.set)
     # one open-ended phase: the scenario's first, as long as the stack stays up
     phases = [replace(up.phases[0], name="serve", end_s=float("inf"), expect="your own traffic")]
-    view = LiveView(Slo(), 0, serve=True)
+    view = LiveView(SloSpec(), 0, serve=True)
     try:
         st, cluster = await run_session(
             stack, [], phases, up.params, up.inputs, args.seed, on_tick=view.update, serve_until=stop
@@ -113,10 +113,10 @@ async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[s
             loop.remove_signal_handler(sig)
     import time
 
-    out = summary(st, Slo(), time.perf_counter() - st.started)
+    out = summary(st, SloSpec(), time.perf_counter() - st.started)
     published = json.loads(stack.config_path.read_text())
     out.update(loop_summary(st, cluster.counts(), cluster.config.threshold_min_tokens, published))
-    out["_png"] = render_plot(st, Slo())
+    out["_png"] = render_plot(st, SloSpec())
     return out
 
 

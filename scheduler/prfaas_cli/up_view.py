@@ -9,13 +9,15 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .load import Slo, summarize
+from prfaas_core.api import SloSpec
+
+from .load import summarize
 from .local_loop import LocalCluster
 from .scenario import phase_at
 from .up_session import SessionState
 
 
-def facts(st: SessionState, cluster: LocalCluster, slo: Slo) -> dict[str, Any]:
+def facts(st: SessionState, cluster: LocalCluster, slo: SloSpec) -> dict[str, Any]:
     """The numbers both views show."""
     now = st.model_now()
     phase = phase_at(st.phases, now)
@@ -75,7 +77,7 @@ def plain_line(f: dict[str, Any]) -> str:
 class LiveView:
     """The view; ``update`` is the session's ``on_tick``."""
 
-    def __init__(self, slo: Slo, total: int, stream: TextIO | None = None, serve: bool = False) -> None:
+    def __init__(self, slo: SloSpec, total: int, stream: TextIO | None = None, serve: bool = False) -> None:
         self.slo, self.total, self.serve = slo, total, serve
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
