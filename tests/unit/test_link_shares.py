@@ -140,15 +140,16 @@ def test_replicas_pulls_on_the_wire_never_pass_the_ceiling_and_all_get_on(n, pul
         assert peak[0] == pytest.approx(5.0)  # 5 + 5 > 8: never two at once, across replicas
 
     # held answers re-check every RECHECK_S and lost loans come back LOAN_GRACE_WALL_S after their lease: short
-    # here; a pull's lease (LEASE_GRACE_S + 3 x 1 s model) stays ~250 ms of wall time, so a slow machine's stall
-    # between a pull's start and its report does not end it first
+    # here; a pull's lease (LEASE_GRACE_S + 3 x 1 s model, no wall grace) stays ~250 ms of wall time, so a slow
+    # machine's stall between a pull's start and its report does not end it first, while a loan whose answer was
+    # lost comes back within the engine's KV lease
     mod = admission_mod
-    old = mod.RECHECK_S, mod.LOAN_GRACE_WALL_S, mod.LEASE_GRACE_S
-    mod.RECHECK_S, mod.LOAN_GRACE_WALL_S, mod.LEASE_GRACE_S = 0.002, 0.01, 22.0
+    old = mod.RECHECK_S, mod.LOAN_GRACE_WALL_S, mod.LEASE_GRACE_S, mod.LEASE_GRACE_WALL_S
+    mod.RECHECK_S, mod.LOAN_GRACE_WALL_S, mod.LEASE_GRACE_S, mod.LEASE_GRACE_WALL_S = 0.002, 0.01, 22.0, 0.0
     try:
         asyncio.run(main())
     finally:
-        mod.RECHECK_S, mod.LOAN_GRACE_WALL_S, mod.LEASE_GRACE_S = old
+        mod.RECHECK_S, mod.LOAN_GRACE_WALL_S, mod.LEASE_GRACE_S, mod.LEASE_GRACE_WALL_S = old
 
 
 def test_a_replica_that_finds_itself_among_its_peers_skips_itself_and_metrics_count_the_loans() -> None:
