@@ -113,6 +113,20 @@ def test_with_an_slo_a_short_request_spills_once_its_local_ttft_would_miss_it() 
     assert both.target == "local" and both.kind == "threshold"
 
 
+def test_a_spill_counts_the_kv_streams_tail_on_a_thin_link() -> None:
+    """PrFaaS's predicted TTFT ends when the KV has crossed: on a 0.4-Gbps cap a 16K-token request's stream
+    outlasts its H200 prefill by seconds, so a PD queue that a 100-Gbps link would spill past stays local."""
+    n = 16_000
+    stream_s = KV.kv_bytes(n) * 8.0 / 1e9 / 0.4
+    wait = PD(n) + 0.2  # past its own prefill: a surge
+    thin = RoutingView(19_400, "abundant", 0.0, LinkParams("a-to-b", 0.5), True, local_wait_s=wait, remote_wait_s=0.0)
+    # PrFaaS by its prefill alone would be faster than local, by its stream it is not
+    assert PRF(n) < wait + PD(n) < stream_s
+    assert decide_route(RouteRequest(n), thin, KV, PRF, PD).target == "local"
+    wide = decide_route(RouteRequest(n), surged(wait, 0.0), KV, PRF, PD)
+    assert wide.target == "remote" and wide.kind == "spill"
+
+
 def test_a_long_request_spills_to_pd_when_the_prfaas_queue_surges() -> None:
     long = RouteRequest(30_000)
     assert decide_route(long, surged(local_wait=0.0, remote_wait=0.0), KV, PRF, PD).target == "remote"

@@ -145,8 +145,16 @@ def decide_route(
         move_to_prfaas = best - l_prfaas
     # a spill to PD prefills from PD's own prefix (no cache move on a detour)
     local_tokens = uncached_local if length <= t else req.total_tokens - l_pd
+    nbytes = transfer_bytes(kv, req.total_tokens, l_pd)
     spill = _surge(
-        view, pd_prefill_seconds, prfaas_prefill_seconds, local_tokens, uncached_remote, length <= t, req.ttft_slo_s
+        view,
+        pd_prefill_seconds,
+        prfaas_prefill_seconds,
+        local_tokens,
+        uncached_remote,
+        length <= t,
+        req.ttft_slo_s,
+        nbytes,
     )
     if length <= t and spill is None:
         if move_to_pd <= 0 or pd_prefill_seconds is None:
@@ -161,7 +169,6 @@ def decide_route(
         why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
         reason = f"{head} but {why}: local"
         return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="unavailable")
-    nbytes = transfer_bytes(kv, req.total_tokens, l_pd)
     seconds = max(prfaas_prefill_seconds(float(uncached_remote)), 1e-6)
     rate = stream_gbps(nbytes, seconds, view.link)
     verdict = admit(view.egress_estimate_gbps, rate, view.link)
@@ -183,8 +190,11 @@ def _surge(
     uncached_remote: int,
     local_by_t: bool,
     slo_s: float | None = None,
+    kv_bytes: float = 0.0,
 ) -> str | None:
-    """Why the request should spill to the cluster ``t`` did not choose (None: it should not)."""
+    """Why the request should spill to the cluster ``t`` did not choose (None: it should not). PrFaaS's
+    predicted TTFT counts its queue, its prefill and the KV stream's tail after the prefill: ``kv_bytes`` at the
+    link's cap at best, overlapped with the prefill (a stream longer than the prefill delays the first token)."""
     if (
         view.link_mode != "abundant"
         or pd_prefill_seconds is None
@@ -195,8 +205,10 @@ def _surge(
         return None
     local_prefill = pd_prefill_seconds(float(uncached_local))
     remote_prefill = prfaas_prefill_seconds(float(uncached_remote))
+    cap = view.link.cap_gbps if view.link is not None else 0.0
+    stream = kv_bytes * 8.0 / GBPS_BITS / cap if cap > 0 else 0.0
     local_ttft = view.local_wait_s + local_prefill
-    remote_ttft = view.remote_wait_s + remote_prefill
+    remote_ttft = view.remote_wait_s + max(remote_prefill, stream)
     if local_by_t and remote_ttft < local_ttft:
         if view.local_wait_s > local_prefill:
             return (
