@@ -111,8 +111,8 @@ def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfile
         admission = GatewayAdmission.model_validate(
             ls.model_dump(by_alias=True, exclude={"capacity_gbps", "max_utilization", "egress_pacing"})
         )
-        if (paced := paced_gbps(pfc)) is not None:  # one pull achieves the pods' paced egress
-            admission = admission.model_copy(update={"pull_gbps": paced})
+        if (paced := paced_gbps(pfc)) is not None:  # one pull achieves the pods' paced egress, one pod's pulls share it
+            admission = admission.model_copy(update={"pull_gbps": paced, "instance_gbps": paced})
         links = [RouterLink(name=ls.link, capacity_gbps=ls.capacity_gbps, max_utilization=ls.max_utilization)]
     serving = GatewayServing(
         prefill_cluster=pfc.metadata.name,

@@ -223,7 +223,10 @@ class LocalStack:
         s = self.spec
         if not s.gateway_admission:
             return {}
-        return {"admission": {"link": "a-to-b", "pullGbps": self.relay_gbps(s.egress_pacing)}}
+        admission: dict[str, Any] = {"link": "a-to-b", "pullGbps": self.relay_gbps(s.egress_pacing)}
+        if s.egress_pacing:  # each engine's relay runs at the paced rate: one engine's pulls share it
+            admission["instanceGbps"] = admission["pullGbps"]
+        return {"admission": admission}
 
     def relay_gbps(self, paced: bool, link_gbps: float | None = None) -> float:
         """One PrFaaS instance's relay rate on a ``link_gbps`` link (the spec's by default): its share of the

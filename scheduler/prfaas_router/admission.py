@@ -151,6 +151,8 @@ class LinkAdmission:
         """Prefill answers held until their pull fits on the wire."""
         self._on_wire: dict[str, float] = {}
         """Pulls let onto the wire and not over: id -> booked Gbps."""
+        self._instance_of: dict[str, str] = {}
+        """The PrFaaS instance whose KV a pull on the wire moves: id -> instance (when known)."""
         self._leases: dict[str, asyncio.TimerHandle] = {}
         self._min_end: dict[str, tuple[float, Callable[[], float]]] = {}
         """A pull's earliest end on the wire (its bytes at its rate; model time) and the clock it is read on."""
@@ -318,6 +320,15 @@ class LinkAdmission:
         """The whole link's ceiling now (all replicas' pulls on the wire together stay under it)."""
         return ceiling_gbps(self.ledger, now_s, self.available(now_s, 1.0).bound(self.whole))
 
+    def _instance_full(self, instance: str | None, rate: float) -> bool:
+        """Whether ``instance``'s paced egress (``instanceGbps``) has no room for another pull at ``rate``: its
+        pulls would only share the instance's rate, while another instance's pull could use the cap."""
+        paced = self.spec.instance_gbps
+        if paced is None or instance is None:
+            return False
+        mine = sum(self._on_wire.get(k, 0.0) for k, i in self._instance_of.items() if i == instance)
+        return mine > EPS and mine + min(rate, paced) > paced + EPS
+
     def _need(self, rate: float, now_s: float) -> float:
         """The share of the link a pull at ``rate`` misses to go on the wire now (0: it fits in this replica's
         share, next to its pulls there)."""
@@ -408,7 +419,9 @@ class LinkAdmission:
         if not await peers.give_back(url, self.link, loan_id):
             self._loan_count("unreachable")
 
-    async def release(self, booking: Booking, ok: bool, clock: Callable[[], float]) -> str | None:
+    async def release(
+        self, booking: Booking, ok: bool, clock: Callable[[], float], instance: str | None = None
+    ) -> str | None:
         """The prefill answered. A pull-after-prefill stream starts when the caller gets the answer, so the answer
         is held until its pull fits on the wire next to the pulls already there (a calendar planned from predicted
         times alone let two pulls overlap when one started late: 9.8 Gbps in 1-s windows on an 8-Gbps cap); the
@@ -416,7 +429,9 @@ class LinkAdmission:
         the pull's id for the answer's :data:`~prfaas_core.names.HEADER_PULL_ID` (None: nothing to report; a
         layer-wise stream has ended with its prefill; a failure frees the window). Raises :class:`KvLeaseOver`
         (the window freed) when the answer waited :data:`KV_LEASE_USE` of the engine's KV lease (wall time): a
-        pull that late would find the KV freed, so :meth:`lease_answer` tells the caller to prefill elsewhere."""
+        pull that late would find the KV freed, so :meth:`lease_answer` tells the caller to prefill elsewhere.
+        ``instance``: the PrFaaS instance that served the prefill (with ``instanceGbps``, its pull waits while that
+        instance's paced egress is full, and another instance's goes first)."""
         w, key = booking.window, booking.key
         span = w.stream_end_s - w.stream_start_s
         if not ok or self.spec.stream_timing == "layer-wise" or span <= 0:
@@ -430,7 +445,7 @@ class LinkAdmission:
         lease = span * LEASE_FACTOR + LEASE_GRACE_S + LEASE_GRACE_WALL_S * self.time_scale  # model s
         kv_deadline = wall_from + self.spec.kv_lease_seconds * KV_LEASE_USE
         try:
-            while not await self._onto_wire(key, rate, lease, clock):
+            while not await self._onto_wire(key, rate, lease, clock, instance):
                 self._changed.clear()
                 left = kv_deadline - time.time()
                 if left <= 0:
@@ -450,6 +465,8 @@ class LinkAdmission:
         if self.metrics is not None:
             self.metrics.gateway_pull_hold.labels(self.link).observe(now - held_from)
         self._on_wire[key] = rate
+        if instance is not None:
+            self._instance_of[key] = instance
         # it counts at least as long as its bytes take at its rate, or at the ceiling when faster (the alone
         # rule): a pull reported sooner (a faster wire than booked) must not let the next ones bunch up past the
         # cap in the link's 1-s windows
@@ -471,11 +488,16 @@ class LinkAdmission:
         log.warning("a held answer reached its KV lease before its pull fit on the wire", link=self.link, why=why)
         return self._decline("kv_lease", None, why)
 
-    async def _onto_wire(self, key: str, rate: float, lease_s: float, clock: Callable[[], float]) -> bool:
+    async def _onto_wire(
+        self, key: str, rate: float, lease_s: float, clock: Callable[[], float], instance: str | None = None
+    ) -> bool:
         """Whether the pull ``key`` may go on the wire now, borrowing from the peers what it misses. One answer at a
         time; only this replica's oldest held answer borrows (the replicas take turns by their oldest answers);
-        none goes while a peer with an older one still misses some of this replica's share."""
+        none goes while a peer with an older one still misses some of this replica's share, or while its
+        ``instance``'s paced egress is full."""
         async with self._wire_lock:
+            if self._instance_full(instance, rate):
+                return False
             now = clock()
             self._set_share(now)
             if now < self._older_peer_until:
@@ -518,6 +540,7 @@ class LinkAdmission:
 
     def _leave(self, key: str) -> None:
         self._on_wire.pop(key, None)
+        self._instance_of.pop(key, None)
         self._reported.discard(key)
         self._min_end.pop(key, None)
         self._leases.pop(key, None)

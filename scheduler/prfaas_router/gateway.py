@@ -110,14 +110,14 @@ class Gateway:
             booking = verdict
             await self.admission.hold(booking, rt.model_now())
         try:
-            resp = await self._prefill_on_instance(request, body, ids, hashes, hits)
+            resp, instance = await self._prefill_on_instance(request, body, ids, hashes, hits)
         except BaseException:
             if booking is not None and self.admission is not None:
                 await self.admission.release(booking, False, rt.model_now)
             raise
         if booking is not None and self.admission is not None:
             try:
-                pull_id = await self.admission.release(booking, resp.status == 200, rt.model_now)
+                pull_id = await self.admission.release(booking, resp.status == 200, rt.model_now, instance)
             except KvLeaseOver as over:
                 return self.admission.lease_answer(over)
             if pull_id is not None:
@@ -177,7 +177,9 @@ class Gateway:
 
     async def _prefill_on_instance(
         self, request: web.Request, body: dict[str, Any], ids: list[int], hashes: list[bytes], hits: dict[str, int]
-    ) -> web.Response:
+    ) -> tuple[web.Response, str | None]:
+        """The prefill on the best healthy PrFaaS instance (the next one after a failure), and the instance that
+        answered (None: none did)."""
         rt = self.rt
         c = rt.compiled
         tried: set[str] = set()
@@ -225,8 +227,10 @@ class Gateway:
                 rt.pd_index.insert(hashes, pick.name)
                 self._served(uncached, c.kv.block_kv_bytes(len(ids)))
                 self._egress(request.headers.get(LINK_HEADER), reported_prompt_tokens(resp.content, len(ids)))
-            return web.Response(body=resp.content, status=resp.status_code, content_type="application/json")
-        return json_error(503, f"prefill failed on every PrFaaS instance tried: {last_error}", "service_unavailable")
+            answer = web.Response(body=resp.content, status=resp.status_code, content_type="application/json")
+            return answer, pick.name
+        why = f"prefill failed on every PrFaaS instance tried: {last_error}"
+        return json_error(503, why, "service_unavailable"), None
 
     def _egress(self, link: str | None, prompt_tokens: int) -> None:
         """Count the KV the served prefill left for region B to pull: ``S_kv`` of the whole blocks of the engine's

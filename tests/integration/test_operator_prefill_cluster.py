@@ -199,6 +199,7 @@ def test_egress_pacing_limits_each_prefill_pod_and_the_gateway_books_pulls_at_th
     assert deployment["spec"]["template"]["spec"]["containers"] == [{"name": "engine"}]  # the rest untouched
     admission = wait_until(lambda: (gateway_config(h, ns) or {}).get("gateway", {}).get("admission"), 30, "admission")
     assert admission["pullGbps"] == pytest.approx(20.0) and admission["link"] == "a-to-b"
+    assert admission["instanceGbps"] == pytest.approx(20.0)  # one pod's pulls share its paced egress
     events = [e for e in h.events(ns) if e.get("reason") == "EgressPacing"]
     assert events and "20000M" in events[0]["message"] and "restart" in events[0]["message"]
 

@@ -98,9 +98,10 @@ def test_pd_cluster_rules_agree(
     peers=st.one_of(st.none(), st.integers(min_value=0, max_value=6)),
     paced=st.booleans(),
     pull=st.booleans(),
+    instance=st.booleans(),
 )
 def test_prefill_cluster_link_scheduling_rules_agree(
-    replicas: int | None, peers: int | None, paced: bool, pull: bool
+    replicas: int | None, peers: int | None, paced: bool, pull: bool, instance: bool
 ) -> None:
     """Absent fields included: a rule on a field the object leaves out must not fail to evaluate (the API server
     rejects the object when a rule errors)."""
@@ -113,8 +114,10 @@ def test_prefill_cluster_link_scheduling_rules_agree(
         ls["egressPacing"] = "PerInstance"
     if pull:
         ls["pullGbps"] = 2.5
+    if instance:
+        ls["instanceGbps"] = 2.5
     crd, model = _verdicts("PrefillCluster", PrefillCluster, prefill_cluster_doc(ls))
     assert bool(crd) == bool(model) and model <= crd, (crd, model)  # pydantic stops at an object's first rule
     n, r = peers or 0, replicas or 1
-    pacing_clash, peers_off = paced and pull, n not in (0, r, r - 1)
-    assert crd == {f"spec.linkScheduling.{f}" for f, bad in (("pullGbps", pacing_clash), ("peers", peers_off)) if bad}
+    bad_fields = (("pullGbps", paced and pull), ("instanceGbps", paced and instance), ("peers", n not in (0, r, r - 1)))
+    assert crd == {f"spec.linkScheduling.{f}" for f, bad in bad_fields if bad}

@@ -63,6 +63,8 @@ def test_pacing_is_opt_in_and_excludes_a_hand_set_pull_rate() -> None:
     assert paced_gbps(prefill_cluster(egressPacing="PerInstance", replicas=2)) == pytest.approx(2.0)
     with pytest.raises(ValidationError, match="pullGbps"):
         prefill_cluster(egressPacing="PerInstance", pullGbps=2.5)
+    with pytest.raises(ValidationError, match="instanceGbps"):
+        prefill_cluster(egressPacing="PerInstance", instanceGbps=2.5)
     with pytest.raises(ValidationError, match="egressPacing"):
         prefill_cluster(egressPacing="Always")
 

@@ -174,6 +174,40 @@ def test_an_answer_is_held_until_its_pull_fits_next_to_the_pulls_on_the_wire() -
     asyncio.run(main())
 
 
+def test_with_paced_instances_a_pull_waits_for_its_own_instance_and_another_instances_pull_goes_first() -> None:
+    """instanceGbps: each PrFaaS instance's egress is paced to 4 Gbps, two pulls fit the 8-Gbps cap. Two answers of
+    one instance would share its 4 Gbps and leave half the cap idle: the second waits for the first's report while
+    the other instance's answer goes onto the wire at once."""
+
+    async def main() -> None:
+        spec = GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 4.0, "instanceGbps": 4.0})
+        adm, now = LinkAdmission(spec, LINK, time_scale=1.0, metrics=RouterMetrics()), [0.0]
+        nbytes = 4.0 * GBPS_BITS / 8.0  # 1 s at 4 Gbps
+        a, b, c = (adm.decide(k, {}, nbytes, 1.0, 0.0) for k in "abc")
+        assert isinstance(a, Booking) and isinstance(b, Booking) and isinstance(c, Booking)
+        now[0] = 1.0
+        assert await adm.release(a, True, lambda: now[0], "prfaas-0") == "a"
+        held = asyncio.create_task(adm.release(b, True, lambda: now[0], "prfaas-0"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not held.done() and adm.holding == 1  # the cap has room, prfaas-0's paced egress has not
+        assert await asyncio.wait_for(adm.release(c, True, lambda: now[0], "prfaas-1"), 5.0) == "c"
+        assert adm.on_wire_gbps() == 8.0 and not held.done()
+        now[0] = 2.5
+        assert adm.pulled("a")
+        assert await asyncio.wait_for(held, 5.0) == "b"
+        assert adm.on_wire_gbps() == 8.0
+        # without instanceGbps the same answers add up whichever instance served them: b goes next to a
+        unpaced = GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 4.0})
+        plain = LinkAdmission(unpaced, LINK, time_scale=1.0, metrics=RouterMetrics())
+        d, e = (plain.decide(k, {}, nbytes, 1.0, 0.0) for k in "de")
+        assert isinstance(d, Booking) and isinstance(e, Booking)
+        assert await plain.release(d, True, lambda: 1.0, "prfaas-0") == "d"
+        assert await asyncio.wait_for(plain.release(e, True, lambda: 1.0, "prfaas-0"), 5.0) == "e"
+
+    asyncio.run(main())
+
+
 def test_an_unreported_pull_leaves_the_wire_when_its_lease_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
     from prfaas_router import admission
 

@@ -68,6 +68,14 @@ class GatewayAdmission(ApiModel):
     pull_gbps: float | None = Field(
         default=None, gt=0, description="What one pull achieves, Gbps (default: the replica's share of the cap)."
     )
+    instance_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Each PrFaaS instance's egress is paced to this rate, Gbps (the operator sets it with a "
+        "PrefillCluster's egressPacing PerInstance): one instance's pulls share it, so the gateway lets a pull onto "
+        "the wire only while its instance's pulls fit in it, and another instance's pull goes first. None: pulls "
+        "add up whichever instance serves them.",
+    )
     max_waiting: int = Field(
         default=256, ge=1, description="Prefills held for a later window at once; beyond it: 429 overloaded."
     )

@@ -35,6 +35,14 @@ class LinkSchedulingSpec(GatewayAdmission):
             reason="FieldValueForbidden",
         ),
         CelRule(
+            rule="self.egressPacing != 'PerInstance' || !has(self.instanceGbps)",
+            message="egressPacing PerInstance sets each instance's paced rate (cap / instances): leave instanceGbps "
+            "out",
+            check=lambda s: s.egress_pacing != "PerInstance" or s.instance_gbps is None,
+            field_path=".instanceGbps",
+            reason="FieldValueForbidden",
+        ),
+        CelRule(
             rule="!has(self.peers) || size(self.peers) == 0 || size(self.peers) == self.replicas"
             " || size(self.peers) == self.replicas - 1",
             message="peers lists every gateway replica (replicas of them; one replica's own URL may be left out): "
