@@ -153,6 +153,9 @@ class LinkAdmission:
         """Pulls let onto the wire and not over: id -> booked Gbps."""
         self._instance_of: dict[str, str] = {}
         """The PrFaaS instance whose KV a pull on the wire moves: id -> instance (when known)."""
+        self._egress_work: dict[str, dict[str, tuple[float, float | None]]] = {}
+        """With paced instances: each instance's pulls from the prefill's start until they leave the wire, its
+        egress's work ahead of a new pull: instance -> id -> (model Gbit, model time on the wire from or None)."""
         self._leases: dict[str, asyncio.TimerHandle] = {}
         self._min_end: dict[str, tuple[float, Callable[[], float]]] = {}
         """A pull's earliest end on the wire (its bytes at its rate; model time) and the clock it is read on."""
@@ -329,6 +332,31 @@ class LinkAdmission:
         mine = sum(self._on_wire.get(k, 0.0) for k, i in self._instance_of.items() if i == instance)
         return mine > EPS and mine + min(rate, paced) > paced + EPS
 
+    def assign(self, key: str, instance: str, nbytes: float) -> None:
+        """The prefill ``key`` (``nbytes`` of KV to pull) runs on ``instance`` (on a retry, the next one): with
+        paced instances its pull joins that instance's egress work (:meth:`egress_wait_s`)."""
+        if self.spec.instance_gbps is None:
+            return
+        self._unassign(key)
+        self._egress_work.setdefault(instance, {})[key] = (nbytes * 8.0 / GBPS_BITS, None)
+
+    def _unassign(self, key: str) -> None:
+        for work in self._egress_work.values():
+            work.pop(key, None)
+
+    def egress_wait_s(self, instance: str, now_s: float) -> float:
+        """Model seconds before ``instance``'s paced egress (``instanceGbps``) could start a new pull: its pulls
+        to come (prefills running or queued, answers held) and the rest of those on the wire, at its paced rate.
+        0 without paced instances. The gateway picks the instance by it, next to the prefill queue: a 2-Gbps
+        instance busy pulling a 128K-token KV for 10 s makes a pull wait there, whichever prefill ends first."""
+        paced = self.spec.instance_gbps
+        if paced is None or paced <= EPS:
+            return 0.0
+        left = 0.0
+        for gbit, since in self._egress_work.get(instance, {}).values():
+            left += gbit if since is None else max(0.0, gbit - (now_s - since) * paced)
+        return left / paced
+
     def _need(self, rate: float, now_s: float) -> float:
         """The share of the link a pull at ``rate`` misses to go on the wire now (0: it fits in this replica's
         share, next to its pulls there)."""
@@ -436,6 +464,7 @@ class LinkAdmission:
         span = w.stream_end_s - w.stream_start_s
         if not ok or self.spec.stream_timing == "layer-wise" or span <= 0:
             self.ledger.finish(key)
+            self._unassign(key)
             return None
         # on the wire a pull runs at what one pull achieves, whatever rate its window was planned at in the share
         rate = max(w.rate_gbps, self.spec.pull_gbps or 0.0)
@@ -457,6 +486,7 @@ class LinkAdmission:
         except BaseException:  # the caller went away while held, or its KV lease ran out: no pull will come
             self._give_back(key)
             self.ledger.finish(key)
+            self._unassign(key)
             raise
         finally:
             self.holding -= 1
@@ -467,6 +497,9 @@ class LinkAdmission:
         self._on_wire[key] = rate
         if instance is not None:
             self._instance_of[key] = instance
+            work = self._egress_work.get(instance, {})
+            if key in work:
+                work[key] = (work[key][0], now)
         # it counts at least as long as its bytes take at its rate, or at the ceiling when faster (the alone
         # rule): a pull reported sooner (a faster wire than booked) must not let the next ones bunch up past the
         # cap in the link's 1-s windows
@@ -541,6 +574,7 @@ class LinkAdmission:
     def _leave(self, key: str) -> None:
         self._on_wire.pop(key, None)
         self._instance_of.pop(key, None)
+        self._unassign(key)
         self._reported.discard(key)
         self._min_end.pop(key, None)
         self._leases.pop(key, None)

@@ -28,7 +28,7 @@ from prfaas_core.policy.routing import InstanceView
 from prfaas_core.request.tokens import block_hashes
 
 from .aborts import Aborts, SideLost, engine_side
-from .admission import KvLeaseOver, LinkAdmission, admission_for
+from .admission import Booking, KvLeaseOver, LinkAdmission, admission_for
 from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error
 from .legs import LINK_HEADER, LINK_LABEL, UNKNOWN_LINK, reported_prompt_tokens
 from .metrics import RouterMetrics
@@ -110,7 +110,7 @@ class Gateway:
             booking = verdict
             await self.admission.hold(booking, rt.model_now())
         try:
-            resp, instance = await self._prefill_on_instance(request, body, ids, hashes, hits)
+            resp, instance = await self._prefill_on_instance(request, body, ids, hashes, hits, booking)
         except BaseException:
             if booking is not None and self.admission is not None:
                 await self.admission.release(booking, False, rt.model_now)
@@ -176,11 +176,18 @@ class Gateway:
         return web.json_response({"loanId": loan_id, "share": adm.shares.fraction(self.rt.model_now())})
 
     async def _prefill_on_instance(
-        self, request: web.Request, body: dict[str, Any], ids: list[int], hashes: list[bytes], hits: dict[str, int]
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        ids: list[int],
+        hashes: list[bytes],
+        hits: dict[str, int],
+        booking: Booking | None = None,
     ) -> tuple[web.Response, str | None]:
         """The prefill on the best healthy PrFaaS instance (the next one after a failure), and the instance that
-        answered (None: none did)."""
+        answered (None: none did). With a ``booking`` on paced instances, an instance's egress work counts too."""
         rt = self.rt
+        adm = self.admission if booking is not None else None
         c = rt.compiled
         tried: set[str] = set()
         last_error = "no healthy PrFaaS instance"
@@ -193,6 +200,7 @@ class Gateway:
                     cached_prefix_tokens=hits.get(e.name, 0),
                     healthy=rt.snapshot.engines.get(e.name, EngineLoad()).healthy and e.name not in tried,
                     draining=e.name in c.draining,
+                    egress_wait_s=0.0 if adm is None else adm.egress_wait_s(e.name, rt.model_now()),
                 )
                 for e in c.prefill
             ]
@@ -200,6 +208,8 @@ class Gateway:
             if pick.name is None:
                 break
             tried.add(pick.name)
+            if adm is not None and booking is not None:
+                adm.assign(booking.key, pick.name, booking.window.bytes)
             uncached = max(0, len(ids) - hits.get(pick.name, 0))
             with rt.prefill_queued(pick.name, c.prfaas.prefill_seconds(float(uncached))):
                 try:

@@ -208,6 +208,43 @@ def test_with_paced_instances_a_pull_waits_for_its_own_instance_and_another_inst
     asyncio.run(main())
 
 
+def test_with_paced_instances_an_instances_egress_work_counts_its_pulls_from_prefill_to_leaving_the_wire() -> None:
+    """egress_wait_s: what a new pull on an instance waits for its paced egress (4 Gbps here). A prefill's pull counts
+    from its assignment (its prefill), then drains at the paced rate once on the wire, and leaves with it; a retry
+    moves it to the next instance; a failed prefill drops it. Without instanceGbps nothing counts."""
+
+    async def main() -> None:
+        spec = GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 4.0, "instanceGbps": 4.0})
+        adm, now = LinkAdmission(spec, LINK, time_scale=1.0, metrics=RouterMetrics()), [0.0]
+        nbytes = 8.0 * GBPS_BITS / 8.0  # 2 s at 4 Gbps
+        a, b, c = (adm.decide(k, {}, nbytes, 1.0, 0.0) for k in "abc")
+        assert isinstance(a, Booking) and isinstance(b, Booking) and isinstance(c, Booking)
+        assert adm.egress_wait_s("prfaas-0", 0.0) == 0.0
+        adm.assign("a", "prfaas-0", a.window.bytes)
+        adm.assign("b", "prfaas-1", b.window.bytes)
+        adm.assign("b", "prfaas-0", b.window.bytes)  # b's prefill failed on prfaas-1: retried on prfaas-0
+        assert adm.egress_wait_s("prfaas-0", 0.0) == pytest.approx(4.0)
+        assert adm.egress_wait_s("prfaas-1", 0.0) == 0.0
+        now[0] = 1.0
+        assert await adm.release(a, True, lambda: now[0], "prfaas-0") == "a"
+        assert adm.egress_wait_s("prfaas-0", 1.5) == pytest.approx(3.5)  # a drains on the wire, b waits whole
+        assert adm.egress_wait_s("prfaas-0", 9.0) == pytest.approx(2.0)  # a drained; b still to come
+        now[0] = 3.0
+        assert adm.pulled("a")
+        assert await adm.release(b, False, lambda: now[0], "prfaas-0") is None  # b's prefill failed: no pull
+        assert adm.egress_wait_s("prfaas-0", 3.0) == 0.0
+        adm.assign("c", "prfaas-1", c.window.bytes)
+        assert await adm.release(c, True, lambda: now[0], "prfaas-1") == "c"
+        assert adm.pulled("c") and adm.egress_wait_s("prfaas-1", 9.0) == 0.0
+        unpaced = LinkAdmission(GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 4.0}), LINK, 1.0)
+        d = unpaced.decide("d", {}, nbytes, 1.0, 0.0)
+        assert isinstance(d, Booking)
+        unpaced.assign("d", "prfaas-0", d.window.bytes)
+        assert unpaced.egress_wait_s("prfaas-0", 0.0) == 0.0
+
+    asyncio.run(main())
+
+
 def test_an_unreported_pull_leaves_the_wire_when_its_lease_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
     from prfaas_router import admission
 

@@ -171,6 +171,21 @@ def test_prefill_pick_is_cache_affine_but_load_aware() -> None:
     assert pick_prefill_instance([InstanceView("x", draining=True)], 100, t).name is None
 
 
+def test_prefill_pick_on_paced_instances_waits_for_the_later_of_the_prefill_and_the_egress() -> None:
+    """A pull-after-prefill KV leaves a paced instance only when its egress is free: an idle instance still pulling
+    a long KV loses to one with a short prefill queue and a free egress; an egress free before the prefill ends costs
+    nothing."""
+    t = INPUTS.prfaas_hardware.prefill_seconds
+    prefill = t(40_000.0)
+    pulling = InstanceView("a", queued_prefill_s=0.0, egress_wait_s=prefill + 8.0)
+    queued = InstanceView("b", queued_prefill_s=2.0)
+    pick = pick_prefill_instance([pulling, queued], 40_000, t)
+    assert pick.name == "b" and pick.predicted_s == pytest.approx(2.0 + prefill)
+    early = InstanceView("a", queued_prefill_s=0.0, egress_wait_s=prefill - 0.1)
+    pick = pick_prefill_instance([early, queued], 40_000, t)
+    assert pick.name == "a" and pick.predicted_s == pytest.approx(prefill) and "egress free in" in pick.reason
+
+
 def test_decode_pick_least_loaded_and_skips_unhealthy() -> None:
     insts = [
         InstanceView("d0", active_decodes=10, decode_slots=20),

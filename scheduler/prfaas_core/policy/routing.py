@@ -266,6 +266,10 @@ class InstanceView:
     decode_slots: int = 1
     healthy: bool = True
     draining: bool = False
+    egress_wait_s: float = 0.0
+    """Predicted wait before its paced egress can start a new KV pull, seconds: the pulls of its queued
+    prefills, its held answers and the rest of those on the wire, at its paced rate (0: its egress is not paced
+    apart from the link's). A pull-after-prefill request's KV leaves it only then, whatever its prefill's end."""
 
 
 @dataclass(frozen=True)
@@ -282,16 +286,19 @@ def _eligible(instances: Sequence[InstanceView]) -> list[InstanceView]:
 def pick_prefill_instance(
     instances: Sequence[InstanceView], total_tokens: int, prefill_seconds: Callable[[float], float]
 ) -> InstancePick:
-    """Least predicted TTFT = queued work + prefill of what it does not hold (cache-affine, Mooncake-style)."""
-    best: tuple[float, str, int] | None = None
+    """Least predicted TTFT = queued work + prefill of what it does not hold (cache-affine, Mooncake-style); on
+    instances whose egress is paced apart, its KV's pull cannot start before their egress is free either, so the
+    later of the two counts (the pull's own time is the same on every instance)."""
+    best: tuple[float, str, int, float] | None = None
     for inst in _eligible(instances):
         uncached = max(0, total_tokens - inst.cached_prefix_tokens)
-        ttft = inst.queued_prefill_s + prefill_seconds(float(uncached))
+        ttft = max(inst.queued_prefill_s + prefill_seconds(float(uncached)), inst.egress_wait_s)
         if best is None or (ttft, inst.name) < (best[0], best[1]):
-            best = (ttft, inst.name, inst.cached_prefix_tokens)
+            best = (ttft, inst.name, inst.cached_prefix_tokens, inst.egress_wait_s)
     if best is None:
         return InstancePick(None, 0.0, "no healthy, non-draining prefill instance")
-    return InstancePick(best[1], best[0], f"least predicted TTFT {best[0]:.3f} s (cached prefix {best[2]})")
+    egress = f", its egress free in {best[3]:.3f} s" if best[3] > 0 else ""
+    return InstancePick(best[1], best[0], f"least predicted TTFT {best[0]:.3f} s (cached prefix {best[2]}{egress})")
 
 
 def pick_decode_instance(instances: Sequence[InstanceView]) -> InstancePick:
