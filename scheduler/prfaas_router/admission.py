@@ -43,7 +43,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from aiohttp import web
@@ -105,6 +105,20 @@ def _params(link: RouterLink, share: float) -> LinkParams:
 class Booking:
     key: str
     window: Window
+
+
+def _through_instances(window: Window, ready_s: float) -> Window:
+    """``window`` no earlier than the instances allow: its prefill ends, and its stream can start after the prefill,
+    at ``ready_s`` from now at the earliest (the stream's tail after the prefill unchanged)."""
+    shift = max(0.0, window.now_s + ready_s - (window.start_s + window.prefill_s))
+    if shift <= 0:
+        return window
+    return replace(
+        window,
+        start_s=window.start_s + shift,
+        stream_start_s=window.stream_start_s + shift,
+        stream_end_s=window.stream_end_s + shift,
+    )
 
 
 class LinkAdmission:
@@ -231,9 +245,20 @@ class LinkAdmission:
             self.metrics.gateway_admissions.labels(self.link, result).inc()
 
     def decide(
-        self, key: str, headers: Mapping[str, str], kv_bytes: float, prefill_s: float, now_s: float
+        self,
+        key: str,
+        headers: Mapping[str, str],
+        kv_bytes: float,
+        prefill_s: float,
+        now_s: float,
+        ready_s: float | None = None,
     ) -> Booking | web.Response:
-        """Book a window (the caller then holds until :meth:`hold` returns) or the 400/429 answer."""
+        """Book a window (the caller then holds until :meth:`hold` returns) or the 400/429 answer. ``ready_s``: when
+        the best PrFaaS instance, as the gateway sees it now, would have prefilled the request and have its egress
+        free (model seconds from now; the instance pick's prediction). The calendar plans on lanes; the instances'
+        real queues (requests run longer or shorter than predicted, other work) and, on paced instances, their
+        egress can be later: a request whose TTFT through them passes what the caller accepts is declined even when
+        the calendar's window starts now (a spill sent behind a long prefill missed by seconds)."""
         try:
             nbytes = float(headers.get(names.HEADER_KV_BYTES, kv_bytes))
             max_wait_ms = float(headers.get(names.HEADER_MAX_WAIT_MS, "inf"))
@@ -278,6 +303,11 @@ class LinkAdmission:
         if window.wait_s > 0 and window.ttft_s * 1000.0 > max_ttft_ms:
             why = f"earliest window in {window.wait_s:.3f} s gives a predicted TTFT of {window.ttft_s:.3f} s"
             return self._decline("link_window", window, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
+        if ready_s is not None and math.isfinite(max_ttft_ms):
+            late = _through_instances(window, ready_s)
+            if late.ttft_s > window.ttft_s + EPS and late.ttft_s * 1000.0 > max_ttft_ms:
+                why = f"the PrFaaS instances' queues and egress give a predicted TTFT of {late.ttft_s:.3f} s"
+                return self._decline("link_window", late, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
         if window.wait_s > 0 and self.waiting >= self.spec.max_waiting:
             return self._decline("overloaded", window, f"{self.waiting} prefills already wait for a window")
         self.ledger.reserve(key, window.transfer())

@@ -102,8 +102,14 @@ class Gateway:
             uncached = len(ids) - max(hits.values(), default=0)
             key = self.admission.pull_id()  # the gateway's own id: callers sharing an x-request-id stay apart
             prefill_s = c.prfaas.prefill_seconds(float(max(uncached, 1)))
+            ready = rt.policy.pick_prefill(self._views(hits, set()), len(ids), c.prfaas.prefill_seconds)
             verdict = self.admission.decide(
-                key, request.headers, c.kv.block_kv_bytes(len(ids)), prefill_s, rt.model_now()
+                key,
+                request.headers,
+                c.kv.block_kv_bytes(len(ids)),
+                prefill_s,
+                rt.model_now(),
+                None if ready.name is None else ready.predicted_s,
             )
             if isinstance(verdict, web.Response):
                 return verdict
@@ -185,7 +191,7 @@ class Gateway:
         booking: Booking | None = None,
     ) -> tuple[web.Response, str | None]:
         """The prefill on the best healthy PrFaaS instance (the next one after a failure), and the instance that
-        answered (None: none did). With a ``booking`` on paced instances, an instance's egress work counts too."""
+        answered (None: none did). With a ``booking`` on paced instances, its pull joins the instance's egress work."""
         rt = self.rt
         adm = self.admission if booking is not None else None
         c = rt.compiled
@@ -193,17 +199,7 @@ class Gateway:
         last_error = "no healthy PrFaaS instance"
         payload = json_bytes(body)  # orjson: httpx's json= ran the stdlib encoder, ~10 ms for a 50K-token prompt
         for _ in range(max(1, len(c.prefill))):
-            views = [
-                InstanceView(
-                    e.name,
-                    queued_prefill_s=rt.queued_work_s(e.name, rt.snapshot.engines.get(e.name, EngineLoad())),
-                    cached_prefix_tokens=hits.get(e.name, 0),
-                    healthy=rt.snapshot.engines.get(e.name, EngineLoad()).healthy and e.name not in tried,
-                    draining=e.name in c.draining,
-                    egress_wait_s=0.0 if adm is None else adm.egress_wait_s(e.name, rt.model_now()),
-                )
-                for e in c.prefill
-            ]
+            views = self._views(hits, tried)
             pick = rt.policy.pick_prefill(views, len(ids), c.prfaas.prefill_seconds)
             if pick.name is None:
                 break
@@ -241,6 +237,26 @@ class Gateway:
             return answer, pick.name
         why = f"prefill failed on every PrFaaS instance tried: {last_error}"
         return json_error(503, why, "service_unavailable"), None
+
+    def _views(self, hits: dict[str, int], tried: set[str]) -> list[InstanceView]:
+        """The PrFaaS instances as the pick sees them: queued prefill work, cached prefix, health (``tried`` ones
+        failed this request already) and, on paced instances, their egress work
+        (:meth:`LinkAdmission.egress_wait_s`)."""
+        rt = self.rt
+        c = rt.compiled
+        now = rt.model_now()
+        pulls = self.admission
+        return [
+            InstanceView(
+                e.name,
+                queued_prefill_s=rt.queued_work_s(e.name, rt.snapshot.engines.get(e.name, EngineLoad())),
+                cached_prefix_tokens=hits.get(e.name, 0),
+                healthy=rt.snapshot.engines.get(e.name, EngineLoad()).healthy and e.name not in tried,
+                draining=e.name in c.draining,
+                egress_wait_s=0.0 if pulls is None else pulls.egress_wait_s(e.name, now),
+            )
+            for e in c.prefill
+        ]
 
     def _egress(self, link: str | None, prompt_tokens: int) -> None:
         """Count the KV the served prefill left for region B to pull: ``S_kv`` of the whole blocks of the engine's

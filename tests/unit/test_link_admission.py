@@ -82,6 +82,26 @@ def test_the_caller_bounds_the_predicted_ttft_which_only_the_calendar_knows() ->
     assert isinstance(ok, Booking) and abs(ok.window.ttft_s - 3.0) < 1e-6
 
 
+def test_a_window_now_behind_busy_instances_is_declined_past_the_callers_ttft() -> None:
+    """The calendar's window starts now (an idle link), but the instances, as the gateway sees them, finish the
+    prefill only 4 s from now (``ready_s``): the TTFT through them (4 s + the 1-s pull) passes the caller's 3 s, so
+    the answer is a decline with that TTFT and its start, and nothing is booked; a caller that accepts 5.5 s, a
+    caller with no TTFT bound and instances ready before the window are booked as before."""
+    adm = replica(1)
+    nbytes = 8.0 * GBPS_BITS / 8.0  # 8 Gbit: 1 s at the 8 Gbps cap, after a 1-s prefill
+    bound = {names.HEADER_MAX_TTFT_MS: "3000"}
+    resp = adm.decide("a", bound, nbytes, 1.0, 0.0, ready_s=4.0)
+    assert not isinstance(resp, Booking) and resp.status == 429 and adm.ledger.get("a") is None
+    decline = AdmissionDecline.model_validate(json.loads(bytes(resp.body)))  # type: ignore[arg-type]
+    assert decline.reason == "link_window" and "queues and egress" in decline.message
+    assert decline.predicted_ttft_ms == pytest.approx(5000.0) and decline.earliest_start_ms == pytest.approx(3000.0)
+    ok = adm.decide("b", {names.HEADER_MAX_TTFT_MS: "5500"}, nbytes, 1.0, 0.0, ready_s=4.0)
+    assert isinstance(ok, Booking) and ok.window.wait_s == 0.0
+    assert isinstance(adm.decide("c", {}, nbytes, 1.0, 0.0, ready_s=4.0), Booking)
+    fresh = replica(1)
+    assert isinstance(fresh.decide("d", bound, nbytes, 1.0, 0.0, ready_s=0.5), Booking)
+
+
 def test_bad_headers_are_400_naming_them() -> None:
     adm = replica(1)
     bad = (
