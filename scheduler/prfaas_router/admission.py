@@ -6,7 +6,8 @@ Per prefill: the router's headers (:data:`~prfaas_core.names.ADMISSION_HEADERS`)
 gateway's own ``S_kv`` of the prompt), the longest wait it accepts (default: any), the latest predicted TTFT it
 accepts (default: any; the calendar knows the stream's timing, the router does not) and the link. The earliest
 window that fits under the ceiling is booked and the prefill held until it starts; a later window than the
-caller accepts (its wait or, for a window that does not start now, its predicted TTFT) is declined at once:
+caller accepts (its wait or, for a window that does not start now, its predicted TTFT; or the TTFT through the
+instances' real queues and paced egress, whenever the window starts) is declined at once:
 429, ``Retry-After`` and an :class:`~prfaas_core.api.AdmissionDecline`
 (``link_window`` with the earliest start and the predicted TTFT; ``overloaded`` when ``maxWaiting`` prefills
 already wait). The headers never reach the engine (the gateway forwards only ``x-request-id``).
