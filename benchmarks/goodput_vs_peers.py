@@ -317,6 +317,7 @@ class Bench:
                 row = {"system": self.system, "rate_rps": round(rate, 4), "input_tokens": r.input_tokens}
                 row |= {"route": r.route, "status": r.status, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s}
                 row |= {"ttft_limit_s": slo.ttft_seconds(r.uncached_tokens), "miss": r.miss_reason(slo)}
+                row |= {"timing_s": {k: round(v, 4) for k, v in r.timing.items()}}  # Server-Timing, model s
                 out.write(json.dumps(row) + "\n")
         counted = {k: v - before.get(k, 0.0) for k, v in after.items()}
         summary = summarize(results, slo)

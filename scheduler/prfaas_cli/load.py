@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from prfaas_core.api import SloSpec
+from prfaas_core.names import SERVER_TIMING
 from prfaas_core.request.trace import TraceRecord
+from prfaas_router import server_timing
 
 ROUTE_HEADER = "x-prfaas-route"
 EGRESS = "prfaas_link_egress_bytes_total"
@@ -46,6 +48,8 @@ class Result:
     """When the trace has it arrive (model seconds from the replay's start): what places it in a phase, however
     late a loaded client sent it."""
     done: bool = False
+    timing: dict[str, float] = field(default_factory=dict)
+    """The answer's ``Server-Timing`` (phase -> model seconds): where the router and the gateway spent its time."""
 
     def meets(self, slo: SloSpec) -> bool:
         if self.status != 200 or self.ttft_s is None:
@@ -133,6 +137,8 @@ async def _send(session: aiohttp.ClientSession, url: str, res: Result, body: byt
         async with session.post(f"{url}/v1/completions", data=body, headers=_JSON) as resp:
             res.status = resp.status
             res.route = resp.headers.get(ROUTE_HEADER, "n/a")
+            timing = server_timing.parse(resp.headers.get(SERVER_TIMING))
+            res.timing = {k: v / 1000.0 * scale for k, v in timing.items()}
             if resp.status != 200:
                 res.error = (await resp.read()).decode(errors="replace")[:200]
                 return res

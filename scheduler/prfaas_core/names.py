@@ -86,6 +86,12 @@ pull fits on the wire next to the pulls already there, and counts it there until
 PULL_DONE_PATH: Final = "/v1/prfaas/pulls/{pull_id}/done"
 """The gateway path (POST, bearer token) a router reports a pull over on: the link's next pull may start. A replica
 that did not let the pull on forwards the report to its peer that did (the id names it)."""
+SERVER_TIMING: Final = "Server-Timing"
+"""W3C Server-Timing on answers (durations in wall ms). The gateway's prefill answer: ``hold`` (waiting for the
+link window), ``prefill`` (the PrFaaS instance, its queue included), ``release`` (the answer held until its pull
+fits on the wire) and ``predicted`` (the TTFT the gateway predicted at admission). The router's answer: ``prefill``
+(from arrival until the KV handle, the remote leg's waits included), ``first`` (until the decode's first bytes:
+the KV pull and the first token) and the gateway's entries prefixed ``gw-``. To see where a request's time went."""
 HEADER_FORWARDED: Final = "x-prfaas-forwarded"
 """On a pull report one gateway replica forwards to another: that one answers itself, never forwards it again."""
 LOANS_PATH: Final = "/v1/prfaas/links/{link}/loans"

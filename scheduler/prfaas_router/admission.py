@@ -106,6 +106,9 @@ def _params(link: RouterLink, share: float) -> LinkParams:
 class Booking:
     key: str
     window: Window
+    predicted_ttft_s: float = 0.0
+    """The TTFT the gateway predicts for it (model seconds from the decision): its window's, or later where the
+    instances' queues and egress are (the answer's ``Server-Timing: predicted``)."""
 
 
 def _through_instances(window: Window, ready_s: float) -> Window:
@@ -304,18 +307,17 @@ class LinkAdmission:
         if window.wait_s > 0 and window.ttft_s * 1000.0 > max_ttft_ms:
             why = f"earliest window in {window.wait_s:.3f} s gives a predicted TTFT of {window.ttft_s:.3f} s"
             return self._decline("link_window", window, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
-        if ready_s is not None and math.isfinite(max_ttft_ms):
-            late = _through_instances(window, ready_s)
-            if late.ttft_s > window.ttft_s + EPS and late.ttft_s * 1000.0 > max_ttft_ms:
-                why = f"the PrFaaS instances' queues and egress give a predicted TTFT of {late.ttft_s:.3f} s"
-                return self._decline("link_window", late, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
+        late = window if ready_s is None else _through_instances(window, ready_s)
+        if late.ttft_s > window.ttft_s + EPS and late.ttft_s * 1000.0 > max_ttft_ms:
+            why = f"the PrFaaS instances' queues and egress give a predicted TTFT of {late.ttft_s:.3f} s"
+            return self._decline("link_window", late, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
         if window.wait_s > 0 and self.waiting >= self.spec.max_waiting:
             return self._decline("overloaded", window, f"{self.waiting} prefills already wait for a window")
         self.ledger.reserve(key, window.transfer())
         self._count("booked")
         if self.metrics is not None:
             self.metrics.gateway_admission_wait.labels(self.link).observe(window.wait_s)
-        return Booking(key, window)
+        return Booking(key, window, max(window.ttft_s, late.ttft_s))
 
     def _decline(self, reason: str, window: Window | None, why: str) -> web.Response:
         self._count(reason)

@@ -12,8 +12,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from prfaas_core import names
 from prfaas_core.api.common import SloSpec
 
+from . import server_timing
 from .legs import LegError
 from .metrics import RouterMetrics, judge_ttft
 
@@ -33,12 +35,24 @@ class DecodeLeg:
     route: str
     started: float
     prompt_tokens: int
+    prefilled: float | None = None
+    """When the prefill leg returned the KV handle (perf_counter; None: no prefill leg)."""
     upstream: aiohttp.ClientResponse | None = None
+    first_at: float | None = None
+    """When the decode's first bytes arrived."""
+    gateway_timing: str = ""
+    """The gateway's ``Server-Timing`` for a remote prefill, passed on under ``gw-``."""
     drained: bool = False
     """The upstream was read to its end (it goes back to the pool; any other is closed)."""
 
     def headers(self) -> dict[str, str]:
-        return {ROUTE_HEADER: self.route, PROMPT_TOKENS_HEADER: str(self.prompt_tokens)}
+        out = {ROUTE_HEADER: self.route, PROMPT_TOKENS_HEADER: str(self.prompt_tokens)}
+        phases = (("prefill", self.prefilled), ("first", self.first_at))
+        entries = [server_timing.entry(name, at - self.started) for name, at in phases if at is not None]
+        entries += server_timing.prefixed(self.gateway_timing)
+        if entries:
+            out[names.SERVER_TIMING] = ", ".join(entries)
+        return out
 
     def close(self) -> None:
         """Release a drained upstream to the pool; close any other, so that the engine sees the disconnect,

@@ -61,6 +61,7 @@ async def remote_prefill(
             if resp.status != 200:
                 raise LegError(f"remote prefill answered {resp.status}")
             answer = orjson.loads(await resp.read())
+            rt.gateway_timing[request_id.key] = resp.headers.get(names.SERVER_TIMING, "")
             pull_id = resp.headers.get(names.HEADER_PULL_ID)
             if pull_id:  # the gateway counts the pull on the wire until this router reports it over
                 rt.gateway_pulls[request_id.key] = (remote.name, pull_id)

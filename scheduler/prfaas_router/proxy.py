@@ -148,6 +148,7 @@ class Proxy:
         try:
             return await self._serve(request, body, ids, request_id, started)
         finally:
+            rt.gateway_timing.pop(request_id.key, None)
             rt.in_flight -= 1
             m.in_flight.set(rt.in_flight)
 
@@ -314,7 +315,8 @@ class Proxy:
     ) -> web.StreamResponse:
         """The decode leg, streamed or not; ``prefilled`` is when the prefill leg returned the first token."""
         rt = self.rt
-        leg = DecodeLeg(request, plan.decode, body, route, started, prompt_tokens)
+        leg = DecodeLeg(request, plan.decode, body, route, started, prompt_tokens, prefilled)
+        leg.gateway_timing = rt.gateway_timing.get(request_id.key, "") if kv_crosses_link else ""
         try:
             with rt.decoding(plan.decode, request_id.key if kv_crosses_link else None):
                 # the decode has *started* once its first byte arrives: until then a failure may be retried
@@ -370,6 +372,7 @@ class Proxy:
                 )
             chunks = upstream.content.iter_any()
             first = await asyncio.wait_for(anext(chunks, b""), limit)
+            leg.first_at = time.perf_counter()
         # aiohttp's read timeout is a ClientError *and* a TimeoutError: a failed leg, not a stalled pull
         except aiohttp.ClientError as exc:
             raise LegError(f"decode on {leg.instance} failed: {exc.__class__.__name__}") from None

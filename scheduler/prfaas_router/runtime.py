@@ -207,6 +207,9 @@ class Runtime:
     gateway_pulls: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Pulls a gateway let onto the wire for this router's requests: key -> (remote, the gateway's pull id),
     reported over once the decode holds the KV (:func:`.release.report_pull_over`)."""
+    gateway_timing: dict[str, str] = field(default_factory=dict)
+    """The gateway's ``Server-Timing`` for a request in flight whose remote prefill answered (key -> value): passed
+    on in the router's own answer, dropped when the request ends."""
     available: dict[str, Available] = field(default_factory=dict)
     """Each link's available bandwidth as last estimated (:mod:`prfaas_core.policy.link_estimate`)."""
     last_prefix: tuple[int, int] = (0, 0)
