@@ -66,6 +66,10 @@ HEADER_MAX_TTFT_MS: Final = "x-prfaas-max-ttft-ms"
 """The latest predicted time to first token the router accepts through a window, ms from now (model time): the
 gateway's calendar knows the stream's timing (a pull after the prefill, at what one pull achieves), so it judges
 the whole TTFT where the router could only bound the wait."""
+HEADER_SLO_TTFT_MS: Final = "x-prfaas-slo-ttft-ms"
+"""The request's TTFT objective, ms from now (model time; the router's SLO for its length): the gateway serves the
+prefills held for a PrFaaS lane earliest due first (``laneOrder: deadline``), keeping every held one that is
+predicted to make its objective within it."""
 HEADER_LINK: Final = "x-prfaas-link"
 """The link the stream crosses."""
 HEADER_LINK_AVAILABLE_GBPS: Final = "x-prfaas-link-available-gbps"
@@ -75,6 +79,7 @@ ADMISSION_HEADERS: Final = (
     HEADER_KV_BYTES,
     HEADER_MAX_WAIT_MS,
     HEADER_MAX_TTFT_MS,
+    HEADER_SLO_TTFT_MS,
     HEADER_LINK,
     HEADER_LINK_AVAILABLE_GBPS,
 )
@@ -193,6 +198,9 @@ METRIC_GATEWAY_ADMISSIONS: Final = "prfaas_gateway_admissions_total"
 out)."""
 METRIC_GATEWAY_ADMISSION_WAIT_SECONDS: Final = "prfaas_gateway_admission_wait_seconds"
 """(gateway) Histogram of the booked windows' waits (model seconds) before their prefill starts, by ``link``."""
+METRIC_GATEWAY_LANE_REORDERS: Final = "prfaas_gateway_lane_reorders_total"
+"""(gateway) Held prefills moved back on their PrFaaS lane so that a request with an earlier deadline goes first
+(``laneOrder: deadline``; each still within the TTFT its caller accepts), by ``link``."""
 METRIC_GATEWAY_LINK_AVAILABLE_GBPS: Final = "prfaas_gateway_link_available_gbps"
 """(gateway) The available bandwidth the calendar books under (model Gbps; its replica's share of the capacity when
 nothing bounds it), by ``link`` and ``source`` (configured, or the routers' reports: reported)."""
@@ -315,6 +323,7 @@ EXPORTERS: Final[dict[str, Exporter]] = {
     METRIC_GATEWAY_INSECURE: "gateway",
     METRIC_GATEWAY_ADMISSIONS: "gateway",
     METRIC_GATEWAY_ADMISSION_WAIT_SECONDS: "gateway",
+    METRIC_GATEWAY_LANE_REORDERS: "gateway",
     METRIC_GATEWAY_LINK_AVAILABLE_GBPS: "gateway",
     METRIC_GATEWAY_PULLS: "gateway",
     METRIC_GATEWAY_PULL_HOLD_SECONDS: "gateway",

@@ -52,7 +52,7 @@ from aiohttp import web
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
 from prfaas_core.names import GBPS_BITS
-from prfaas_core.policy.link_calendar import Window, booked_gbps, ceiling_gbps, earliest_window
+from prfaas_core.policy.link_calendar import Deadline, Window, booked_gbps, ceiling_gbps, window_by_deadline
 from prfaas_core.policy.link_estimate import Available
 from prfaas_core.policy.link_shares import EPS, LinkShares
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
@@ -148,6 +148,8 @@ class LinkAdmission:
         self._loans_of: dict[str, list[tuple[str, str]]] = {}
         """A pull's borrowed loans: key -> [(lender URL, loan id)]."""
         self._held_since: dict[str, float] = {}
+        self._deadlines: dict[str, Deadline] = {}
+        """Each booking's place in the lanes' order (``laneOrder: deadline``; model time)."""
         """Held answers: key -> when held from, Unix time (one order across replicas and hosts: the oldest goes
         first; a clock skew between hosts shifts the turns, never stops them)."""
         self._older_peer_until = 0.0
@@ -267,17 +269,18 @@ class LinkAdmission:
             nbytes = float(headers.get(names.HEADER_KV_BYTES, kv_bytes))
             max_wait_ms = float(headers.get(names.HEADER_MAX_WAIT_MS, "inf"))
             max_ttft_ms = float(headers.get(names.HEADER_MAX_TTFT_MS, "inf"))
+            slo_ttft_ms = float(headers.get(names.HEADER_SLO_TTFT_MS, max_ttft_ms))
         except ValueError:
             return json_error(
                 400,
-                f"{names.HEADER_KV_BYTES}, {names.HEADER_MAX_WAIT_MS} and {names.HEADER_MAX_TTFT_MS} must be "
-                "numbers (bytes, ms)",
+                f"{names.HEADER_KV_BYTES}, {names.HEADER_MAX_WAIT_MS}, {names.HEADER_MAX_TTFT_MS} and "
+                f"{names.HEADER_SLO_TTFT_MS} must be numbers (bytes, ms)",
             )
-        if not (nbytes >= 0 and math.isfinite(nbytes)) or not max_wait_ms >= 0 or not max_ttft_ms >= 0:
+        if not (nbytes >= 0 and math.isfinite(nbytes)) or not min(max_wait_ms, max_ttft_ms, slo_ttft_ms) >= 0:
             return json_error(
                 400,
-                f"{names.HEADER_KV_BYTES} must be finite and >= 0, {names.HEADER_MAX_WAIT_MS} and "
-                f"{names.HEADER_MAX_TTFT_MS} >= 0",
+                f"{names.HEADER_KV_BYTES} must be finite and >= 0, {names.HEADER_MAX_WAIT_MS}, "
+                f"{names.HEADER_MAX_TTFT_MS} and {names.HEADER_SLO_TTFT_MS} >= 0",
             )
         link = headers.get(names.HEADER_LINK)
         if link is not None and link != self.link:
@@ -291,16 +294,22 @@ class LinkAdmission:
                 self.metrics.gateway_link_available.labels(self.link, s).set(
                     params.capacity_gbps if s == source else 0.0
                 )
-        window = earliest_window(
+        due = now_s + slo_ttft_ms / 1000.0 if self.spec.lane_order == "deadline" else float("inf")
+        for k in [k for k in self._deadlines if self.ledger.get(k) is None]:
+            del self._deadlines[k]
+        placement = window_by_deadline(
             self.ledger,
             now_s,
             nbytes,
             prefill_s,
             params,
             self.spec.stream_timing,
+            due_s=due,
+            deadlines=self._deadlines,
             pull_gbps=self.spec.pull_gbps,
         )
-        if window is None:
+        window = None if placement is None else placement.window
+        if window is None or placement is None:
             return self._decline("overloaded", None, "the link's ceiling is 0")
         if window.wait_s * 1000.0 > max_wait_ms:
             return self._decline("link_window", window, f"earliest window in {window.wait_s:.3f} s")
@@ -313,7 +322,14 @@ class LinkAdmission:
             return self._decline("link_window", late, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
         if window.wait_s > 0 and self.waiting >= self.spec.max_waiting:
             return self._decline("overloaded", window, f"{self.waiting} prefills already wait for a window")
+        for moved, transfer in placement.moved.items():
+            self.ledger.reserve(moved, transfer)
+            if self.metrics is not None:
+                self.metrics.gateway_lane_reorders.labels(self.link).inc()
         self.ledger.reserve(key, window.transfer())
+        if math.isfinite(due):
+            accepted = now_s + max_ttft_ms / 1000.0
+            self._deadlines[key] = Deadline.of(now_s + max(window.ttft_s, late.ttft_s), due, accepted)
         self._count("booked")
         if self.metrics is not None:
             self.metrics.gateway_admission_wait.labels(self.link).observe(window.wait_s)
@@ -337,14 +353,20 @@ class LinkAdmission:
             headers={"Retry-After": str(max(1, math.ceil(wall_wait)))},
         )
 
-    async def hold(self, booking: Booking, now_s: float) -> None:
-        """Wait (wall time) until the booked window starts."""
+    async def hold(self, booking: Booking, now_s: float, clock: Callable[[], float] | None = None) -> None:
+        """Wait (wall time) until the booked window starts; with ``clock`` (model time), until it starts as booked
+        now: a request with an earlier deadline may have moved it back (``laneOrder: deadline``)."""
         wait = booking.window.start_s - now_s
         if wait <= 0:
             return
         self.waiting += 1
         try:
-            await asyncio.sleep(wait / self.time_scale)
+            while wait > 0:
+                await asyncio.sleep(wait / self.time_scale)
+                booked = self.ledger.get(booking.key) if clock is not None else None
+                if booked is None or clock is None:
+                    return
+                wait = booked.start_s - clock()
         finally:
             self.waiting -= 1
 

@@ -37,9 +37,10 @@ def admission_headers(
     max_wait_s: float,
     available: Available | None = None,
     max_ttft_s: float = float("inf"),
+    slo_ttft_s: float | None = None,
 ) -> dict[str, str]:
-    """The admission headers; the TTFT bound goes along when finite, the available bandwidth only while it
-    bounds the configured capacity."""
+    """The admission headers; the TTFT bound and the SLO go along when known, the available bandwidth only while
+    it bounds the configured capacity."""
     headers = {
         names.HEADER_KV_BYTES: str(int(kv_bytes)),
         names.HEADER_MAX_WAIT_MS: f"{max(0.0, max_wait_s) * 1000.0:.0f}",
@@ -47,6 +48,8 @@ def admission_headers(
     }
     if max_ttft_s < float("inf"):
         headers[names.HEADER_MAX_TTFT_MS] = f"{max(0.0, max_ttft_s) * 1000.0:.0f}"
+    if slo_ttft_s is not None:
+        headers[names.HEADER_SLO_TTFT_MS] = f"{max(0.0, slo_ttft_s) * 1000.0:.0f}"
     if available is not None and available.gbps is not None:
         headers[names.HEADER_LINK_AVAILABLE_GBPS] = f"{available.gbps:.6g}"
     return headers

@@ -191,6 +191,12 @@ class RouterMetrics:
             buckets=_WAIT,
             registry=r,
         )
+        self.gateway_lane_reorders = Counter(
+            names.METRIC_GATEWAY_LANE_REORDERS.removesuffix("_total"),
+            "Gateway mode: held prefills moved back on their lane for an earlier deadline, by link.",
+            ["link"],
+            registry=r,
+        )
         self.gateway_link_available = Gauge(
             names.METRIC_GATEWAY_LINK_AVAILABLE_GBPS,
             "Gateway mode: the available bandwidth the link calendar books under (model Gbps), by link and source.",

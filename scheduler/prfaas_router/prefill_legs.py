@@ -33,6 +33,7 @@ async def remote_prefill(
     max_wait_s: float = float("inf"),
     probe: float | None = None,
     max_ttft_s: float = float("inf"),
+    slo_ttft_s: float | None = None,
 ) -> dict[str, Any]:
     """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation)."""
     rt = proxy.rt
@@ -41,7 +42,7 @@ async def remote_prefill(
     headers = {"x-request-id": request_id.trace, LINK_HEADER: remote.link}
     if max_wait_s < float("inf"):
         avail = rt.available.get(remote.link)
-        headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s, avail, max_ttft_s))
+        headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s, avail, max_ttft_s, slo_ttft_s))
     headers.update(remote_auth(proxy, remote.name))
     headers["Content-Type"] = JSON_CONTENT
     timeout = aiohttp.ClientTimeout(total=remote.timeout_seconds, sock_connect=5.0)
@@ -146,7 +147,7 @@ async def remote_in_window(
     limit = local if spill else max(local, slo or 0.0)
     first = link_wait.max_wait_s(limit, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
     try:
-        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, first, probe, limit)
+        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, first, probe, limit, slo)
         return kv, "remote"
     except link_wait.LinkDeclined as declined:
         wait = link_wait.resubmit_wait_s(declined.decline, local, slo, queue or 0.0, spill)
@@ -156,5 +157,5 @@ async def remote_in_window(
             return None, "local"
         m.decisions.labels("remote", names.REASON_WAIT_FOR_LINK).inc()
         m.link_wait_seconds.labels(remote.link).observe(wait / link_wait.WAIT_SLACK)
-        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, wait, probe)
+        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, wait, probe, slo_ttft_s=slo)
         return kv, "remote"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -345,3 +346,51 @@ def test_an_answer_held_past_most_of_the_kv_lease_is_declined_and_frees_its_wind
 def test_the_kv_lease_must_be_positive() -> None:
     with pytest.raises(ValueError, match="kvLeaseSeconds"):
         GatewayAdmission.model_validate({"link": "a-to-b", "kvLeaseSeconds": 0})
+
+
+def test_held_prefills_go_earliest_due_first_and_a_moved_hold_follows_its_new_start() -> None:
+    """``laneOrder: deadline``: a short request due soon takes the lane ahead of a held long one that still makes its
+    own objective; the long one's hold follows its new start; ``arrival`` keeps first booked, first served."""
+
+    def lanes(order: str) -> LinkAdmission:
+        spec = GatewayAdmission.model_validate({"link": "a-to-b", "laneOrder": order})
+        adm = LinkAdmission(spec, RouterLink(name="a-to-b", capacity_gbps=100.0), 1.0, RouterMetrics())
+        adm.set_lanes(1)
+        return adm
+
+    def slo(ms: float) -> dict[str, str]:
+        return {names.HEADER_SLO_TTFT_MS: str(ms), names.HEADER_MAX_TTFT_MS: str(ms)}
+
+    for order in ("deadline", "arrival"):
+        adm = lanes(order)
+        running = adm.decide("running", slo(10_000), 0.0, 4.0, 0.0)
+        held = adm.decide("held", slo(20_000), 0.0, 4.0, 1.0)  # due at 21 s, starts at 4 s in arrival order
+        assert isinstance(running, Booking) and isinstance(held, Booking) and held.window.start_s == 4.0
+        short = adm.decide("short", slo(4_000), 0.0, 0.5, 2.0)  # due at 6 s: only ahead of the held one
+        if order == "deadline":
+            assert isinstance(short, Booking) and short.window.start_s == pytest.approx(4.0)
+        else:  # behind the held one it would start at 8 s: past what its caller accepts, declined at once
+            assert not isinstance(short, Booking) and short.status == 429
+        moved = adm.ledger.get("held")
+        assert moved is not None and moved.start_s == pytest.approx(4.5 if order == "deadline" else 4.0)
+        reorders = adm.metrics.registry.get_sample_value(  # type: ignore[union-attr]
+            names.METRIC_GATEWAY_LANE_REORDERS, {"link": "a-to-b"}
+        )
+        assert (reorders or 0.0) == (1.0 if order == "deadline" else 0.0)
+
+    # the moved hold re-reads its start: booked to start at 4 s, moved to 4.5 s, it is held until then
+    adm = lanes("deadline")
+    adm.time_scale = 100.0  # model seconds pass 100x faster than wall seconds
+    wall0 = time.perf_counter()
+
+    def clock() -> float:
+        return (time.perf_counter() - wall0) * 100.0
+
+    adm.decide("running", slo(10_000), 0.0, 4.0, clock())
+    held = adm.decide("held", slo(20_000), 0.0, 4.0, clock())
+    assert isinstance(held, Booking) and held.window.start_s < 4.5
+    assert isinstance(adm.decide("short", slo(5_000), 0.0, 0.5, clock()), Booking)
+    moved = adm.ledger.get("held")
+    assert moved is not None and moved.start_s > held.window.start_s
+    asyncio.run(adm.hold(held, clock(), clock))
+    assert clock() >= moved.start_s

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_calendar import (
+    Deadline,
     booked_gbps,
     choose_window,
     earliest_window,
     max_wait_s,
+    window_by_deadline,
 )
 from prfaas_core.policy.link_state import EgressLedger, LinkParams
 
@@ -161,3 +165,85 @@ def test_bookings_never_exceed_the_cap(reqs, lanes, capacity) -> None:  # type: 
     for t in booked:  # just after each start (a stream that ends as another starts may round to 1e-15 s)
         for at in (t.stream_start_s + 1e-7, (t.stream_start_s + t.stream_end_s) / 2):
             assert booked_gbps(booked, at) <= params.cap_gbps + 1e-6
+
+
+# --- earliest deadline first on the lanes (laneOrder: deadline) ---------------------------------------------------
+FAST = LinkParams("fast", capacity_gbps=100.0, max_utilization=0.8)  # cap 80: the lanes bind, not the link
+
+
+def test_deadline_keeps_a_due_time_it_makes_else_only_what_its_caller_accepts() -> None:
+    assert Deadline.of(5.0, 6.0, 9.0) == Deadline(6.0, 6.0)  # makes its objective: kept within it
+    assert Deadline.of(7.0, 6.0, 9.0) == Deadline(6.0, 9.0)  # misses it anyway: only the caller's bound
+    assert Deadline.of(5.0, 6.0, 5.5) == Deadline(6.0, 5.5)
+
+
+def test_a_tight_due_time_goes_ahead_of_a_held_booking_with_slack() -> None:
+    ledger = EgressLedger(lanes=1)
+    running = earliest_window(ledger, 0.0, gbytes(8.0), 4.0, FAST, "pull-after-prefill", pull_gbps=40.0)
+    assert running is not None
+    ledger.reserve("running", running.transfer())  # prefills 0-4 s
+    held = earliest_window(ledger, 1.0, gbytes(8.0), 4.0, FAST, "pull-after-prefill", pull_gbps=40.0)
+    assert held is not None and held.start_s == pytest.approx(4.0)
+    ledger.reserve("held", held.transfer())  # held for 4-8 s, due at 20 s
+    deadlines = {"running": Deadline(10.0, 10.0), "held": Deadline(20.0, 20.0)}
+    short = window_by_deadline(
+        ledger, 2.0, gbytes(0.4), 0.5, FAST, "pull-after-prefill", due_s=6.0, deadlines=deadlines, pull_gbps=40.0
+    )
+    assert short is not None
+    # in arrival order it would start at 8 s (TTFT 6.5 s, due at +4 s); ahead of the held one it starts at 4 s
+    assert short.window.start_s == pytest.approx(4.0)
+    assert 2.0 + short.window.ttft_s <= 6.0
+    assert set(short.moved) == {"held"} and short.moved["held"].start_s == pytest.approx(4.5)
+    # the running one never moves; the held one stays within its limit
+    assert max(short.moved["held"].stream_end_s, short.moved["held"].end_s) <= 20.0
+
+
+def test_no_jump_past_an_earlier_due_time_a_limit_it_would_break_or_for_a_lost_cause() -> None:
+    ledger = EgressLedger(lanes=1)
+    ledger.reserve("running", earliest_window(ledger, 0.0, 0.0, 4.0, FAST).transfer())  # type: ignore[union-attr]
+    ledger.reserve("held", earliest_window(ledger, 0.0, 0.0, 4.0, FAST).transfer())  # type: ignore[union-attr]
+
+    def place(due: float, held: Deadline | None) -> float:
+        deadlines = {"running": Deadline(9.0, 9.0)} | ({} if held is None else {"held": held})
+        p = window_by_deadline(ledger, 1.0, 0.0, 0.5, FAST, due_s=due, deadlines=deadlines)
+        assert p is not None
+        assert (p.window.start_s < 8.0) == bool(p.moved)
+        return p.window.start_s
+
+    assert place(6.0, Deadline(5.0, 9.0)) == pytest.approx(8.0)  # the held one is due earlier: arrival order
+    assert place(6.0, Deadline(8.2, 8.2)) == pytest.approx(8.0)  # moved back 0.5 s it would end at 8.5, past 8.2
+    assert place(6.0, Deadline(6.0, 8.5)) == pytest.approx(8.0)  # due as early (a tie): arrival order
+    assert place(6.0, Deadline(8.5, 8.5)) == pytest.approx(4.0)  # it still makes 8.5 s: the short one goes first
+    assert place(4.0, Deadline(20.0, 20.0)) == pytest.approx(8.0)  # at best it ends at 4.5 s, past 4: nobody moves
+    assert place(float("inf"), Deadline(20.0, 20.0)) == pytest.approx(8.0)  # no due time: arrival order
+    assert place(6.0, None) == pytest.approx(8.0)  # a booking without a deadline never moves
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests, st.integers(1, 4), st.floats(1.0, 100.0), st.lists(st.floats(0.5, 30.0), min_size=50, max_size=50))
+def test_deadline_order_keeps_the_cap_the_lanes_and_every_limit(reqs, lanes, capacity, slack) -> None:  # type: ignore[no-untyped-def]
+    params = LinkParams("p", capacity_gbps=capacity)
+    ledger = EgressLedger(lanes=lanes, expire_s=1e9)
+    deadlines: dict[str, Deadline] = {}
+    now = 0.0
+    for i, (dt, gbit, prefill, timing) in enumerate(sorted(reqs)):
+        now = max(now, dt)
+        due = now + prefill + slack[2 * i]
+        p = window_by_deadline(
+            ledger, now, gbytes(gbit), prefill, params, timing, due_s=due, deadlines=deadlines, pull_gbps=capacity
+        )
+        assert p is not None and p.window.start_s >= now - 1e-9
+        for key, moved in p.moved.items():
+            before = ledger.get(key)
+            assert before is not None and before.start_s > now and moved.start_s > before.start_s
+            ledger.reserve(key, moved)
+            assert max(moved.stream_end_s, moved.end_s) <= deadlines[key].limit_s + 1e-6
+        ledger.reserve(str(i), p.window.transfer())
+        deadlines[str(i)] = Deadline.of(now + p.window.ttft_s, due, due + slack[2 * i + 1])
+    booked = ledger.transfers(now)
+    for t in booked:
+        for at in (t.stream_start_s + 1e-7, (t.stream_start_s + t.stream_end_s) / 2):
+            assert booked_gbps(booked, at) <= params.cap_gbps + 1e-6
+    for lane in range(lanes):  # one prefill at a time on each lane
+        spans = sorted((t.start_s, t.end_s) for t in booked if t.lane == lane)
+        assert all(b[0] >= a[1] - 1e-6 for a, b in itertools.pairwise(spans))

@@ -76,6 +76,13 @@ class GatewayAdmission(ApiModel):
         "the wire only while its instance's pulls fit in it, and another instance's pull goes first. None: pulls "
         "add up whichever instance serves them.",
     )
+    lane_order: Literal["deadline", "arrival"] = Field(
+        default="deadline",
+        description="The order of the prefills held for a PrFaaS instance (lane): deadline — a request due "
+        "sooner (its TTFT objective, x-prfaas-slo-ttft-ms) may go ahead of held ones due later, each kept within its "
+        "objective when predicted to make it, else within what its caller accepts (x-prfaas-max-ttft-ms); arrival — "
+        "first booked, first served.",
+    )
     max_waiting: int = Field(
         default=256, ge=1, description="Prefills held for a later window at once; beyond it: 429 overloaded."
     )

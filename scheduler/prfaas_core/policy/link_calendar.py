@@ -43,6 +43,8 @@ RATE_FRACTIONS = (1.0, 0.5, 0.25, 0.125)
 OVERRUN_GRACE_S = 1.0
 """A stream past its planned end but not finished is assumed to run at least this much longer."""
 _EPS = 1e-9
+_NEW = "\x00new"
+"""The key :func:`window_by_deadline` checks the new request's stream under (no booking's key)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,119 @@ def earliest_window(
                 best = Window(s, a, b, rate, lane if ledger.lanes > 0 else -1, now_s, prefill_s, nbytes, ceiling)
                 break
     return best
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A booking's place in :func:`window_by_deadline`'s order (absolute model seconds): ``due_s``, when its caller
+    wants its first token (its TTFT objective: earliest due goes first), and ``limit_s``, the latest its predicted
+    TTFT may be moved to (its due time while it is predicted to make it, else the latest its caller accepts)."""
+
+    due_s: float
+    limit_s: float
+
+    @classmethod
+    def of(cls, predicted_end_s: float, due_s: float, accepted_s: float) -> Deadline:
+        """A booking predicted to end at ``predicted_end_s``: one that makes its due time keeps it; one that does not
+        keeps only what its caller accepts."""
+        return cls(due_s, min(due_s, accepted_s) if predicted_end_s <= due_s + _EPS else accepted_s)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A window for one request and the bookings moved back to make room for it (key -> their new times)."""
+
+    window: Window
+    moved: dict[str, Transfer]
+
+
+def _ttft_end(t: Transfer) -> float:
+    """When the decode side holds the whole KV of a booking (absolute)."""
+    return max(t.stream_end_s, t.end_s)
+
+
+def _fits(placed: dict[str, Transfer], changed: Sequence[str], ceiling: float) -> bool:
+    """Every stream in ``changed`` fits under ``ceiling`` next to all the others in ``placed``."""
+    for key in changed:
+        t = placed[key]
+        if t.rate_gbps <= _EPS or t.bytes <= 0:
+            continue
+        others = [(o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items() if k != key]
+        if peak_gbps(others, t.stream_start_s, t.stream_end_s) + t.rate_gbps > ceiling + _EPS:
+            return False
+    return True
+
+
+def window_by_deadline(
+    ledger: EgressLedger,
+    now_s: float,
+    nbytes: float,
+    prefill_s: float,
+    params: LinkParams,
+    timing: StreamTiming = "layer-wise",
+    *,
+    due_s: float,
+    deadlines: dict[str, Deadline],
+    pull_gbps: float | None = None,
+    available_gbps: float | None = None,
+) -> Placement | None:
+    """:func:`earliest_window`, earliest deadline first on the lanes: when that window waits for a lane, the request
+    (due at ``due_s``: its TTFT objective, absolute) may go ahead of bookings on a lane that have not started yet
+    and are due later (``deadlines``), as long as each stays within its :attr:`Deadline.limit_s` once moved back by
+    its prefill, and every moved stream and its own stay under the ceiling. Of the placements that end earlier
+    than :func:`earliest_window`'s, the one that ends first wins (ties: fewer moved). Arrival order otherwise: a
+    short request with a tight objective no longer waits out a long prefill booked a moment earlier with seconds
+    of slack (measured at 100 Gbps: spills held up to 8 s behind such bookings, missing their SLO). A booking
+    without a deadline never moves, nor one that has started (its start not after ``now_s``); a request that would
+    miss its own due time even ahead of them moves nobody."""
+    base = earliest_window(
+        ledger, now_s, nbytes, prefill_s, params, timing, pull_gbps=pull_gbps, available_gbps=available_gbps
+    )
+    if base is None or base.wait_s <= _EPS or ledger.lanes <= 0 or not due_s < float("inf"):
+        return None if base is None else Placement(base, {})
+    prefill_s = base.prefill_s
+    offset = prefill_s if timing == "pull-after-prefill" else 0.0
+    span = base.stream_end_s - base.stream_start_s
+    booked = {k: t for k, t in ((k, ledger.get(k)) for k in ledger.keys(now_s)) if t is not None}
+    best: Placement | None = None
+    for lane in range(ledger.lanes):
+        on_lane = sorted(((k, t) for k, t in booked.items() if t.lane == lane), key=lambda kt: kt[1].start_s)
+        started = [t for _, t in on_lane if t.start_s <= now_s + _EPS]
+        pending = [(k, t) for k, t in on_lane if t.start_s > now_s + _EPS]
+        free_at = max([now_s, *(t.end_s for t in started)])
+        for i in range(len(pending) - 1, -1, -1):
+            jumped = pending[i:]
+            if any(k not in deadlines or deadlines[k].due_s <= due_s for k, _ in jumped):
+                break  # earliest deadline first: never ahead of one whose deadline is as early (or unknown)
+            start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
+            mine = Window(
+                start,
+                start + offset,
+                start + offset + span,
+                base.rate_gbps,
+                lane,
+                now_s,
+                prefill_s,
+                nbytes,
+                base.ceiling_gbps,
+            )
+            if now_s + mine.ttft_s > due_s + _EPS:
+                continue  # a request that misses its own due time even so moves nobody
+            if mine.ttft_s >= base.ttft_s - _EPS or (best is not None and mine.ttft_s >= best.window.ttft_s - _EPS):
+                continue
+            moved: dict[str, Transfer] = {}
+            prev_end = start + prefill_s
+            for k, t in jumped:
+                if t.start_s >= prev_end - _EPS:
+                    break  # a gap took the shift up: this one and the rest stay where they are
+                moved[k] = shifted = replace(t, start_s=prev_end)
+                prev_end = shifted.end_s
+            if any(_ttft_end(t) > deadlines[k].limit_s + _EPS for k, t in moved.items()):
+                continue
+            placed = {**booked, **moved, _NEW: mine.transfer()}
+            if _fits(placed, [_NEW, *moved], base.ceiling_gbps):
+                best = Placement(mine, moved)
+    return best or Placement(base, {})
 
 
 WaitAction = Literal["remote", "wait_for_link", "local"]

@@ -211,6 +211,11 @@ class EgressLedger:
     def finish(self, key: str) -> None:
         self._active.pop(key, None)
 
+    def keys(self, now_s: float) -> list[str]:
+        """The keys of every stream booked or in flight (expired ones dropped)."""
+        self._expire(now_s)
+        return list(self._active)
+
     def get(self, key: str) -> Transfer | None:
         """The stream booked or in flight under ``key`` (None: none)."""
         return self._active.get(key)

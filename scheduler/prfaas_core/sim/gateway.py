@@ -1,7 +1,8 @@
 """The simulated PrFaaS gateway's link calendar: the one :class:`~prfaas_core.policy.link_state.EgressLedger` that
 sees every KV stream on the link (every remote prefill passes through the gateway), booked with
-:func:`~prfaas_core.policy.link_calendar.earliest_window` and chosen against the local alternative with
-:func:`~prfaas_core.policy.link_calendar.choose_window` — the same functions the real gateway and routers call.
+:func:`~prfaas_core.policy.link_calendar.window_by_deadline` (lanes earliest due first) and chosen against the
+local alternative with :func:`~prfaas_core.policy.link_calendar.choose_window` — the same functions the real
+gateway and routers call.
 
 The routers' own ledgers (one per replica, :class:`~.simulation.Simulation`) stay the fast pre-filter: a request
 the pre-filter sends local because of its length never asks; one it would send remote, or decline only for the
@@ -11,12 +12,12 @@ cap, asks the gateway for a window.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..capacity.kv import KvModel
-from ..policy.link_calendar import StreamTiming, WaitChoice, Window, choose_window, earliest_window
-from ..policy.link_state import EgressLedger, LinkParams
+from ..policy.link_calendar import Deadline, StreamTiming, WaitChoice, Window, choose_window, window_by_deadline
+from ..policy.link_state import EgressLedger, LinkParams, Transfer
 from ..policy.routing import RouteDecision, transfer_bytes
 from .config import SimConfig
 from .events import EventQueue
@@ -34,6 +35,8 @@ class WindowStats:
     wait_s_sum: float = 0.0
     wait_s_max: float = 0.0
     declined_to_local: int = 0
+    reordered: int = 0
+    """Held bookings moved back for a request due earlier."""
 
 
 class WindowHost(Protocol):
@@ -84,6 +87,9 @@ class SimGateway:
         self.ledger = EgressLedger(lanes=lanes, expire_s=1e9)  # bookings end when their KV has arrived
         self.timing: StreamTiming = timing
         self.stats = WindowStats()
+        self.deadlines: dict[str, Deadline] = {}
+        """Each booking's due time and limit: the lanes go earliest due first, as the real gateway's do."""
+        self._moved: dict[str, Transfer] = {}
 
     def ask(
         self,
@@ -98,8 +104,19 @@ class SimGateway:
     ) -> tuple[WaitChoice, Window | None]:
         """The earliest window and the router's choice (a ``spill`` waits only while it beats local)."""
         self.stats.asked += 1
-        window = earliest_window(self.ledger, now_s, nbytes, prefill_s, params, self.timing)
+        placement = window_by_deadline(
+            self.ledger,
+            now_s,
+            nbytes,
+            prefill_s,
+            params,
+            self.timing,
+            due_s=now_s + slo_ttft_s,
+            deadlines=self.deadlines,
+        )
+        window = None if placement is None else placement.window
         choice = choose_window(window, local_ttft_s, slo_ttft_s, local_wait_s, spill)
+        self._moved = {} if placement is None else placement.moved
         if choice.action == "local" or window is None:
             self.stats.declined_to_local += 1
             return choice, None
@@ -110,11 +127,18 @@ class SimGateway:
             st.wait_s_max = max(st.wait_s_max, window.wait_s)
         return choice, window
 
-    def book(self, key: str, window: Window) -> None:
+    def book(self, key: str, window: Window, due_s: float, accepted_s: float) -> None:
+        """Book the window :meth:`ask` found, moving back the bookings it goes ahead of."""
+        for moved, transfer in self._moved.items():
+            self.ledger.reserve(moved, transfer)
+        self.stats.reordered += len(self._moved)
+        self._moved = {}
         self.ledger.reserve(key, window.transfer())
+        self.deadlines[key] = Deadline.of(window.now_s + window.ttft_s, due_s, accepted_s)
 
     def finish(self, key: str) -> None:
         self.ledger.finish(key)
+        self.deadlines.pop(key, None)
 
 
 def remote_candidate(
@@ -157,7 +181,7 @@ def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: i
     req.transfer_bytes = nbytes
     req.window = window
     key = str(spec.id)
-    sim.gateway.book(key, window)
+    sim.gateway.book(key, window, now + slo, now + (local_ttft if spill else max(local_ttft, slo)))
     sim.ledgers[replica].start(key, nbytes, now, prefill_s)  # the router's own view, its pre-filter
     sim.result.link_waits += choice.action == "wait_for_link"
     sim.result.link_wait_s.append(window.wait_s)
@@ -167,6 +191,19 @@ def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: i
 
 def _window_start(sim: WindowHost, req: Req, window: Window) -> None:
     now = sim.events.now_s
+    assert sim.gateway is not None
+    booked = sim.gateway.ledger.get(str(req.spec.id))
+    if booked is not None and booked.start_s > window.start_s + 1e-9:  # moved back for a request due earlier
+        shift = booked.start_s - window.start_s
+        later = replace(
+            window,
+            start_s=booked.start_s,
+            stream_start_s=window.stream_start_s + shift,
+            stream_end_s=window.stream_end_s + shift,
+        )
+        req.window = later
+        sim.events.at(later.start_s, lambda _a: _window_start(sim, req, later), None)
+        return
     lane = window.lane if 0 <= window.lane < len(sim.prfaas) else 0
     job = sim.prfaas[lane].enqueue_prefill(req, now, window.prefill_s)
     sim.events.at(job.start_s, sim.remote_start, (job, job.gen))
