@@ -88,6 +88,7 @@ COUNTED = {
     names.METRIC_GATEWAY_ADMISSIONS: ("result",),
     names.METRIC_GATEWAY_ADMISSION_WAIT_SECONDS + "_sum": (),
     names.METRIC_GATEWAY_ADMISSION_WAIT_SECONDS + "_count": (),
+    names.METRIC_GATEWAY_LANE_REORDERS: (),
     names.METRIC_GATEWAY_PULLS: ("end",),
     names.METRIC_GATEWAY_PULL_HOLD_SECONDS + "_sum": (),
     names.METRIC_GATEWAY_PULL_HOLD_SECONDS + "_count": (),
