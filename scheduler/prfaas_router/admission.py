@@ -44,7 +44,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 from aiohttp import web
@@ -115,14 +115,7 @@ def _through_instances(window: Window, ready_s: float) -> Window:
     """``window`` no earlier than the instances allow: its prefill ends, and its stream can start after the prefill,
     at ``ready_s`` from now at the earliest (the stream's tail after the prefill unchanged)."""
     shift = max(0.0, window.now_s + ready_s - (window.start_s + window.prefill_s))
-    if shift <= 0:
-        return window
-    return replace(
-        window,
-        start_s=window.start_s + shift,
-        stream_start_s=window.stream_start_s + shift,
-        stream_end_s=window.stream_end_s + shift,
-    )
+    return window.later(shift) if shift > 0 else window
 
 
 class LinkAdmission:
@@ -148,10 +141,10 @@ class LinkAdmission:
         self._loans_of: dict[str, list[tuple[str, str]]] = {}
         """A pull's borrowed loans: key -> [(lender URL, loan id)]."""
         self._held_since: dict[str, float] = {}
-        self._deadlines: dict[str, Deadline] = {}
-        """Each booking's place in the lanes' order (``laneOrder: deadline``; model time)."""
         """Held answers: key -> when held from, Unix time (one order across replicas and hosts: the oldest goes
         first; a clock skew between hosts shifts the turns, never stops them)."""
+        self._deadlines: dict[str, Deadline] = {}
+        """Each booking's place in the lanes' order (``laneOrder: deadline``; model time)."""
         self._older_peer_until = 0.0
         """Model time until which a peer holds an older answer than any here: this replica's own wait."""
         self._wire_lock = asyncio.Lock()
@@ -353,20 +346,18 @@ class LinkAdmission:
             headers={"Retry-After": str(max(1, math.ceil(wall_wait)))},
         )
 
-    async def hold(self, booking: Booking, now_s: float, clock: Callable[[], float] | None = None) -> None:
-        """Wait (wall time) until the booked window starts; with ``clock`` (model time), until it starts as booked
-        now: a request with an earlier deadline may have moved it back (``laneOrder: deadline``)."""
-        wait = booking.window.start_s - now_s
+    async def hold(self, booking: Booking, clock: Callable[[], float]) -> None:
+        """Wait (wall time) until the booked window starts as booked now (``clock``: model time): a request due
+        earlier may have moved it back (``laneOrder: deadline``)."""
+        wait = booking.window.start_s - clock()
         if wait <= 0:
             return
         self.waiting += 1
         try:
             while wait > 0:
                 await asyncio.sleep(wait / self.time_scale)
-                booked = self.ledger.get(booking.key) if clock is not None else None
-                if booked is None or clock is None:
-                    return
-                wait = booked.start_s - clock()
+                booked = self.ledger.get(booking.key)
+                wait = 0.0 if booked is None else booked.start_s - clock()
         finally:
             self.waiting -= 1
 

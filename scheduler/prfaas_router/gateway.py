@@ -117,7 +117,7 @@ class Gateway:
             if isinstance(verdict, web.Response):
                 return verdict
             booking = verdict
-            await self.admission.hold(booking, rt.model_now(), rt.model_now)
+            await self.admission.hold(booking, rt.model_now)
         held = time.perf_counter()
         try:
             resp, instance = await self._prefill_on_instance(request, body, ids, hashes, hits, booking)

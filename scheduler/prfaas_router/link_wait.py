@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline
-from prfaas_core.policy.link_calendar import max_wait_s, prefer_local
+from prfaas_core.policy.link_calendar import accepted_ttft_s, max_wait_s, prefer_local
 from prfaas_core.policy.link_estimate import Available
 
 from .legs import LegError
@@ -68,6 +68,7 @@ def parse_decline(status: int, body: bytes) -> AdmissionDecline | None:
 
 __all__ = [
     "LinkDeclined",
+    "accepted_ttft_s",
     "admission_headers",
     "local_ttft_s",
     "max_wait_s",

@@ -144,7 +144,7 @@ async def remote_in_window(
     slo = c.config.slo.ttft_seconds(total) if c.config.slo is not None else None
     cap = rt.link_params(remote.link).cap_gbps
     spill = decision.kind == "spill"
-    limit = local if spill else max(local, slo or 0.0)
+    limit = link_wait.accepted_ttft_s(local, slo, spill)
     first = link_wait.max_wait_s(limit, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
     try:
         kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, first, probe, limit, slo)

@@ -392,5 +392,5 @@ def test_held_prefills_go_earliest_due_first_and_a_moved_hold_follows_its_new_st
     assert isinstance(adm.decide("short", slo(5_000), 0.0, 0.5, clock()), Booking)
     moved = adm.ledger.get("held")
     assert moved is not None and moved.start_s > held.window.start_s
-    asyncio.run(adm.hold(held, clock(), clock))
+    asyncio.run(adm.hold(held, clock))
     assert clock() >= moved.start_s

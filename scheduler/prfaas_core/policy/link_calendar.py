@@ -63,6 +63,15 @@ class Window:
     ceiling_gbps: float
     """The ceiling it was fitted under."""
 
+    def later(self, shift_s: float) -> Window:
+        """The same window ``shift_s`` later (earlier when negative): its prefill and its stream move together."""
+        return replace(
+            self,
+            start_s=self.start_s + shift_s,
+            stream_start_s=self.stream_start_s + shift_s,
+            stream_end_s=self.stream_end_s + shift_s,
+        )
+
     @property
     def wait_s(self) -> float:
         """How long the request waits before its prefill starts (link window and PrFaaS queue together)."""
@@ -248,8 +257,6 @@ def window_by_deadline(
     if base is None or base.wait_s <= _EPS or ledger.lanes <= 0 or not due_s < float("inf"):
         return None if base is None else Placement(base, {})
     prefill_s = base.prefill_s
-    offset = prefill_s if timing == "pull-after-prefill" else 0.0
-    span = base.stream_end_s - base.stream_start_s
     booked = {k: t for k, t in ((k, ledger.get(k)) for k in ledger.keys(now_s)) if t is not None}
     best: Placement | None = None
     for lane in range(ledger.lanes):
@@ -262,17 +269,7 @@ def window_by_deadline(
             if any(k not in deadlines or deadlines[k].due_s <= due_s for k, _ in jumped):
                 break  # earliest deadline first: never ahead of one whose deadline is as early (or unknown)
             start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
-            mine = Window(
-                start,
-                start + offset,
-                start + offset + span,
-                base.rate_gbps,
-                lane,
-                now_s,
-                prefill_s,
-                nbytes,
-                base.ceiling_gbps,
-            )
+            mine = replace(base.later(start - base.start_s), lane=lane)
             if now_s + mine.ttft_s > due_s + _EPS:
                 continue  # a request that misses its own due time even so moves nobody
             if mine.ttft_s >= base.ttft_s - _EPS or (best is not None and mine.ttft_s >= best.window.ttft_s - _EPS):
@@ -349,6 +346,12 @@ def prefer_local(
     if spill or slo_ttft_s is None:
         return remote_ttft_s > local_ttft_s
     return remote_ttft_s > slo_ttft_s >= local_ttft_s and local_wait_s <= 1e-6
+
+
+def accepted_ttft_s(local_ttft_s: float, slo_ttft_s: float | None, spill: bool) -> float:
+    """The latest remote TTFT a router accepts (``x-prfaas-max-ttft-ms``): a spill's local alternative's predicted
+    TTFT; otherwise the later of that and the request's SLO."""
+    return local_ttft_s if spill else max(local_ttft_s, slo_ttft_s or 0.0)
 
 
 def max_wait_s(local_ttft_s: float, prefill_s: float, nbytes: float, ceiling: float) -> float:

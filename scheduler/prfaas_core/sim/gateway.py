@@ -12,11 +12,19 @@ cap, asks the gateway for a window.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..capacity.kv import KvModel
-from ..policy.link_calendar import Deadline, StreamTiming, WaitChoice, Window, choose_window, window_by_deadline
+from ..policy.link_calendar import (
+    Deadline,
+    StreamTiming,
+    WaitChoice,
+    Window,
+    accepted_ttft_s,
+    choose_window,
+    window_by_deadline,
+)
 from ..policy.link_state import EgressLedger, LinkParams, Transfer
 from ..policy.routing import RouteDecision, transfer_bytes
 from .config import SimConfig
@@ -181,7 +189,7 @@ def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: i
     req.transfer_bytes = nbytes
     req.window = window
     key = str(spec.id)
-    sim.gateway.book(key, window, now + slo, now + (local_ttft if spill else max(local_ttft, slo)))
+    sim.gateway.book(key, window, now + slo, now + accepted_ttft_s(local_ttft, slo, spill))
     sim.ledgers[replica].start(key, nbytes, now, prefill_s)  # the router's own view, its pre-filter
     sim.result.link_waits += choice.action == "wait_for_link"
     sim.result.link_wait_s.append(window.wait_s)
@@ -194,13 +202,7 @@ def _window_start(sim: WindowHost, req: Req, window: Window) -> None:
     assert sim.gateway is not None
     booked = sim.gateway.ledger.get(str(req.spec.id))
     if booked is not None and booked.start_s > window.start_s + 1e-9:  # moved back for a request due earlier
-        shift = booked.start_s - window.start_s
-        later = replace(
-            window,
-            start_s=booked.start_s,
-            stream_start_s=window.stream_start_s + shift,
-            stream_end_s=window.stream_end_s + shift,
-        )
+        later = window.later(booked.start_s - window.start_s)
         req.window = later
         sim.events.at(later.start_s, lambda _a: _window_start(sim, req, later), None)
         return
