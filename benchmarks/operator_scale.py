@@ -9,7 +9,8 @@ PrefillCluster (the harness's fake gateway). Objects are created through the emu
 requests in flight (``--create-concurrency``). The operator runs with every period (PD policy, links,
 gateways) set to ``--period`` seconds, so each cycle covers all 3N objects: cycle 1 assigns the first roles
 (4 pod patches, a router ConfigMap, an Event, a status write per cluster), later cycles are the steady state
-(metrics from Prometheus, a Hold decision, a status write per object).
+(metrics from Prometheus, a Hold decision, and no status write: nothing changed, so nothing is written but a
+heartbeat every ``--status-heartbeat-seconds``; ``status_writes_per_object`` says how quiet it is).
 
 Per cycle it reports what the operator itself logged for that cycle (its ``cycle`` line: wall seconds,
 Prometheus queries, API calls, status writes, the time per phase), the deltas of its metrics
@@ -223,6 +224,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     "metric_prometheus_queries": now["queries"] - prev["queries"],
                     "operator_api_calls": line.get("api_calls"),
                     "status_writes": line.get("status_writes"),
+                    "status_writes_per_object": round((line.get("status_writes") or 0) / (3 * n), 4),
                     "emulator_requests": sum(requests.values()),
                     "emulator_requests_by_verb": dict(sorted(requests.items(), key=lambda kv: -kv[1])),
                     "operator_cpu_s": round(now["cpu_s"] - prev["cpu_s"], 2),
@@ -236,7 +238,8 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 print(
                     f"[{n}] cycle {cycle['cycle']}: {cycle['wall_s']} s wall ({cycle['phases_s']}), "
                     f"{cycle['prometheus_queries']} Prometheus queries, {cycle['operator_api_calls']} operator API "
-                    f"calls ({cycle['status_writes']} status writes), operator CPU {cycle['operator_cpu_s']} s, "
+                    f"calls ({cycle['status_writes']} status writes, {cycle['status_writes_per_object']} per object), "
+                    f"operator CPU {cycle['operator_cpu_s']} s, "
                     f"harness CPU {cycle['harness_cpu_s']} s, RSS {cycle['rss_mib']} MiB "
                     f"(peak {cycle['peak_rss_mib']} MiB)",
                     flush=True,
@@ -259,6 +262,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "steady_wall_s": round(sum(c["wall_s"] for c in steady) / len(steady), 2),
             "steady_prometheus_queries": steady[-1]["prometheus_queries"],
             "steady_operator_api_calls": steady[-1]["operator_api_calls"],
+            "steady_status_writes_per_object": steady[-1]["status_writes_per_object"],
             "rss_mib": cycles[-1]["rss_mib"],
             "peak_rss_mib": cycles[-1]["peak_rss_mib"],
             "pd_clusters_with_decision": done,

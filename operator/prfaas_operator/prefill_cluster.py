@@ -188,7 +188,13 @@ class PrefillClusterReconciler:
                 last_sync_time=iso(now_s),
             )
             conds = set_condition(
-                conds, "Ready", True, "GatewaySynced", f"status from the gateway at {gw.time}", now_s, gen
+                conds,
+                "Ready",
+                True,
+                "GatewaySynced",
+                f"status synced from the gateway ({gw.ready_instances} instances ready)",
+                now_s,
+                gen,
             )
         else:
             assert pfc.spec.workload is not None

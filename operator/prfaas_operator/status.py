@@ -11,15 +11,17 @@ one (:func:`status_patch`): no camelCase dict walking.
 from __future__ import annotations
 
 import contextlib
+import math
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from prfaas_core.api import ApiModel, Condition
 from prfaas_core.api.common import parse_rfc3339, rfc3339
-from prfaas_core.names import NO_THRESHOLD_TOKENS
+from prfaas_core.names import KIND_INTER_DC_LINK, KIND_PD_CLUSTER, KIND_PREFILL_CLUSTER, NO_THRESHOLD_TOKENS
 
 from .kube import ApiError, JsonDict, KubeApi
 
@@ -142,7 +144,82 @@ async def post_event(
         await api.create(f"/api/v1/namespaces/{namespace}/events", body)
 
 
-def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    """Whether patching ``new`` would change anything (only the keys in ``new`` are compared)."""
+@dataclass(frozen=True)
+class QuietRule:
+    """Which status fields alone do not make a write (a controller writes status when it changes, not to say
+    that it is alive). Paths are camelCase, nested with dots (``lastDecision.time``).
+
+    - ``heartbeat``: timestamps that only say "still fresh": rewritten with whatever else changes, or alone
+      once the written one is ``heartbeat_s`` old (as a condition's ``lastTransitionTime`` moves only on a
+      transition; kubelet's node status uses the same idea, 5 minutes).
+    - ``tolerance``: measured numbers, rewritten when they move past ``(absolute, relative)``: more than
+      ``max(absolute, relative * max(|old|, |new|))``; a value appearing or vanishing always counts.
+    - ``follows``: fields derived from others (a percentage string): never a reason to write on their own.
+    """
+
+    heartbeat: tuple[str, ...] = ()
+    tolerance: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    follows: tuple[str, ...] = ()
+
+
+STATUS_HEARTBEAT_S = 300.0
+"""How old a heartbeat timestamp may grow before it is rewritten alone (``--status-heartbeat-seconds``)."""
+
+QUIET_RULES: Mapping[str, QuietRule] = {
+    KIND_INTER_DC_LINK: QuietRule(
+        heartbeat=("lastMeasuredTime",),
+        tolerance={"utilization": (0.01, 0.0), "thresholdFloorTokens": (0.0, 0.02)},
+        follows=("measuredEgressGbps", "utilizationPercent"),
+    ),
+    KIND_PREFILL_CLUSTER: QuietRule(
+        heartbeat=("lastSyncTime",),
+        tolerance={
+            "queueDepth": (1.0, 0.0),
+            "measuredPrefillTokensPerSecond": (1.0, 0.05),
+            "egressGbps": (0.05, 0.05),
+        },
+    ),
+    KIND_PD_CLUSTER: QuietRule(heartbeat=("lastDecision.time",)),
+}
+"""Per kind, what its status writes may leave alone (the CRD field descriptions say the same). A kind not
+listed is compared exactly."""
+
+
+def _age_s(old: Any, new: Any) -> float:
+    """Seconds from timestamp ``old`` to ``new`` (inf where either does not parse: then it is written)."""
+    a, b = parse_iso(old) if isinstance(old, str) else None, parse_iso(new) if isinstance(new, str) else None
+    return math.inf if a is None or b is None else b - a
+
+
+def _moved(old: Any, new: Any, absolute: float, relative: float) -> bool:
+    if not isinstance(old, int | float) or not isinstance(new, int | float):
+        return bool(old != new)
+    return abs(new - old) > max(absolute, relative * max(abs(old), abs(new)))
+
+
+def _field_changed(path: str, old: Any, new: Any, rule: QuietRule, heartbeat_s: float) -> bool:
+    if path in rule.follows:
+        return False
+    if path in rule.heartbeat:
+        return old is None or _age_s(old, new) >= heartbeat_s
+    if path in rule.tolerance:
+        return _moved(old, new, *rule.tolerance[path])
+    nested = [h[len(path) + 1 :] for h in rule.heartbeat if h.startswith(path + ".")]
+    if nested and isinstance(old, Mapping) and isinstance(new, Mapping):
+        inner = QuietRule(heartbeat=tuple(nested))
+        keys = old.keys() | new.keys()
+        return any(_field_changed(k, old.get(k), new.get(k), inner, heartbeat_s) for k in keys)
+    return bool(old != new)
+
+
+def status_changed(
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any],
+    rule: QuietRule | None = None,
+    heartbeat_s: float = STATUS_HEARTBEAT_S,
+) -> bool:
+    """Whether patching ``new`` would change anything worth a write (only the keys in ``new`` are compared;
+    ``rule`` says which fields alone are not worth one)."""
     old = old or {}
-    return any(old.get(k) != v for k, v in new.items())
+    rule = rule or QuietRule()
+    return any(_field_changed(k, old.get(k), v, rule, heartbeat_s) for k, v in new.items())

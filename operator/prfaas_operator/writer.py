@@ -9,20 +9,25 @@ from prfaas_core.names import GROUP_VERSION
 
 from .kube import ApiError, KubeApi, api_path
 from .registry import PLURALS, Entry, World
-from .status import set_condition, status_changed, status_patch
+from .status import QUIET_RULES, STATUS_HEARTBEAT_S, set_condition, status_changed, status_patch
 
 
 class StatusWriter:
-    def __init__(self, api: KubeApi, world: World) -> None:
+    """The one place status is written, and the one change detector: a patch is sent only when a field moved
+    by more than its kind's :data:`~.status.QUIET_RULES` allow (so a fleet at rest writes nothing but a
+    heartbeat every ``heartbeat_s``)."""
+
+    def __init__(self, api: KubeApi, world: World, heartbeat_s: float = STATUS_HEARTBEAT_S) -> None:
         self.api = api
         self.world = world
+        self.heartbeat_s = heartbeat_s
         self.writes = 0
 
     async def write(self, entry: Entry, typed: ApiModel) -> bool:
         """Patch the fields set on ``typed`` (the kind's status model; they replace the old ones); False when
         nothing changed or the object is gone."""
         status = status_patch(typed)
-        if not status_changed(entry.status, status):
+        if not status_changed(entry.status, status, QUIET_RULES.get(entry.kind), self.heartbeat_s):
             return False
         path = api_path(GROUP_VERSION, PLURALS[entry.kind], entry.namespace, entry.name, "status")
         try:

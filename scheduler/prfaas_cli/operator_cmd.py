@@ -36,6 +36,13 @@ def register(sub: Any) -> None:
         help="period of the full re-list that repairs the cache after a missed watch event "
         "(default: $PRFAAS_RESYNC_SECONDS, else 300)",
     )
+    p.add_argument(
+        "--status-heartbeat-seconds",
+        type=float,
+        default=300.0,
+        help="a status that only says 'still fresh' (lastMeasuredTime, lastSyncTime, a repeated Hold) is "
+        "rewritten alone at most this often; any other change is written at once (default 300)",
+    )
     p.add_argument("--log-level", default="INFO", help="log level (JSON logs on stderr)")
     p.set_defaults(handler=run)
 
@@ -55,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "lease_renew_s": args.lease_renew_seconds,
         "link_period_s": args.link_period_seconds,
         "gateway_period_s": args.gateway_period_seconds,
+        "status_heartbeat_s": args.status_heartbeat_seconds,
         "log_level": args.log_level,
     }
     if args.resync_seconds is not None:

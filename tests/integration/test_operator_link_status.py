@@ -10,6 +10,7 @@ the link Degraded with the reason, and never flips its state.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -38,6 +39,7 @@ LINK_SPEC: dict[str, Any] = {
         f' and on () count({METRIC_ROUTER_REMOTE_BYTES}{{link="$link"}})'
     },
 }
+PFC = "prfaas-h200"  # the harness setup's remote PrefillCluster
 LOW, MIDDLE, HIGH = 20.0, 56.0, 90.0  # Gbps: below abundant, inside the hysteresis band, above scarce
 
 
@@ -219,3 +221,47 @@ def test_default_query_no_series_then_vanished_series_degrade_without_a_flip(h: 
     assert cond["reason"] == "NoMeasurement"
     assert link(h, ns)["state"] == "Abundant" and not [r for r in link_events(h, ns) if r.startswith("Link")]
     op.stop()
+
+
+def cycle_writes(op: Any) -> list[int]:
+    """The status writes of every cycle the operator has logged, oldest first."""
+    out = []
+    for line in op.logs().splitlines():
+        if '"event": "cycle"' in line:
+            out.append(json.loads(line)["status_writes"])
+    return out
+
+
+def test_quiet_at_rest_then_a_moved_measurement_is_written(h: Harness) -> None:
+    """A fleet at rest writes no status (Kubernetes controllers write status when it changes): the link's
+    measurement holds within its tolerance, the PrefillCluster's sync and a repeated Hold only say "still
+    fresh". A measurement that moves past its tolerance is written at once; a short heartbeat (a second
+    operator's flag) rewrites the timestamps alone."""
+    ns = h.namespace()
+    rest = 2.0  # Gbps on a 100-Gbps link: the rate's scrape jitter stays well inside the 0.01 utilisation step
+    set_egress(h, rest)
+    op = h.start_operator(ns)
+    setup_with_link(h, ns, LINK_SPEC)
+    h.ready_roles(ns, 3, 5, 30)
+    wait_until(lambda: measured_near(h, ns, rest, 0.2), 30, f"egress ~{rest} Gbps")
+    wait_until(lambda: h.status(ns, PFC, "PrefillCluster").get("lastSyncTime"), 30, "the PrefillCluster synced")
+    op.wait_cycles(3)  # the first Hold, the synced status and the measurement settle
+    before = link(h, ns)["lastMeasuredTime"]
+    seen = len(cycle_writes(op))
+    op.wait_cycles(6)  # every object is due each second here (1-s periods): six cycles over all of them
+    writes = cycle_writes(op)[seen:]
+    assert len(writes) >= 6 and sum(writes) == 0, writes
+    assert link(h, ns)["lastMeasuredTime"] == before
+
+    set_egress(h, LOW)  # 0.02 -> 0.2 utilisation: far past the tolerance
+    st = wait_until(lambda: measured_near(h, ns, LOW), 30, f"egress ~{LOW} Gbps written")
+    assert st["lastMeasuredTime"] != before and st["utilizationPercent"] == f"{st['utilization']:.0%}"
+    op.stop()
+
+    set_egress(h, rest)
+    beat = h.start_operator(ns, extra=["--status-heartbeat-seconds", "2"])
+    st = wait_until(lambda: measured_near(h, ns, rest, 0.2), 30, f"egress back to ~{rest} Gbps")
+    first = st["lastMeasuredTime"]
+    # at rest again, only the heartbeat moves it (RFC 3339 seconds: a later second, 2 s or more after)
+    wait_until(lambda: link(h, ns)["lastMeasuredTime"] != first, 30, "a heartbeat rewrite")
+    beat.stop()

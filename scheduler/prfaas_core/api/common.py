@@ -155,7 +155,11 @@ DecisionAction = Literal["Hold", "FlipToDecode", "FlipToPrefill", "Drain", "Reba
 class DecisionRecord(ApiModel):
     """One long-term decision, with its reason (shown in status and `kubectl describe`)."""
 
-    time: str = Field(description="RFC 3339 time of the decision.", json_schema_extra={"format": "date-time"})
+    time: str = Field(
+        description="RFC 3339 time of the decision; a Hold repeated unchanged keeps its first time (renewed at "
+        "least every status heartbeat).",
+        json_schema_extra={"format": "date-time"},
+    )
     action: DecisionAction = Field(description="What was decided.")
     reason: str = Field(min_length=1, max_length=1024, description="Why, in words an SRE can act on.")
     prefill_from: int = Field(ge=0, description="Prefill instances before.")

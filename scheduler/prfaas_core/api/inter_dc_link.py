@@ -90,15 +90,28 @@ class InterDCLinkStatus(ApiModel):
     """Measured state of the link."""
 
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last processed.")
-    measured_egress_gbps: float | None = Field(default=None, ge=0, description="Measured egress, Gbps.")
-    utilization: float | None = Field(default=None, ge=0, description="Measured egress / capacity.")
+    measured_egress_gbps: float | None = Field(
+        default=None, ge=0, description="Measured egress, Gbps (written with utilization, when that moves)."
+    )
+    utilization: float | None = Field(
+        default=None,
+        ge=0,
+        description="Measured egress / capacity; rewritten when it moves by more than 0.01 (or the state changes).",
+    )
     utilization_percent: str = Field(default="", max_length=16, description="Utilisation for printing.")
     state: Literal["Abundant", "Scarce", "Unknown"] = Field(default="Unknown", description="Bandwidth state.")
     threshold_floor_tokens: int | None = Field(
-        default=None, ge=0, description="Bandwidth-feasible lower bound on t at the measured load."
+        default=None,
+        ge=0,
+        description="Bandwidth-feasible lower bound on t at the measured load; rewritten when it moves by more "
+        "than 2 %.",
     )
     last_measured_time: str | None = Field(
-        default=None, description="Time of the last measurement.", json_schema_extra={"format": "date-time"}
+        default=None,
+        description="Time of the last measurement written: with any change above, else at least every "
+        "status heartbeat (operator --status-heartbeat-seconds, 300 s). The Degraded condition says whether "
+        "this cycle measured.",
+        json_schema_extra={"format": "date-time"},
     )
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -139,14 +139,22 @@ class PrefillClusterStatus(ApiModel):
 
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last processed.")
     ready_instances: int = Field(default=0, ge=0, description="Prefill instances ready to serve.")
-    queue_depth: float = Field(default=0.0, ge=0, description="Requests waiting for prefill.")
-    measured_prefill_tokens_per_second: float = Field(
-        default=0.0, ge=0, description="Measured prefill throughput over the last window, tokens/s."
+    queue_depth: float = Field(
+        default=0.0, ge=0, description="Requests waiting for prefill; rewritten when it moves by more than 1."
     )
-    egress_gbps: float = Field(default=0.0, ge=0, description="Measured KV egress, Gbps.")
+    measured_prefill_tokens_per_second: float = Field(
+        default=0.0,
+        ge=0,
+        description="Measured prefill throughput over the last window, tokens/s; rewritten when it moves by "
+        "more than 5 %.",
+    )
+    egress_gbps: float = Field(
+        default=0.0, ge=0, description="Measured KV egress, Gbps; rewritten when it moves by more than 5 %."
+    )
     last_sync_time: str | None = Field(
         default=None,
-        description="When the status was last refreshed.",
+        description="When the status was last refreshed: with any change above, else at least every status "
+        "heartbeat (operator --status-heartbeat-seconds, 300 s).",
         json_schema_extra={"format": "date-time"},
     )
     conditions: list[Condition] = Field(
