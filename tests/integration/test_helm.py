@@ -6,7 +6,6 @@ request log), and the one image's entrypoints in the wheel the Dockerfile instal
 from __future__ import annotations
 
 import base64
-
 import json
 import re
 import subprocess
@@ -521,7 +520,7 @@ def test_router_replicas_find_each_other_to_share_their_books(helm: str) -> None
     assert off_settings["data"]["PRFAAS_ROUTER_PEERS_DNS"] == "" and parse_peers_dns("") is None
     off_gen = render(helm, CHART, values, "--set", "router.replicaSync.enabled=false,router.replicaSync.tokenSecret=")
     assert not [d for d in off_gen if d["kind"] == "Secret"]  # no replica shares books: no token is made
-    assert find(off_gen, "ConfigMap", "-router-settings")["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"] == ''
+    assert find(off_gen, "ConfigMap", "-router-settings")["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"] == ""
     off_policy = find(off, "NetworkPolicy", "-router")
     assert all("podSelector" not in str(r.get("from", "")) for r in off_policy["spec"]["ingress"])
 

@@ -204,7 +204,6 @@ class RouterSecurity(ApiModel):
         description="After a token file changes, the previous token is still accepted this long (callers switch).",
     )
 
-
     def per_client(self) -> int:
         """:attr:`max_connections_per_client` or its default."""
         v = self.max_connections_per_client
