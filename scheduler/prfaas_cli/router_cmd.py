@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config, _ = load_config(args.config, args.settings)
         check_secure(config, args.allow_insecure_gateway)
+        gw_token = config.gateway.token_file if config.mode == "gateway" and config.gateway else None
+        if gw_token and read_token(gw_token) is None:  # else the app raises it, as a traceback
+            raise ValueError(f"gateway.tokenFile {gw_token}: unreadable or empty (a bearer token, one line)")
         peers_dns = parse_peers_dns(args.peers_dns)
         for url in peers:
             if not url.startswith(("http://", "https://")):

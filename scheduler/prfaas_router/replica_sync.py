@@ -132,6 +132,8 @@ class ReplicaSync:
         self._changed = asyncio.Event()
         runtime.books_changed = self._changed.set
         self.http = httpx.AsyncClient(timeout=PEER_TIMEOUT_S)
+        self.unreachable: set[str] = set()
+        """Peers whose last send failed to connect or answer (logged when they go and when they come back)."""
         self._logged: dict[str, float] = {}
         """When each refusal reason was last logged (wall seconds)."""
         if self.enabled and self.token.token is None:
@@ -163,8 +165,18 @@ class ReplicaSync:
             headers["Authorization"] = "Bearer " + self.token.token.decode()
         try:
             resp = await self.http.put(url + names.REPLICA_BOOKS_PATH, content=body, headers=headers)
-        except httpx.HTTPError:
+        except httpx.HTTPError as exc:
+            if url not in self.unreachable:  # said once when it goes, once when it is back
+                self.unreachable.add(url)
+                log.warning(
+                    "router peer unreachable: it gets no books from this replica until it answers",
+                    peer=url,
+                    error=f"{exc.__class__.__name__}: {exc}"[:200],
+                )
             return "unreachable"
+        if url in self.unreachable:
+            self.unreachable.discard(url)
+            log.info("router peer reachable again", peer=url, status=resp.status_code)
         if resp.status_code == 409:
             self.self_urls.add(url)
             return "self"

@@ -146,9 +146,18 @@ async def test_replica_books_need_peers_and_their_token_and_name_only_own_instan
             assert statuses[: MAX_PEER_REPLICAS - 1] == [204] * (MAX_PEER_REPLICAS - 1) and statuses[-1] == 429
             rejected = names.METRIC_ROUTER_REPLICA_BOOKS_REJECTED
             counts = {r: await metric(url, rejected, reason=r) for r in names.BOOK_REJECTIONS}
+            # its own peer answers nothing: said once in the log, however many sends fail
+            sync = names.METRIC_ROUTER_REPLICA_SYNC
+
+            async def failed_twice() -> bool:
+                return await metric(url, sync, result="unreachable") >= 2
+
+            await await_for(failed_twice, 10, "two sends to the unreachable peer")
     assert counts == {
         "unauthorized": 1, "malformed": 0, "too_large": 1, "unknown_instance": 2, "too_many_replicas": 1
     }  # fmt: skip
+    gone = [e for e in logs if e["event"].startswith("router peer unreachable")]
+    assert len(gone) == 1 and gone[0]["peer"] == NOWHERE and "ConnectError" in gone[0]["error"], gone
     refused = {e["reason"] for e in logs if e["event"] == "replica books refused"}
     assert refused == {"unauthorized", "unknown_instance", "too_large", "too_many_replicas"}
 
