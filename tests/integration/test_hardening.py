@@ -276,3 +276,14 @@ async def test_share_loans_only_to_configured_peers_within_bounds(tmp_path: Path
     assert len(refusals(logs)) == 3
     lent = [e for e in logs if e["event"] == "share loan"]
     assert len(lent) == 1 and lent[0]["granted"] == 0.5 and lent[0]["borrower"] == "thief"
+
+
+def test_an_empty_gateway_token_file_is_a_clear_error(tmp_path: Path) -> None:
+    """Issue 39 (small): it exited with a traceback."""
+    config = gateway_config(tmp_path)
+    (tmp_path / "gw-token").write_text("\n")
+    (tmp_path / "gateway.json").write_text(config.model_dump_json(by_alias=True))
+    cli = [*PRFAAS, "router", "--config", str(tmp_path / "gateway.json"), "--port", str(free_port())]
+    started = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2, started.stderr
+    assert "gateway.tokenFile" in started.stderr and "empty" in started.stderr and "Traceback" not in started.stderr
