@@ -77,8 +77,8 @@ def register(sub: Any) -> None:
         default="",
         metavar="PATH",
         help="a bearer token the replicas share (the chart's replicaSync.tokenSecret): sent with this replica's "
-        "books and required on the peers' (401 without it); re-read when it changes. Empty: books are taken from "
-        "anyone who reaches the port",
+        "books and required on the peers' (401 without it); re-read when it changes. Required with --peers or "
+        "--peers-dns (a router without peers serves no books path)",
     )
     p.set_defaults(handler=run)
 
@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config, _ = load_config(args.config, args.settings)
         check_secure(config, args.allow_insecure_gateway)
+        gw_token = config.gateway.token_file if config.mode == "gateway" and config.gateway else None
+        if gw_token and read_token(gw_token) is None:  # else the app raises it, as a traceback
+            raise ValueError(f"gateway.tokenFile {gw_token}: unreadable or empty (a bearer token, one line)")
         peers_dns = parse_peers_dns(args.peers_dns)
         for url in peers:
             if not url.startswith(("http://", "https://")):
@@ -102,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
         token_file = args.peers_token_file or None
         if token_file is not None and read_token(token_file) is None:
             raise ValueError(f"--peers-token-file {token_file}: unreadable or empty")
+        if (peers or peers_dns) and token_file is None:
+            raise ValueError(
+                "--peers / --peers-dns need --peers-token-file: the replicas' books steer routing and share the "
+                "clients' port (chart: router.replicaSync.tokenSecret, generated when empty)"
+            )
     except ValueError as exc:  # ConfigError, InsecureGatewayError, a malformed peer
         print(f"error: {exc}", file=sys.stderr)
         return 2

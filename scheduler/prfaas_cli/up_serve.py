@@ -114,10 +114,42 @@ async def _serve(args: argparse.Namespace, up: Any, stack: LocalStack) -> dict[s
     import time
 
     out = summary(st, SloSpec(), time.perf_counter() - st.started)
+    out["requests"], out["by_route"] = router_requests(stack.urls["router"])
     published = json.loads(stack.config_path.read_text())
     out.update(loop_summary(st, cluster.counts(), cluster.config.threshold_min_tokens, published))
     out["_png"] = render_plot(st, SloSpec())
     return out
 
 
-__all__ = ["endpoints", "print_endpoints", "serve", "served_model"]
+def router_requests(router_url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The requests your own traffic sent, as the router answered them (``--serve`` has no built-in load whose
+    results the summary could count): ``(requests, by_route)`` from its ``prfaas_router_requests_total``; an
+    unreachable router leaves ``requests`` null, with the error."""
+    import httpx
+
+    from prfaas_core.names import METRIC_ROUTER_REQUESTS
+    from prfaas_router.prom_text import sums_by_labels
+
+    try:
+        text = httpx.get(f"{router_url}/metrics", timeout=10).text
+    except httpx.HTTPError as exc:
+        return {"requests": None, "source": "router", "error": f"router metrics unreadable: {exc}"}, {}
+    counts = sums_by_labels(text, {METRIC_ROUTER_REQUESTS: ("route", "outcome")}).get(METRIC_ROUTER_REQUESTS, {})
+    by_outcome: dict[str, int] = {}
+    by_route: dict[str, dict[str, Any]] = {}
+    for (route, outcome), n in sorted(counts.items()):
+        by_outcome[outcome] = by_outcome.get(outcome, 0) + int(n)
+        entry = by_route.setdefault(route, {"requests": 0, "ok": 0})
+        entry["requests"] += int(n)
+        entry["ok"] += int(n) if outcome == "ok" else 0
+    total = sum(by_outcome.values())
+    requests = {
+        "requests": total,
+        "ok": by_outcome.get("ok", 0),
+        "by_outcome": by_outcome,
+        "source": "router (prfaas_router_requests_total: your own traffic; TTFT and SLO in its metrics)",
+    }
+    return requests, by_route
+
+
+__all__ = ["endpoints", "print_endpoints", "router_requests", "serve", "served_model"]

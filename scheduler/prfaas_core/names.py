@@ -141,7 +141,10 @@ remote prefills a gateway served, by ``link``
 METRIC_ROUTER_OPEN_CONNECTIONS: Final = "prfaas_router_open_connections"
 """Client connections open on the listener (router and gateway)."""
 METRIC_ROUTER_CONNECTIONS_CLOSED: Final = "prfaas_router_connections_closed_total"
-"""Client connections the listener closed on its own, by ``reason`` (limit, header_timeout, body_timeout)."""
+"""Client connections the listener closed on its own, by ``reason``: ``limit`` (past ``maxConnections``),
+``client_limit`` (past ``maxConnectionsPerClient`` from one source address), ``unauthenticated`` (gateway: the
+oldest connection without a valid token, closed to make room past ``maxUnauthenticatedConnections``),
+``token_limit`` (gateway: past ``maxConnectionsPerToken``), ``header_timeout``, ``body_timeout``."""
 METRIC_ROUTER_CREDENTIAL_RELOADS: Final = "prfaas_router_credential_reloads_total"
 """Token/certificate file changes seen, by ``credential`` and ``result`` (loaded, rejected)."""
 METRIC_GATEWAY_AUTH_FAILURES: Final = "prfaas_gateway_auth_failures_total"
@@ -192,6 +195,12 @@ METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS: Final = "prfaas_router_replica_peer_
 """(router) Books sent to peer replicas, by ``result``: sent, unreachable, refused (another status), unauthorized
 (the peer refused this replica's ``--peers-token-file`` token, or it has none), self."""
 """(router) 1 for the estimate's current ``source`` (configured, streams, stalled), 0 for the others, by ``link``."""
+METRIC_ROUTER_REPLICA_BOOKS_REJECTED: Final = "prfaas_router_replica_books_rejected_total"
+"""(router) Peer books this replica refused, by ``reason`` (:data:`BOOK_REJECTIONS`): ``unauthorized`` (without the
+replicas' token), ``malformed``, ``too_large`` (over :data:`~prfaas_core.policy.replica_books.MAX_BOOK_BYTES`, or
+without a Content-Length), ``unknown_instance`` (naming an instance outside this router's configuration),
+``too_many_replicas`` (a new sender past :data:`~prfaas_core.policy.replica_books.MAX_PEER_REPLICAS`)."""
+BOOK_REJECTIONS: Final = ("unauthorized", "malformed", "too_large", "unknown_instance", "too_many_replicas")
 METRIC_GATEWAY_ADMISSIONS: Final = "prfaas_gateway_admissions_total"
 """(gateway) Remote prefills the link calendar answered, by ``link`` and ``result``: booked, or the decline's reason
 (link_window, overloaded; kv_lease: booked, prefilled, then held for the wire until the engine's KV lease nearly ran
@@ -216,7 +225,9 @@ peers, plus what it borrowed), by ``link``."""
 METRIC_GATEWAY_LOANS: Final = "prfaas_gateway_loans_total"
 """(gateway) Share loans between gateway replicas, by ``link`` and ``result``: ``borrowed``, ``lent``, ``refused``
 (the peer had nothing free), ``unreachable`` (a peer did not answer), ``expired`` (a loan's lease ran out before the
-borrower gave it back)."""
+borrower gave it back), ``not_peer`` (asked by a caller that is not one of ``gateway.admission.peers``, or of a
+gateway that has none: refused 403), ``over_bounds`` (a fraction or lease past ``loanMaxFraction`` /
+``loanMaxLeaseSeconds``: refused 400)."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
 METRIC_LINK_UTILIZATION: Final = "prfaas_link_utilization_ratio"
 METRIC_LINK_SCARCE: Final = "prfaas_link_scarce"
@@ -316,6 +327,7 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_REPLICA_PEERS,
             METRIC_ROUTER_REPLICA_SYNC,
             METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS,
+            METRIC_ROUTER_REPLICA_BOOKS_REJECTED,
         )
     },
     METRIC_GATEWAY_KV_EGRESS_BYTES: "gateway",

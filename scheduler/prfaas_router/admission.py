@@ -410,12 +410,12 @@ class LinkAdmission:
 
     def _set_share(self, now_s: float) -> None:
         for loan_id in self.shares.expire(now_s):
-            self._loan_count("expired")
+            self.loan_count("expired")
             log.warning("a share loan's lease ran out before its borrower gave it back", link=self.link, loan=loan_id)
         if self.metrics is not None:
             self.metrics.gateway_link_share.labels(self.link).set(self.shares.fraction(now_s))
 
-    def _loan_count(self, result: str) -> None:
+    def loan_count(self, result: str) -> None:
         if self.metrics is not None:
             self.metrics.gateway_loans.labels(self.link, result).inc()
 
@@ -430,7 +430,7 @@ class LinkAdmission:
         self._set_share(now_s)
         oldest = self._oldest_held()
         if oldest is not None and (oldest, self.replica) < (held_at, borrower):
-            self._loan_count("refused")
+            self.loan_count("refused")
             return "", 0.0
         loan_id = f"{self.replica}.loan-{os.urandom(8).hex()}"
         until = now_s + lease_s + LOAN_GRACE_WALL_S * self.time_scale
@@ -438,7 +438,7 @@ class LinkAdmission:
         granted = self.shares.lend(loan_id, wanted, free, borrower, until)
         # short: the peer comes back for the rest (all or nothing); meanwhile this replica's own answers wait
         self._older_peer_until = now_s + (1.5 * RECHECK_S * self.time_scale if granted < wanted - EPS else 0.0)
-        self._loan_count("lent" if granted > 0 else "refused")
+        self.loan_count("lent" if granted > 0 else "refused")
         self._set_share(now_s)
         return loan_id, granted
 
@@ -461,17 +461,21 @@ class LinkAdmission:
             missing = self._need(rate, now_s)
             if missing <= EPS:
                 break
-            got = await self.peers.ask(url, self.link, missing, lease_s, self.replica, held_at)
+            # within the lenders' bounds (the replicas share the spec): a pull that misses more waits for its own
+            # pulls to end; a longer lease is cut to the bound (the lender takes its share back at the loan's end)
+            ask = min(missing, self.spec.max_loan_fraction())
+            lease = min(lease_s, self.spec.loan_max_lease_seconds * self.time_scale)
+            got = await self.peers.ask(url, self.link, ask, lease, self.replica, held_at)
             if got is None:
                 if url not in self.peers.self_urls:
-                    self._loan_count("unreachable")
+                    self.loan_count("unreachable")
                 continue
             loan_id, granted = got
             if granted <= EPS:
                 continue
             self.shares.borrow(loan_id, granted, url)
             self._loans_of.setdefault(key, []).append((url, loan_id))
-            self._loan_count("borrowed")
+            self.loan_count("borrowed")
         if self._need(rate, now_s) <= EPS:
             self._set_share(now_s)
             return True
@@ -491,7 +495,7 @@ class LinkAdmission:
 
     async def _return(self, peers: PeerLoans, url: str, loan_id: str) -> None:
         if not await peers.give_back(url, self.link, loan_id):
-            self._loan_count("unreachable")
+            self.loan_count("unreachable")
 
     async def release(
         self, booking: Booking, ok: bool, clock: Callable[[], float], instance: str | None = None

@@ -68,7 +68,8 @@ def create_app(
     Gateway mode without a token raises :class:`InsecureGatewayError` unless ``allow_insecure_gateway``.
     ``models``: the model names requests may name (others get OpenAI's 404); None accepts any. ``peers``: the other
     router replicas in front of the same PD cluster, which share their PD prefill books, and their shared token
-    (:mod:`.replica_sync`; router mode only; raises ValueError when the token file is unreadable)."""
+    (:mod:`.replica_sync`; router mode only; raises ValueError when the token file is unreadable or empty, or peers
+    are given without it)."""
     check_secure(config, allow_insecure_gateway)
     runtime = Runtime(compile_config(config), clock)
     metrics = RouterMetrics()
@@ -86,10 +87,10 @@ def create_app(
     gateway_mode = config.mode == "gateway"
     if gateway_mode:
         metrics.drop_router_series()
-    hygiene = Hygiene(sec, metrics.registry)
+    hygiene = Hygiene(sec, metrics.registry, authenticating=gateway_mode and auth.token is not None)
     middlewares = [hygiene.middleware()]
     if gateway_mode:
-        middlewares.insert(0, auth_middleware(auth, security))
+        middlewares.insert(0, auth_middleware(auth, security, hygiene.authenticated))
         if auth.token is None:
             security.insecure.set(1)
             log.warning("gateway serving WITHOUT a token (--allow-insecure-gateway): anyone may call it")
@@ -97,8 +98,8 @@ def create_app(
     app[RUNTIME], app[PROXY], app[GATEWAY], app[METRICS] = runtime, proxy, gateway, metrics
     app[HYGIENE] = hygiene
     replicas = ReplicaSync(runtime, metrics, peers, security) if not gateway_mode else None
-    if replicas is not None and replicas.enabled and replicas.token.token is None:
-        log.warning("router replica books accepted from anyone who reaches this port: set --peers-token-file")
+    if replicas is not None and not replicas.enabled:
+        replicas = None  # no peers: the books path is not served at all
     tls = _tls_reloader(config, security)
     if tls is not None:
         app[TLS] = tls
@@ -133,6 +134,7 @@ def create_app(
                             auth.overlap_s = new.security.token_overlap_seconds
                             if gateway_mode:
                                 security.insecure.set(0 if auth.token else 1)
+                                hygiene.budget.authenticating = auth.token is not None
                             hygiene.configure(new.security)
                             log.info("configuration reloaded", path=str(config_path), endpoints=len(new.endpoints))
                         except (ValueError, OSError) as exc:
@@ -159,7 +161,7 @@ def create_app(
 
         task = asyncio.create_task(refresher())
         creds = asyncio.create_task(credentials())
-        sync = asyncio.create_task(replicas.run(stop)) if replicas is not None and replicas.enabled else None
+        sync = asyncio.create_task(replicas.run(stop)) if replicas is not None else None
         yield
         stop.set()
         await task

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import orjson
+import structlog
 from aiohttp import web
 
 from prfaas_core import names
@@ -37,6 +38,8 @@ from .metrics import RouterMetrics
 from .runtime import EngineLoad, Runtime
 from .security import forwarded_headers, refused_field
 from .tokenizer import count_prompt
+
+log = structlog.get_logger("prfaas.gateway")
 
 WINDOW_S = 10.0
 
@@ -157,16 +160,28 @@ class Gateway:
             return json_error(404, f"pull {pull_id!r} is not on the wire (unknown, reported, or its lease ran out)")
         return web.json_response({"pull": pull_id, "onWireGbps": adm.on_wire_gbps()})
 
-    def _admission_of(self, request: web.Request) -> LinkAdmission | web.Response:
+    async def _peer_admission_of(self, request: web.Request) -> LinkAdmission | web.Response:
+        """The admission of the request's link, if the caller is one of its configured peers (403 otherwise, also on
+        a gateway without peers: only the replicas of one link lend each other their shares)."""
         link = request.match_info["link"]
         adm = self.admission
         if adm is None or adm.link != link:
             return json_error(404, f"this gateway schedules no link {link!r}")
+        if adm.peers is None or not await adm.peers.is_peer(request.remote):
+            adm.loan_count("not_peer")
+            why = (
+                "this gateway has no peers (gateway.admission.peers): it lends to nobody"
+                if adm.peers is None
+                else f"caller {request.remote} is not one of gateway.admission.peers: only they may borrow"
+            )
+            log.warning("share loan refused", link=link, caller=request.remote, why=why)
+            return json_error(403, why, "permission_error")
         return adm
 
     async def lend(self, request: web.Request) -> web.Response:
-        """A peer replica asks for part of this replica's share of the link (``LOANS_PATH``)."""
-        adm = self._admission_of(request)
+        """A peer replica asks for part of this replica's share of the link (``LOANS_PATH``): only a configured peer,
+        within ``loanMaxFraction`` and ``loanMaxLeaseSeconds`` (400 naming the field), logged and counted."""
+        adm = await self._peer_admission_of(request)
         if isinstance(adm, web.Response):
             return adm
         try:
@@ -177,14 +192,37 @@ class Gateway:
             return json_error(400, f"a loan request needs fraction, leaseS, heldAt (numbers) and replica: {exc}")
         if not (0 < wanted <= 1 and 0 <= lease_s < 86_400 and math.isfinite(held_at)):
             return json_error(400, "fraction must be in (0, 1], leaseS in [0, 86400) and heldAt a Unix time")
+        spec = adm.spec
+        bound = None
+        if wanted > spec.max_loan_fraction() + 1e-9:
+            bound = f"fraction {wanted:g} is over gateway.admission.loanMaxFraction ({spec.max_loan_fraction():g})"
+        elif lease_s / self.rt.compiled.scale.time_scale > spec.loan_max_lease_seconds * (1 + 1e-9):
+            bound = (
+                f"leaseS {lease_s:g} (model seconds) is over gateway.admission.loanMaxLeaseSeconds "
+                f"({spec.loan_max_lease_seconds:g} wall seconds)"
+            )
+        if bound is not None:
+            adm.loan_count("over_bounds")
+            log.warning("share loan refused", link=adm.link, caller=request.remote, borrower=borrower[:64], why=bound)
+            return json_error(400, bound)
         if borrower == adm.replica:
             return json_error(409, "that is this replica: it does not lend to itself")
         loan_id, granted = adm.lend(borrower, wanted, lease_s, held_at, self.rt.model_now())
+        log.info(
+            "share loan",
+            link=adm.link,
+            caller=request.remote,
+            borrower=borrower[:64],
+            asked=round(wanted, 4),
+            granted=round(granted, 4),
+            lease_s=round(lease_s, 3),
+            loan=loan_id or None,
+        )
         return web.json_response({"loanId": loan_id, "granted": granted, "replica": adm.replica})
 
     async def repay(self, request: web.Request) -> web.Response:
         """A peer gives a loan back (``LOAN_PATH``)."""
-        adm = self._admission_of(request)
+        adm = await self._peer_admission_of(request)
         if isinstance(adm, web.Response):
             return adm
         loan_id = request.match_info["loan_id"]

@@ -8,7 +8,9 @@ number of them. Here (``RouterConfig.security``):
 * a request body must arrive within ``bodyTimeoutSeconds`` (else ``408`` and the connection is closed);
 * an idle keep-alive connection, or one whose next request's headers are still incomplete, is closed after
   ``keepaliveIdleSeconds`` (aiohttp's keep-alive timer, which runs from the last response);
-* at most ``maxConnections`` connections are open per listener; past it new ones are closed at once;
+* at most ``maxConnections`` connections are open per listener; past it new ones are closed at once; within it,
+  each client (source address) and, on a gateway, the connections without the token and each token have their own
+  budget (:mod:`.conn_budget`);
 * a request line or header field longer than ``maxHeaderBytes``, or more than ``maxHeaders`` fields, is a 4xx.
 
 A reloaded config changes every limit for the connections made after the reload (:meth:`Hygiene.configure`).
@@ -30,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prfaas_core import names
 from prfaas_core.api.router_config import RouterSecurity
 
+from .conn_budget import ConnBudget
 from .http_util import json_error
 
 log = structlog.get_logger("prfaas.router")
@@ -38,8 +41,10 @@ log = structlog.get_logger("prfaas.router")
 class Hygiene:
     """The connection guard of one listener (one app, one runner, one site)."""
 
-    def __init__(self, settings: RouterSecurity, registry: CollectorRegistry) -> None:
+    def __init__(self, settings: RouterSecurity, registry: CollectorRegistry, authenticating: bool = False) -> None:
+        """``authenticating``: a gateway with a token (:class:`ConnBudget`)."""
         self.settings = settings
+        self.budget = ConnBudget(authenticating)
         self.open = Gauge(names.METRIC_ROUTER_OPEN_CONNECTIONS, "Client connections open.", registry=registry)
         self.closed = Counter(
             names.METRIC_ROUTER_CONNECTIONS_CLOSED.removesuffix("_total"),
@@ -87,6 +92,14 @@ class Hygiene:
                 self.closed.labels("limit").inc()
                 transport.close()
                 return
+            refused = self.budget.admit(handler, transport, self.settings)
+            if refused is not None:
+                self.closed.labels(refused).inc()
+                transport.close()
+                return
+            for old in self.budget.evict_over(self.settings):
+                self.closed.labels("unauthenticated").inc()
+                old.close()
             loop = asyncio.get_running_loop()
             self._pending[handler] = loop.call_later(
                 self.settings.header_timeout_seconds, self._expire, handler, transport
@@ -94,6 +107,7 @@ class Hygiene:
 
         def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
             lost(handler, exc)
+            self.budget.lost(handler)
             timer = self._pending.pop(handler, None)
             if timer is not None:
                 timer.cancel()
@@ -102,6 +116,14 @@ class Hygiene:
 
         server.connection_made = connection_made  # type: ignore[method-assign]
         server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+    def authenticated(self, request: web.Request, token_key: str) -> bool:
+        """A request carried the token (keyed ``token_key``): its connection joins the token's budget. False: that
+        budget is full (counted; the caller answers 503 and closes the connection)."""
+        if self.budget.authenticated(request.protocol, token_key, self.settings):
+            return True
+        self.closed.labels("token_limit").inc()
+        return False
 
     def _expire(self, handler: object, transport: asyncio.Transport) -> None:
         if self._pending.pop(handler, None) is not None and not transport.is_closing():

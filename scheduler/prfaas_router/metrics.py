@@ -170,6 +170,14 @@ class RouterMetrics:
         )
         for result in ("sent", "unreachable", "refused", "unauthorized", "self"):  # exported at 0 before the first send
             self.replica_sync.labels(result)
+        self.replica_books_rejected = Counter(
+            names.METRIC_ROUTER_REPLICA_BOOKS_REJECTED.removesuffix("_total"),
+            "Peer books this replica refused, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in names.BOOK_REJECTIONS:
+            self.replica_books_rejected.labels(reason)
         self.replica_peer_prefill = Gauge(
             names.METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS,
             "The other replicas' local prefills in flight on each PD prefill instance, as last heard (predicted model "
@@ -227,7 +235,7 @@ class RouterMetrics:
         self.gateway_loans = Counter(
             names.METRIC_GATEWAY_LOANS.removesuffix("_total"),
             "Gateway mode: share loans between gateway replicas, by link and result (borrowed, lent, refused, "
-            "unreachable, expired).",
+            "unreachable, expired, not_peer, over_bounds).",
             ["link", "result"],
             registry=r,
         )

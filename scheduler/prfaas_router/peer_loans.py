@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import socket
 import ssl
+import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -18,6 +22,19 @@ log = structlog.get_logger("prfaas.router.admission")
 
 PEER_TIMEOUT_S = 1.0
 """A call between gateway replicas (wall seconds); a peer that does not answer in time lends nothing."""
+RESOLVE_EVERY_S = 5.0
+"""The peers' addresses (who may borrow) are resolved again at most this often (wall seconds)."""
+
+
+def _canonical(address: str) -> str:
+    """An IP address as one spelling (an IPv4-mapped IPv6 address as its IPv4 form); others unchanged."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
 
 
 def peer_tls(ca_file: str | None) -> ssl.SSLContext:
@@ -44,6 +61,37 @@ class PeerLoans:
         self.self_urls: set[str] = set()
         self.ca_file = ca_file
         self.http = httpx.AsyncClient(timeout=PEER_TIMEOUT_S, verify=peer_tls(ca_file))
+        self._addresses: frozenset[str] = frozenset()
+        self._resolved: tuple[tuple[str, ...], float] | None = None
+        """(the URLs resolved, when)."""
+
+    async def is_peer(self, remote: str | None) -> bool:
+        """Whether a caller at ``remote`` (its IP address) is one of the configured peers: one of the addresses
+        their URLs' hosts resolve to (re-resolved every :data:`RESOLVE_EVERY_S` while a caller is not found)."""
+        if not remote:
+            return False
+        who = _canonical(remote)
+        if who in self._addresses:
+            return True
+        now = time.monotonic()
+        urls = tuple(self.urls)
+        if self._resolved is not None and self._resolved[0] == urls and now - self._resolved[1] < RESOLVE_EVERY_S:
+            return False
+        self._resolved = (urls, now)
+        loop = asyncio.get_running_loop()
+        found: set[str] = set()
+        for url in urls:
+            host = urlsplit(url).hostname
+            if not host:
+                continue
+            try:
+                infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("gateway peer unresolvable: it cannot borrow", peer=url, error=str(exc))
+                continue
+            found.update(_canonical(str(info[4][0])) for info in infos)
+        self._addresses = frozenset(found)
+        return who in self._addresses
 
     def others(self) -> list[str]:
         return [u for u in self.urls if u not in self.self_urls]

@@ -331,12 +331,17 @@ class Runtime:
             self.books_changed()
 
     def own_book(self) -> Book:
-        """This router's PD prefill books as its peers get them."""
-        q, own = self._queued_prefill_s, self._own_prefills
+        """This router's PD prefill books as its peers get them: on the prefill instances of its configuration now
+        (a peer refuses a book naming any other; one removed by a reload is left out)."""
+        q, own, known = self._queued_prefill_s, self._own_prefills, self.compiled.prefill_capable
         return Book(
             self.replica,
             self._books_seq,
-            {name: InstanceBook(own.get(name, 0), n, q.get(name, 0.0)) for name, n in self._own_started.items()},
+            {
+                name: InstanceBook(own.get(name, 0), n, q.get(name, 0.0))
+                for name, n in self._own_started.items()
+                if name in known
+            },
         )
 
     def own_mark(self, instance: str) -> tuple[int, int, Mark]:

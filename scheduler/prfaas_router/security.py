@@ -265,7 +265,19 @@ class TlsReloader:
         return True
 
 
-def auth_middleware(auth: TokenAuth, metrics: SecurityMetrics) -> Callable[..., Awaitable[web.StreamResponse]]:
+def token_key(authorization: str) -> str:
+    """A short digest naming the token a header carries (the connection budgets' key; never the token)."""
+    return hashlib.sha256(authorization.partition(" ")[2].strip().encode()).hexdigest()[:16]
+
+
+def auth_middleware(
+    auth: TokenAuth,
+    metrics: SecurityMetrics,
+    authenticated: Callable[[web.Request, str], bool] | None = None,
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Refuses requests without the token (but on ``OPEN_PATHS``). ``authenticated(request, token key)``: told of
+    each request that carried it (the connection budgets); False refuses it 503 and closes its connection."""
+
     @web.middleware
     async def check(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -277,6 +289,14 @@ def auth_middleware(auth: TokenAuth, metrics: SecurityMetrics) -> Callable[..., 
             metrics.auth_failures.labels(reason).inc()
             log.warning("gateway refused a caller", reason=reason, peer=request.remote, path=request.path)
             return json_error(401, f"bearer token {reason}", "authentication_error", **{"WWW-Authenticate": "Bearer"})
+        header = request.headers.get("Authorization")
+        if authenticated is not None and header and not authenticated(request, token_key(header)):
+            log.warning("gateway connections of this token at their limit", peer=request.remote, path=request.path)
+            resp = json_error(
+                503, "too many connections with this token (security.maxConnectionsPerToken)", "service_unavailable"
+            )
+            resp.force_close()
+            return resp
         return await handler(request)
 
     return check

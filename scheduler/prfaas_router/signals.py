@@ -54,6 +54,22 @@ class CounterRate:
         return (value - prev) / (wall_s - prev_t)
 
 
+def poll_error(exc: Exception) -> str:
+    """A failed status poll, said plainly: the HTTP status (401/403: the token), else the error's kind."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        code = exc.response.status_code
+        if code in (401, 403):
+            return f"HTTP {code}: the gateway refused this router's bearer token (remotes[].tokenFile stale or wrong)"
+        return f"HTTP {code}"
+    if isinstance(exc, httpx.ConnectError):
+        return "ConnectError: connection refused or host unreachable"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{exc.__class__.__name__}: no answer in time"
+    if isinstance(exc, ValueError):
+        return f"{exc.__class__.__name__}: not a gateway status"
+    return exc.__class__.__name__
+
+
 @dataclass
 class Signals:
     runtime: Runtime
@@ -124,13 +140,16 @@ class Signals:
             status = GatewayStatus.model_validate_json(resp.content)
         except (httpx.HTTPError, ValueError) as exc:
             fails = self.remote_failures[name] = self.remote_failures.get(name, 0) + 1
+            what = poll_error(exc)
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401, 403) and fails == 1:
+                log.error("remote gateway refused this router's token", remote=name, url=url, error=what)
             if name not in self.remote_answered:
-                return name, f"status endpoint not answered yet ({exc.__class__.__name__})", None
+                return name, f"status endpoint not answered yet ({what})", None
             if fails < REMOTE_UNREACHABLE_POLLS:
                 return name, None, None
-            why = f"status endpoint unreachable ({exc.__class__.__name__})"
+            why = f"status endpoint unreachable ({what})"
             if fails == REMOTE_UNREACHABLE_POLLS:  # remote use stops now: the breaker says so (and its alert)
-                self.runtime.remote_unreachable(name, f"{fails} status polls failed, last: {exc.__class__.__name__}")
+                self.runtime.remote_unreachable(name, f"{fails} status polls failed, last: {what}")
             return name, why, None
         self.remote_failures[name] = 0
         self.remote_answered.add(name)

@@ -20,6 +20,7 @@ SECURITY = {
     "bodyTimeoutSeconds": 1,
     "keepaliveIdleSeconds": 1,
     "maxConnections": 400,
+    "maxConnectionsPerClient": 400,  # every connection here comes from 127.0.0.1 (test_hardening: the per-client one)
     "maxHeaderBytes": 2048,
 }
 BOUND_S = 60.0
@@ -215,7 +216,7 @@ def test_header_limits_follow_a_live_config_reload(tmp_path: Path) -> None:
 
 def test_connections_past_the_cap_are_closed_at_once_and_service_resumes(tmp_path: Path) -> None:
     with processes(tmp_path) as procs:
-        r = start_router(procs, tmp_path, maxConnections=50, headerTimeoutSeconds=30)
+        r = start_router(procs, tmp_path, maxConnections=50, maxConnectionsPerClient=50, headerTimeoutSeconds=30)
 
         async def flood() -> list[bytes]:
             opened = [await asyncio.open_connection("127.0.0.1", r.port) for _ in range(50)]

@@ -5,6 +5,7 @@ request log), and the one image's entrypoints in the wheel the Dockerfile instal
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -231,7 +232,8 @@ def test_objects_rendered_per_region(helm: str) -> None:
     assert region_b == dict(sorted({**common, **router_b}.items()))
     assert sum(region_a.values()) == 21 and sum(region_b.values()) == 22 and len(render(helm, CRD_CHART)) == 4
     demo = render(helm, CHART, REPO / "examples/03-helm/demo/values.yaml")
-    assert len(demo) == 29
+    assert len(demo) == 30  # with the router replicas' generated books token (no tokenSecret there)
+    assert [d["metadata"]["name"] for d in demo if d["kind"] == "Secret"] == ["prfaas-router-peers-token"]
 
 
 # --- values: schema and documentation ---------------------------------------------------------------------------
@@ -497,10 +499,18 @@ def test_router_replicas_find_each_other_to_share_their_books(helm: str) -> None
     assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
     mount = next(m for m in router["volumeMounts"] if m["name"] == volume["name"])
     assert token_file == f"{mount['mountPath']}/token" and mount["readOnly"] is True
-    open_books = render(helm, CHART, values, "--set", "router.replicaSync.tokenSecret=")
-    open_settings = find(open_books, "ConfigMap", "-router-settings")
-    assert open_settings["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"] == ""
-    assert "router-peers-token" not in str(find(open_books, "Deployment", "-router")["spec"]["template"])
+    assert not [d for d in docs if d["kind"] == "Secret" and "router-peers-token" in d["metadata"]["name"]]
+    # no tokenSecret: the chart generates one (a random token, kept across upgrades) and mounts it the same way
+    generated = render(helm, CHART, values, "--set", "router.replicaSync.tokenSecret=")
+    secret = find(generated, "Secret", "-router-peers-token")
+    assert len(base64.b64decode(secret["data"]["token"])) == 48
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    gen_settings = find(generated, "ConfigMap", "-router-settings")
+    assert gen_settings["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"] == token_file
+    gen_pod = find(generated, "Deployment", "-router")["spec"]["template"]["spec"]
+    assert secret["metadata"]["name"] in {v.get("secret", {}).get("secretName") for v in gen_pod["volumes"]}
+    again = find(render(helm, CHART, values, "--set", "router.replicaSync.tokenSecret="), "Secret", "-peers-token")
+    assert again["data"]["token"] != secret["data"]["token"]  # helm template has no cluster to look up: a fresh one
 
     off = render(helm, CHART, values, "--set", "router.replicaSync.enabled=false")
     assert not [d for d in off if d["metadata"]["name"].endswith("-router-peers")]
@@ -508,6 +518,9 @@ def test_router_replicas_find_each_other_to_share_their_books(helm: str) -> None
         d for d in off if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("router-settings")
     )
     assert off_settings["data"]["PRFAAS_ROUTER_PEERS_DNS"] == "" and parse_peers_dns("") is None
+    off_gen = render(helm, CHART, values, "--set", "router.replicaSync.enabled=false,router.replicaSync.tokenSecret=")
+    assert not [d for d in off_gen if d["kind"] == "Secret"]  # no replica shares books: no token is made
+    assert find(off_gen, "ConfigMap", "-router-settings")["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"] == ""
     off_policy = find(off, "NetworkPolicy", "-router")
     assert all("podSelector" not in str(r.get("from", "")) for r in off_policy["spec"]["ingress"])
 
@@ -557,6 +570,11 @@ def test_the_sidecar_named_template_is_what_demo_engine_pods_carry(helm: str) ->
         and pod_labels["prfaas.io/pd-cluster"] == "pd-demo"
     )
     assert [(p["targetPort"], p["port"]) for p in peers["spec"]["ports"]] == [("router", 8100)]
+    # their books token: the chart's generated Secret (no tokenSecret set), mounted where the settings point
+    token_secret = find(docs, "Secret", "-router-peers-token")["metadata"]["name"]
+    assert volumes["prfaas-router-peers-token"]["secret"]["secretName"] == token_secret
+    token_file = find(docs, "ConfigMap", "-router-settings")["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"]
+    assert token_file == "/var/run/prfaas/router/peers/token"
     sidecar = by_name["prfaas-router"]
     assert sidecar["args"][sidecar["args"].index("--peers-dns") + 1] == "$(PRFAAS_ROUTER_PEERS_DNS)"
     env = {e["name"]: e["value"] for e in sidecar["env"]}  # env wins over the settings' envFrom

@@ -41,12 +41,14 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
         admission = {"capacityGbps": GATEWAY_GBPS, "pullGbps": GATEWAY_GBPS}
         ports = {k: free_port() for k in (2, 3)}
         others = [f"http://127.0.0.1:{port}" for port in ports.values()]
+        (tmp_path / "peers-token").write_text("books-s3cret\n")
+        token = ["--peers-token-file", str(tmp_path / "peers-token")]  # peers need it
         st = start_stack(
             procs,
             tmp_path,
             gateway_admission=admission,
             gateway_replicas=replicas,
-            router_args=["--peers", ",".join(others)],
+            router_args=["--peers", ",".join(others), *token],
         )
         gateways = [st.url("gateway"), *([st.url("gateway-2")] if replicas == 2 else [])]
         routers = [st.router, *others]
@@ -58,7 +60,8 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
             peers = ",".join(r for r in routers if r != f"http://127.0.0.1:{port}")
             config_file = str(tmp_path / f"router-{k}.json")
             procs.start(
-                f"router-{k}", [*PRFAAS, "router", "--config", config_file, "--port", str(port), "--peers", peers]
+                f"router-{k}",
+                [*PRFAAS, "router", "--config", config_file, "--port", str(port), "--peers", peers, *token],
             )
 
         def all_ready() -> bool:

@@ -140,7 +140,7 @@ Router (standalone and sidecar)
   readOnly: true
 {{- end }}
 {{- include "prfaas.tokenizer.volumeMount" . }}
-{{- if .Values.router.replicaSync.tokenSecret }}
+{{- if include "prfaas.router.peersTokenSecret" . }}
 - name: prfaas-router-peers-token
   mountPath: {{ dir (include "prfaas.router.peersTokenFile" .) }}
   readOnly: true
@@ -150,6 +150,19 @@ Router (standalone and sidecar)
 {{/* Where the router replicas' shared books token is mounted (router.replicaSync.tokenSecret). */}}
 {{- define "prfaas.router.peersTokenFile" -}}
 /var/run/prfaas/router/peers/token
+{{- end }}
+
+{{/* Whether router replicas (router.replicaSync) or sidecars (sidecar.replicaSync) share their books. */}}
+{{- define "prfaas.router.replicaSyncOn" -}}
+{{- if or (and .Values.router.enabled .Values.router.replicaSync.enabled) .Values.sidecar.replicaSync.enabled }}true{{- end }}
+{{- end }}
+
+{{/* The Secret (key `token`) of the replicas' books token: router.replicaSync.tokenSecret, else the one this
+chart generates (<fullname>-router-peers-token) wherever replicas share books; empty: none is needed. */}}
+{{- define "prfaas.router.peersTokenSecret" -}}
+{{- if .Values.router.replicaSync.tokenSecret }}{{ .Values.router.replicaSync.tokenSecret }}
+{{- else if include "prfaas.router.replicaSyncOn" . }}{{ printf "%s-router-peers-token" (include "prfaas.fullname" .) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -184,7 +197,7 @@ restarts until it appears (kubelet then fills the volume; later changes are hot-
     secretName: {{ $name }}
 {{- end }}
 {{- include "prfaas.tokenizer.volume" . }}
-{{- with .Values.router.replicaSync.tokenSecret }}
+{{- with include "prfaas.router.peersTokenSecret" . }}
 - name: prfaas-router-peers-token
   secret:
     secretName: {{ . }}

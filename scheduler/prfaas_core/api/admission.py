@@ -54,8 +54,24 @@ class GatewayAdmission(ApiModel):
         default_factory=list,
         max_length=64,
         description="Base URLs of the gateway replicas (this one may be listed: it recognises itself) that lend "
-        "each other their idle share of the link. Empty: each replica keeps cap / replicas and lets one pull at a "
+        "each other their idle share of the link. A replica lends only to callers whose address one of these "
+        "resolves to (others: 403). Empty: each replica keeps cap / replicas, lends nothing, and lets one pull at a "
         "time when a pull is faster than that, so replicas together may pass the cap.",
+    )
+    loan_max_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The largest fraction of the link's ceiling one loan request may ask a replica for; a request "
+        "past it is refused (400 naming fraction) and counted (prfaas_gateway_loans_total{result=over_bounds}). "
+        "Default: 1 - 1/replicas, the most a pull can miss while every replica keeps its own share.",
+    )
+    loan_max_lease_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="The longest lease one loan request may ask for (wall seconds: a pull's lease, about three "
+        "times its transfer plus a few seconds); a request past it is refused (400 naming leaseS) and counted.",
     )
     peer_ca_file: str | None = Field(
         default=None, min_length=1, description="CA (PEM) that verifies https peers (default: the system's)."
@@ -95,6 +111,10 @@ class GatewayAdmission(ApiModel):
         "pull-after-prefill answer is held for room on the link at most 80 % of it; then the gateway answers 429 "
         "kv_lease and the caller prefills elsewhere, instead of sending a decode to pull KV already freed.",
     )
+
+    def max_loan_fraction(self) -> float:
+        """:attr:`loan_max_fraction`, or its default ``1 - 1 / replicas``."""
+        return self.loan_max_fraction if self.loan_max_fraction is not None else 1.0 - 1.0 / self.replicas
 
     @field_validator("peers")
     @classmethod

@@ -127,10 +127,29 @@ class ScaleConfig(ApiModel):
     byte_scale: float = Field(default=1.0, gt=0, description="Real bytes sent per model byte of KV.")
 
 
+def _at_most_total(field: str) -> CelRule:
+    return CelRule(
+        rule=f"!has(self.{field}) || self.{field} <= self.maxConnections",
+        message=f"{field} must not exceed maxConnections",
+        check=lambda s: getattr(s, _snake(field)) is None or getattr(s, _snake(field)) <= s.max_connections,
+        field_path=f".{field}",
+    )
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
 class RouterSecurity(ApiModel):
     """The listener's connection hygiene and credential reloading (router and gateway): bounds no client can
-    stretch (slow or silent connections, oversized headers, connection floods) and live rotation of the token and
-    TLS files kubelet updates in place."""
+    stretch (slow or silent connections, oversized headers, connection floods, one source holding every connection)
+    and live rotation of the token and TLS files kubelet updates in place."""
+
+    __cel_rules__ = (
+        _at_most_total("maxConnectionsPerClient"),
+        _at_most_total("maxUnauthenticatedConnections"),
+        _at_most_total("maxConnectionsPerToken"),
+    )
 
     header_timeout_seconds: float = Field(
         default=10.0, gt=0, le=600, description="A new connection's TLS handshake and first request headers."
@@ -145,6 +164,32 @@ class RouterSecurity(ApiModel):
     max_connections: int = Field(
         default=4096, ge=1, le=1_000_000, description="Open connections per listener; beyond it new ones are closed."
     )
+    max_connections_per_client: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Open connections from one source address; beyond it that source's new ones are closed, so no "
+        "one client exhausts maxConnections. Router: every connection; gateway: connections that have not yet "
+        "sent a request with the bearer token (authenticated ones count per token instead). Default: a quarter of "
+        "maxConnections (1024 of 4096). Clients behind one NAT or proxy share one address: raise it there.",
+    )
+    max_unauthenticated_connections: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Gateway: connections, from all sources together, that have not yet sent a request with the "
+        "bearer token (a router's connection is authenticated by its first request); past it the oldest of them is "
+        "closed to make room, so a flood without the token never reaches the routers' share. Default: "
+        "maxConnections / 16 (256 of 4096).",
+    )
+    max_connections_per_token: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Gateway: authenticated connections per bearer token (the routers' share: status polls and "
+        "prefill legs); past it a request is answered 503 and its connection closed. Default: maxConnections "
+        "less maxUnauthenticatedConnections (3840 of 4096).",
+    )
     max_header_bytes: int = Field(
         default=16384, ge=1024, le=1 << 20, description="Longest request line or header field, bytes."
     )
@@ -158,6 +203,21 @@ class RouterSecurity(ApiModel):
         le=86_400,
         description="After a token file changes, the previous token is still accepted this long (callers switch).",
     )
+
+    def per_client(self) -> int:
+        """:attr:`max_connections_per_client` or its default."""
+        v = self.max_connections_per_client
+        return v if v is not None else max(1, self.max_connections // 4)
+
+    def unauthenticated(self) -> int:
+        """:attr:`max_unauthenticated_connections` or its default."""
+        v = self.max_unauthenticated_connections
+        return v if v is not None else max(1, self.max_connections // 16)
+
+    def per_token(self) -> int:
+        """:attr:`max_connections_per_token` or its default."""
+        v = self.max_connections_per_token
+        return v if v is not None else max(1, self.max_connections - self.unauthenticated())
 
 
 class GatewayServing(ApiModel):

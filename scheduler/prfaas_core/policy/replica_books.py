@@ -20,6 +20,11 @@ EXPIRY_S = 3.0
 """Wall seconds after which a replica's last books no longer count (three heartbeats missed)."""
 HEARTBEAT_S = 1.0
 """Wall seconds between two sends of unchanged books (a changed book goes at once)."""
+MAX_BOOK_BYTES = 256 * 1024
+"""A peer's book body is at most this many bytes (a book names only this router's own PD prefill instances: a few
+dozen bytes each; 256 KiB holds thousands)."""
+MAX_PEER_REPLICAS = 256
+"""At most this many other replicas' books are held at once: a new sender past it is refused until one expires."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,10 @@ class ReplicaBooks:
 
     expiry_s: float = EXPIRY_S
     _books: dict[str, tuple[float, Book]] = field(default_factory=dict)
+
+    def room_for(self, replica: str, now: float, limit: int = MAX_PEER_REPLICAS) -> bool:
+        """Whether a book from ``replica`` may be held: it is held already, or fewer than ``limit`` live ones are."""
+        return replica in self._books or len(self.live(now)) < limit
 
     def heard(self, book: Book, now: float) -> bool:
         """Take ``book`` unless a newer one from its replica is held (a late body); True when taken. An unchanged
