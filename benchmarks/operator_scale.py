@@ -176,6 +176,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             ns,
             extra=["--link-period-seconds", period, "--gateway-period-seconds", period],
             resync_s=2.0 if args.smoke else None,
+            watch_timeout_s=args.timeout,
         )
         os.environ.pop("PRFAAS_OPERATOR_PROFILE", None)
         pid = op.proc.pid

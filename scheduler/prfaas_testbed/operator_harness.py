@@ -350,7 +350,10 @@ class Harness:
         extra: list[str] | None = None,
         wait_watches: bool = True,
         resync_s: float | None = None,
+        watch_timeout_s: float = 60,
     ) -> OperatorProcess:
+        """Start an operator serving ``namespace`` and wait (up to ``watch_timeout_s``: its first list of a large
+        fleet takes longer) until its watch streams are open."""
         before = sum(self.emu.k8s.watches.values())
         identity = identity or f"op-{uuid.uuid4().hex[:6]}"
         op = OperatorProcess(self, namespace, identity, self.tmp / f"{identity}.log", extra or [], resync_s)
@@ -361,7 +364,7 @@ class Harness:
                     (op.proc.poll() is None and sum(self.emu.k8s.watches.values()) - before >= 5)
                     or op.proc.poll() is not None
                 ),
-                60,
+                watch_timeout_s,
                 "the operator's watches",
             )
             assert op.proc.poll() is None, op.logs()[-3000:]
