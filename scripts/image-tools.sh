@@ -48,13 +48,14 @@ if [ ! -s "$tarball" ]; then
   mv "$tarball.tmp" "$tarball"
 fi
 
-image="localhost/prfaas-base:$key"
+image="localhost/prfaas-base:$key-c1"  # c1: the config below
 if ! buildah inspect --type image "$image" >/dev/null 2>&1; then
   echo "image-tools: committing $image into buildah's storage" >&2
   ctr=$(buildah from scratch)
   trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
   buildah add --quiet "$ctr" "$tarball" / >/dev/null
-  buildah config --env PIP_CERT=/etc/ssl/certs/ca-certificates.crt --env LANG=C.UTF-8 --cmd python3 "$ctr"
+  buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env PIP_CERT=/etc/ssl/certs/ca-certificates.crt --env LANG=C.UTF-8 --cmd python3 "$ctr"
   buildah commit --quiet --rm "$ctr" "$image" >/dev/null
   trap - EXIT
 fi

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 PLOTS_EXTRA = "matplotlib is not installed; it comes with the plots extra: pip install 'prfaas[plots]'"
 
 
