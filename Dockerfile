@@ -12,10 +12,12 @@
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_CACHE_DIR=/root/.cache/pip
 WORKDIR /src
 COPY requirements/ ./requirements/
-RUN python3 -m venv /opt/build \
+# pip's cache in a build cache mount: a rebuild downloads nothing it has seen (the mount is not in the image)
+RUN --mount=type=cache,target=/root/.cache/pip \
+    python3 -m venv /opt/build \
  && /opt/build/bin/pip install --quiet --require-hashes -r requirements/build.txt \
  && python3 -m venv /opt/prfaas \
  && /opt/prfaas/bin/pip install --quiet --require-hashes -r requirements/runtime.txt
