@@ -13,6 +13,10 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_CACHE_DIR=/root/.cache/pip
+# optional, for a build from a local wheelhouse (tests/integration/test_image.py mounts scripts/wheelhouse.sh's
+# folder and passes PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheelhouse); unset, pip uses the index. Hashes are checked either way.
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
 WORKDIR /src
 COPY requirements/ ./requirements/
 # pip's cache in a build cache mount: a rebuild downloads nothing it has seen (the mount is not in the image)

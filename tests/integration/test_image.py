@@ -71,14 +71,19 @@ def image() -> Iterator[Image]:
         pytest.skip(f"cannot build the image here: {setup.stderr.strip()}")
     assert setup.returncode == 0, setup.stderr[-3000:]
     base = setup.stdout.strip().splitlines()[-1]
+    # the locked wheels, downloaded once outside the clone: the build installs from them (hashes checked), offline
+    house = subprocess.run([str(REPO / "scripts" / "wheelhouse.sh")], capture_output=True, text=True, timeout=600)
+    assert house.returncode == 0, house.stderr[-3000:]
+    wheelhouse = house.stdout.strip().splitlines()[-1]
     tag = uuid.uuid4().hex[:8]
     name, container = f"localhost/prfaas-test-{tag}", f"prfaas-test-{tag}"
     shared = Path(tempfile.mkdtemp(prefix="prfaas-image-"))
     shared.chmod(0o755)  # the image's user (10001) reads the configs the tests write here
     started = time.monotonic()
     try:
-        buildah("bud", "--quiet", "--build-arg", f"BASE_IMAGE={base}", "-t", name, "-f", str(REPO / "Dockerfile"),
-                str(REPO))  # fmt: skip
+        buildah("bud", "--quiet", "--build-arg", f"BASE_IMAGE={base}", "-v", f"{wheelhouse}:/wheelhouse:ro",
+                "--build-arg", "PIP_NO_INDEX=1", "--build-arg", "PIP_FIND_LINKS=/wheelhouse",
+                "-t", name, "-f", str(REPO / "Dockerfile"), str(REPO))  # fmt: skip
         built_s = time.monotonic() - started
         buildah("from", "--quiet", "--name", container, name)
         size = buildah("images", "--format", "{{.Size}}", name).stdout.strip()
