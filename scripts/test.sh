@@ -8,6 +8,9 @@ if [ "${1:-}" = "--full" ]; then full=1; shift; fi
 scripts/setup.sh
 scripts/system-deps.sh
 scripts/helm-tools.sh >/dev/null   # a real helm binary for tests/integration/test_helm.py
+# buildah + mmdebstrap and a Debian base image for tests/integration/test_image.py (cached in ~/.cache/prfaas/image);
+# exit 3: cannot be installed here (not root), and the image test skips saying so
+scripts/image-tools.sh >/dev/null || [ $? = 3 ]
 # the real-engine tier's vLLM environment and tiny model, outside the clone (cached; ~1.5 min the first time)
 if [ "${PRFAAS_SKIP_REAL:-0}" != 1 ]; then
   if ! scripts/real-engines.sh >/dev/null; then
@@ -37,6 +40,8 @@ part() {  # pytest with "$@"; "no tests collected" (5) is fine for one part, not
   [ "$rc" = 0 ] && collected=1
   return "$rc"
 }
+rm -f out/image-size.txt
 part -m "($marks) and not solo" "${workers[@]}" --durations=25 "$@"
+if [ -f out/image-size.txt ]; then cat out/image-size.txt; fi   # written by tests/integration/test_image.py
 part -m "($marks) and solo" --durations=10 "$@"
 if [ "$collected" = 0 ]; then echo "test: no tests collected" >&2; exit 5; fi

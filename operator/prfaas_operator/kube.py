@@ -4,14 +4,14 @@ Why not the official client: it is synchronous, and the operator's few verbs (ge
 delete, the scale subresource, Leases, Events) fit in one class whose retry rules are explicit: a 409 on an
 unconditional merge patch, a 429, a 5xx and a dropped connection are retried with exponential backoff; a 409
 on a conditional write (``metadata.resourceVersion`` in the patch, as Lease renewals use) is returned to the
-caller, who owns the conflict. Credentials come from a kubeconfig (the official client's loader, so exec
-plugins work) or the in-cluster service account; kopf logs in with the same credentials.
+caller, who owns the conflict. Credentials come from a kubeconfig (:mod:`~prfaas_operator.kubeconfig`: tokens,
+client certificates, exec plugins) or the in-cluster service account; kopf logs in with the same credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import dataclasses
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+from . import kubeconfig as kubeconfig_loader
+
 RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -58,37 +59,8 @@ class KubeCredentials:
     @classmethod
     def load(cls, kubeconfig: str | None = None) -> KubeCredentials:
         """From ``kubeconfig`` (or $KUBECONFIG, ~/.kube/config), else the in-cluster service account."""
-        from kubernetes import client, config  # heavy import; only at startup
-
-        cfg = client.Configuration()
-        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-        default_path = Path.home() / ".kube" / "config"
-        if path is None and default_path.exists():
-            path = str(default_path)
-        if path is None and (SERVICE_ACCOUNT / "token").exists():
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            ns_file = SERVICE_ACCOUNT / "namespace"
-            return cls(
-                server=cfg.host,
-                token_file=str(SERVICE_ACCOUNT / "token"),
-                ca_path=cfg.ssl_ca_cert,
-                default_namespace=ns_file.read_text().strip() if ns_file.exists() else None,
-            )
-        if path is None:
-            raise RuntimeError("no kubeconfig given or found, and not running in a cluster")
-        config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
-        auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-        token = auth.split(" ", 1)[1] if auth and auth.lower().startswith("bearer ") else auth
-        _, active = config.list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
-        return cls(
-            server=cfg.host,
-            token=token,
-            ca_path=cfg.ssl_ca_cert,
-            insecure=not cfg.verify_ssl,
-            cert_path=cfg.cert_file,
-            key_path=cfg.key_file,
-            default_namespace=(active or {}).get("context", {}).get("namespace"),
-        )
+        found = kubeconfig_loader.load(kubeconfig)
+        return cls(**dataclasses.asdict(found))
 
 
 def api_path(

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         inputs = build_inputs(args)
         result = plan(inputs)
-        images = render_plots(inputs, result) if args.plot_dir else {}
         plot_dir = check_plot_dir(args.plot_dir, create=True) if args.plot_dir else None
+        images = render_plots(inputs, result) if plot_dir is not None else {}
     except (PlanCliError, InputError, PlotDirError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,10 +1,12 @@
 """``prfaas up``'s live view: on a terminal, a ``rich`` panel redrawn once a second (the phase, the PD roles
 over time, ``t`` against its floor, egress against the cap, TTFT by route against the SLO in this phase, the
 last decision with its reason, wrapped — never cut); otherwise one plain line every 10 wall seconds.
-Everything goes to stderr (stdout carries only the summary, or only JSON with ``-o json``)."""
+Everything goes to stderr (stdout carries only the summary, or only JSON with ``-o json``). The panel needs the
+``live`` extra (rich); without it a terminal gets the plain lines and one note naming the extra."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from typing import Any, TextIO
@@ -15,6 +17,8 @@ from .load import summarize
 from .local_loop import LocalCluster
 from .scenario import phase_at
 from .up_session import SessionState
+
+LIVE_EXTRA = "the live view needs rich, which comes with the live extra: pip install 'prfaas[live]'"
 
 
 def facts(st: SessionState, cluster: LocalCluster, slo: SloSpec) -> dict[str, Any]:
@@ -83,6 +87,9 @@ class LiveView:
         self.tty = self.stream.isatty()
         self._last_plain = 0.0
         self._live: Any = None
+        if self.tty and importlib.util.find_spec("rich") is None:
+            print(f"up: {LIVE_EXTRA}; a plain line every 10 s instead", file=self.stream, flush=True)
+            self.tty = False
         if self.tty:
             from rich.console import Console
             from rich.live import Live

@@ -97,14 +97,13 @@ class OperatorProcess:
         log: Path,
         extra: list[str],
         resync_s: float | None = None,
+        command: list[str] | None = None,
     ) -> None:
         self.log_path = log
         self.identity = identity
         self.metrics_port = free_port()
         args = [
-            sys.executable,
-            "-m",
-            "prfaas_cli.main",
+            *(command or [sys.executable, "-m", "prfaas_cli.main"]),
             "operator",
             "--namespace",
             namespace,
@@ -351,12 +350,14 @@ class Harness:
         wait_watches: bool = True,
         resync_s: float | None = None,
         watch_timeout_s: float = 60,
+        command: list[str] | None = None,
     ) -> OperatorProcess:
         """Start an operator serving ``namespace`` and wait (up to ``watch_timeout_s``: its first list of a large
-        fleet takes longer) until its watch streams are open."""
+        fleet takes longer) until its watch streams are open. ``command``: how ``prfaas`` is run (default: this
+        interpreter; from an image: test_image.py)."""
         before = sum(self.emu.k8s.watches.values())
         identity = identity or f"op-{uuid.uuid4().hex[:6]}"
-        op = OperatorProcess(self, namespace, identity, self.tmp / f"{identity}.log", extra or [], resync_s)
+        op = OperatorProcess(self, namespace, identity, self.tmp / f"{identity}.log", extra or [], resync_s, command)
         self.operators.append(op)
         if wait_watches:  # the four kinds and pods: five watch streams opened
             wait_until(

@@ -61,6 +61,7 @@ def start_stack(
     gateway_replicas: int = 1,
     gateway_tls: tuple[Path, Path] | None = None,
     router_args: Sequence[str] = (),
+    router_cmd: Sequence[str] = tuple(PRFAAS),
     **router_extra: Any,
 ) -> Stack:
     """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
@@ -69,7 +70,8 @@ def start_stack(
     (and the routers' configured one); ``gateway_replicas`` > 1: the admission's ``replicas`` and ``peers`` name
     them all (ports ``gateway``, ``gateway-2``, ...), and the stack starts them all; ``gateway_tls``: (certificate,
     key) the gateways serve, which the router's remote and the replicas' peers verify (``caFile``, ``peerCaFile``);
-    ``router_args``: more command-line arguments of the router (``--peers``)."""
+    ``router_args``: more command-line arguments of the router (``--peers``); ``router_cmd``: how the router and
+    the gateways are run (``prfaas`` from an image: tests/integration/test_image.py)."""
     replicas = ["gateway", *(f"gateway-{k}" for k in range(2, gateway_replicas + 1))]
     names = ("prf", "prf_kv", "link", "link_admin", "pdp", "pdp_kv", "pdd", "pdd_kv", *replicas, "router")
     st = Stack(procs, tmp, {n: free_port() for n in names}, tls_ca=gateway_tls[0] if gateway_tls else None)
@@ -207,10 +209,9 @@ def start_stack(
     }
     st.write_router_config()
     for r in replicas:
-        procs.start(r, [*PRFAAS, "router", "--config", str(tmp / "gateway.json"), "--port", str(p[r])])
-    procs.start(
-        "router", [*PRFAAS, "router", "--config", str(tmp / "router.json"), "--port", str(p["router"]), *router_args]
-    )
+        procs.start(r, [*router_cmd, "router", "--config", str(tmp / "gateway.json"), "--port", str(p[r])])
+    router = [*router_cmd, "router", "--config", str(tmp / "router.json"), "--port", str(p["router"]), *router_args]
+    procs.start("router", router)
     if not wait_ready:
         return st
 

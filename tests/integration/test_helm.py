@@ -1,7 +1,7 @@
 """The Helm charts with a real helm binary (scripts/helm-tools.sh): lint --strict and template over every
 values file, kubernetes-validate --strict (1.30) and yamllint on what they render, the values schema's teeth,
 documentation of every value, the operator's RBAC against the calls a real operator run made (API emulator's
-request log), and the one image's entrypoints in the wheel the Dockerfile installs."""
+request log), and that every container runs an entrypoint of the one image (the image itself: test_image.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import json
 import re
 import subprocess
 import sys
-import zipfile
 from collections.abc import Iterator
 from os.path import dirname
 from pathlib import Path
@@ -658,7 +657,7 @@ def dockerfile_entrypoints() -> list[str]:
     text = (REPO / "Dockerfile").read_text()
     m = re.search(r'io\.prfaas\.entrypoints="([^"]+)"', text)
     assert m, "the Dockerfile labels its entrypoints"
-    assert 'ENTRYPOINT ["prfaas"]' in text
+    assert 'ENTRYPOINT ["/opt/prfaas/bin/prfaas"]' in text  # the image itself: tests/integration/test_image.py
     return m.group(1).split()
 
 
@@ -678,40 +677,6 @@ def test_every_container_runs_a_subcommand_of_the_one_image(helm: str) -> None:
                 assert c["args"][0] in entrypoints, c["args"]
                 seen.add(c["args"][0])
     assert seen == set(entrypoints)
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check", str(REPO),
-         "-w", str(out)],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (path,) = out.glob("prfaas-*.whl")
-    return path
-
-
-def test_the_wheel_the_dockerfile_installs_serves_every_entrypoint(wheel: Path) -> None:
-    text = (REPO / "Dockerfile").read_text()
-    for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
-        for item in copied.split():
-            assert (REPO / item).exists(), f"the Dockerfile copies {item}, which is missing"
-    with zipfile.ZipFile(wheel) as zf:
-        files = zf.namelist()
-        entry = next(n for n in files if n.endswith("entry_points.txt"))
-        assert "prfaas = prfaas_cli.main:main" in zf.read(entry).decode()
-    for package in ("prfaas_cli", "prfaas_core", "prfaas_router", "prfaas_engine", "prfaas_link", "prfaas_operator"):
-        assert f"{package}/__init__.py" in files, package
-    probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import prfaas_cli.main as m; "
-        "assert m.__file__.startswith(sys.argv[1]), m.__file__; sys.exit(m.main([sys.argv[2], '--help']))"
-    )
-    for command in dockerfile_entrypoints():
-        proc = subprocess.run([sys.executable, "-c", probe, str(wheel), command], capture_output=True, text=True)
-        assert proc.returncode == 0, (command, proc.stderr[-2000:])
-        assert f"prfaas {command}" in proc.stdout
 
 
 # --- RBAC against a real operator run ---------------------------------------------------------------------------
