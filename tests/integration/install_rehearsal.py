@@ -44,6 +44,8 @@ EXTRA_KINDS = (
     ("monitoring.coreos.com/v1", "prometheusrules", "PrometheusRule", True),
     ("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "LeaderWorkerSet", True),
 )
+OWNER = "rehearsal.prfaas.io/owner"
+"""The workload a pod of :meth:`Rehearsal.controllers` belongs to (the emulator keeps no ownerReferences' meaning)."""
 CLUSTER_DOES = (
     "after every command: the LeaderWorkerSet and StatefulSet controllers and the kubelet make the engine pods "
     "(Running, Ready, a pod IP) from each vLLM workload's pod template",
@@ -284,29 +286,49 @@ class Rehearsal:
             self.start_operator(g["ctx"], [d for d in yaml.safe_load_all(rendered) if d])
 
     def controllers(self) -> None:
-        """What each region's workload controllers and kubelet do: a Running, Ready pod with a pod IP for every
-        replica of every vLLM LeaderWorkerSet or StatefulSet (one-pod groups), from its pod template."""
+        """What each region's workload controllers, garbage collector and kubelet do for every vLLM LeaderWorkerSet
+        or StatefulSet (one-pod groups): a Running, Ready pod with a pod IP per replica from its pod template, owned
+        by it (a name another workload's pod holds is not taken: AlreadyExists); a pod whose template changed is
+        replaced (a rollout); the pods of a deleted workload are deleted."""
         for n, region in enumerate(self.regions.values()):
             workloads = region.items("/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets") + region.items(
                 "/apis/apps/v1/statefulsets"
             )
-            for d in workloads:
+            owners = {f"{w['kind']}/{w['metadata']['namespace']}/{w['metadata']['name']}" for w in workloads}
+            for pod in region.items("/api/v1/pods"):
+                owner = (pod["metadata"].get("annotations") or {}).get(OWNER)
+                if owner is not None and owner not in owners:
+                    region.http.delete(object_path("Pod", pod["metadata"]["namespace"], pod["metadata"]["name"]))
+            for j, d in enumerate(workloads):
                 spec = d["spec"]
-                lws = d["kind"] == "LeaderWorkerSet" or "leaderWorkerTemplate" in spec
-                template = spec["leaderWorkerTemplate"]["workerTemplate"] if lws else spec["template"]
+                template = (
+                    spec["leaderWorkerTemplate"]["workerTemplate"]
+                    if d["kind"] == "LeaderWorkerSet"
+                    else spec["template"]
+                )
                 if not any("vllm" in str(c.get("image", "")) for c in template["spec"]["containers"]):
                     continue  # not an engine (the gateway's StatefulSet)
-                ns = d["metadata"]["namespace"]
+                ns, owner = (
+                    d["metadata"]["namespace"],
+                    f"{d['kind']}/{d['metadata']['namespace']}/{d['metadata']['name']}",
+                )
                 for i in range(int(spec.get("replicas", 1))):
                     name = f"{d['metadata']['name']}-{i}"
-                    if region.get(object_path("Pod", ns, name)) is not None:
-                        continue
+                    pod = region.get(object_path("Pod", ns, name))
+                    if pod is not None:
+                        if (pod["metadata"].get("annotations") or {}).get(OWNER) != owner or pod["spec"] == template[
+                            "spec"
+                        ]:
+                            continue
+                        region.http.delete(object_path("Pod", ns, name)).raise_for_status()
+                    metadata = {"name": name, "namespace": ns, "labels": template["metadata"]["labels"],
+                                "annotations": {OWNER: owner}}  # fmt: skip
                     pod = {
                         "apiVersion": "v1",
                         "kind": "Pod",
-                        "metadata": {"name": name, "namespace": ns, "labels": template["metadata"]["labels"]},
+                        "metadata": metadata,
                         "spec": template["spec"],
-                        "status": {"phase": "Running", "podIP": f"10.{n + 1}.{len(workloads)}.{i + 1}",
+                        "status": {"phase": "Running", "podIP": f"10.{n + 1}.{j}.{i + 1}",
                                    "conditions": [{"type": "Ready", "status": "True"}]},
                     }  # fmt: skip
                     region.http.post(f"/api/v1/namespaces/{ns}/pods", json=pod).raise_for_status()
@@ -401,7 +423,7 @@ class Rehearsal:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=self.env,
-                )  # fmt: skip
+                )
             )
         wait_until(
             lambda: httpx.get(f"http://127.0.0.1:{self.router_port}/health", timeout=2).status_code == 200,

@@ -168,11 +168,6 @@ def test_the_upgrade_from_the_previous_release(rehearsal: Rehearsal) -> None:
     rehearsal.use_repo(REPO)
     rehearsal.run_guide(UPGRADE.read_text())
     rehearsal.run_guide((UPGRADE_DATA / "after-upgrade.md").read_text())
-    for ctx, sts in (("region-a", "vllm-prefill"), ("region-b", "vllm-pd")):
-        region = rehearsal.regions[ctx]
-        for pod in region.items(f"/api/v1/namespaces/{NS}/pods"):  # the StatefulSet controller's garbage collection
-            if pod["metadata"]["name"].startswith(f"{sts}-"):
-                region.http.delete(object_path("Pod", NS, pod["metadata"]["name"])).raise_for_status()
     wait_until(
         lambda: engine_config(rehearsal, "region-b", "pd-h20")["reason"] == "Matches", 60, "EngineConfig after upgrade"
     )
