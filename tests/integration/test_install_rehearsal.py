@@ -18,8 +18,9 @@ Ready, the engines running what the resources imply (EngineConfig True), the gat
 written by the operator and parsed as the router parses them, region A's token in region B.
 
 The upgrade: the previous release's install (UPGRADE_FROM: its charts, values and the objects its guide applied,
-hand-written engines included) is applied and reconciled, then docs/upgrade.md's commands and the current install's
-resources; every object must still validate and be reconciled, the engines now matching their resources."""
+hand-written engines included) is applied and reconciled, then docs/upgrade.md's commands (the charts, the old
+engines' StatefulSets deleted, the current install's resources); every object must still validate and be reconciled, the engines now matching their
+resources."""
 
 from __future__ import annotations
 
@@ -191,8 +192,7 @@ def test_the_upgrade_from_the_previous_release(rehearsal: Rehearsal) -> None:
     assert differs["reason"] == "EngineFlagsDiffer" and "--kv-transfer-config" in differs["message"]
 
     rehearsal.use_repo(REPO)
-    rehearsal.run_guide(UPGRADE.read_text())
-    rehearsal.run_guide((UPGRADE_DATA / "after-upgrade.md").read_text())
+    rehearsal.run_guide(UPGRADE.read_text())  # the charts, then the old StatefulSets deleted and the new resources
     # the current operator reconciled the new generation of the PrefillCluster and the link (a PDCluster's status
     # follows at its next period, policy.periodSeconds: 60 s here; its engines' verdict is computed below)
     for ctx, kind, name in (("region-a", "PrefillCluster", "prfaas-h200"), ("region-b", "InterDCLink", "a-to-b")):
