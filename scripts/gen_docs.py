@@ -132,7 +132,9 @@ def api_page() -> str:
             out.extend(row + "\n" for row in rows)
             out.append("\n")
             if rules:
-                out.append(f"Validation rules on `{part}` (CEL, checked by the API server and by `prfaas validate`):\n\n")
+                out.append(
+                    f"Validation rules on `{part}` (CEL, checked by the API server and by `prfaas validate`):\n\n"
+                )
                 out.append("| Where | Rule | Message |\n|---|---|---|\n")
                 for where, rule in rules:
                     out.append(f"| {code(where)} | {code(rule['rule'])} | {cell(rule.get('message', ''))} |\n")
@@ -239,7 +241,9 @@ def metrics_page() -> str:
         out.append(f"## Metrics exported by `{exporter}`\n\n| Metric | Constant | Meaning |\n|---|---|---|\n")
         for name, value, doc in consts:
             if EXPORTERS.get(value) == exporter:
-                out.append(f"| {code(value)} | `{name}` | {cell(doc.removeprefix('(router) ').removeprefix('(gateway) '))} |\n")
+                out.append(
+                    f"| {code(value)} | `{name}` | {cell(doc.removeprefix('(router) ').removeprefix('(gateway) '))} |\n"
+                )
         out.append("\n")
     return "".join(out).rstrip("\n") + "\n"
 

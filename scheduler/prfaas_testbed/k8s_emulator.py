@@ -6,9 +6,9 @@ into created objects, and it never answers 409 by itself. This subclass adds: ui
 create; a fresh resourceVersion on every write; ``generation`` bumped only when ``spec`` changes (so
 ``observedGeneration`` settles); ``kind: XList`` on lists; the URL namespace in ``metadata.namespace``;
 optimistic concurrency (a merge patch carrying ``metadata.resourceVersion`` that is stale gets 409, as the
-real API server does; a failed JSON-patch ``test`` gets 422); the core group's discovery as kubectl reads it; fault injection (N answers of a status for
-requests matching a method and path); and counts of WATCH requests per resource and of all requests by verb
-and resource (``requests``; benchmarks read API calls per cycle from it).
+real API server does; a failed JSON-patch ``test`` gets 422); the core group's discovery as kubectl reads it;
+fault injection (N answers of a status for requests matching a method and path); and counts of WATCH requests
+per resource and of all requests by verb and resource (``requests``; benchmarks read API calls per cycle from it).
 
 Scale: kmock matches every request to a reaction by running its whole request log through each reaction's
 filters (``request in reaction``, an identity search: O(log) per request, ~50-300 ms with a 2,000-entry log),

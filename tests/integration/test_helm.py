@@ -368,7 +368,9 @@ def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
         d for d in candidates if d["kind"] == pfc.spec.workload.kind and d["metadata"]["name"] == pfc.spec.workload.name
     )
     spec = workload["spec"]
-    template = spec["leaderWorkerTemplate"]["workerTemplate"] if workload["kind"] == "LeaderWorkerSet" else spec["template"]
+    template = (
+        spec["leaderWorkerTemplate"]["workerTemplate"] if workload["kind"] == "LeaderWorkerSet" else spec["template"]
+    )
     assert template["metadata"]["labels"]["prfaas.io/prefill-cluster"] == pfc_name
     pods = [
         {"metadata": {"name": f"{pfc.spec.workload.name}-{i}", "labels": template["metadata"]["labels"]},

@@ -19,8 +19,8 @@ written by the operator and parsed as the router parses them, region A's token i
 
 The upgrade: the previous release's install (UPGRADE_FROM: its charts, values and the objects its guide applied,
 hand-written engines included) is applied and reconciled, then docs/upgrade.md's commands (the charts, the old
-engines' StatefulSets deleted, the current install's resources); every object must still validate and be reconciled, the engines now matching their
-resources."""
+engines' StatefulSets deleted, the current install's resources); every object must still validate and be
+reconciled, the engines now matching their resources."""
 
 from __future__ import annotations
 
