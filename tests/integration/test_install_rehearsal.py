@@ -180,9 +180,8 @@ def test_the_install_guide_runs_as_written(rehearsal: Rehearsal) -> None:
 def test_the_upgrade_from_the_previous_release(rehearsal: Rehearsal) -> None:
     old = rehearsal.tmp / "previous"
     old.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", UPGRADE_FROM, "helm", "examples"], capture_output=True, check=True
-    )
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", UPGRADE_FROM, "helm", "examples"], capture_output=True)
+    assert archive.returncode == 0, f"the upgrade needs the repository's history ({UPGRADE_FROM}): {archive.stderr!r}"
     subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
     rehearsal.use_repo(old)
     rehearsal.run_guide((UPGRADE_DATA / "previous-install.md").read_text())
