@@ -213,17 +213,45 @@ def names_constants() -> list[tuple[str, str, str]]:
     return out
 
 
+def exported_help() -> dict[str, tuple[str, str]]:
+    """metric name -> (type, HELP text) as each exporter registers it: the router and gateway, the operator, and the
+    link and engine emulators (which also speak vLLM's names), each built on a registry of its own."""
+    from prfaas_engine.metrics import EngineMetrics
+    from prfaas_link.metrics import LinkMetrics
+    from prfaas_operator.metrics import OperatorMetrics
+    from prfaas_router.metrics import RouterMetrics
+
+    out: dict[str, tuple[str, str]] = {}
+    registries = [
+        RouterMetrics().registry,
+        OperatorMetrics().registry,
+        LinkMetrics("docs", lambda: 0.0).registry,
+        EngineMetrics("docs").registry,
+    ]
+    for registry in registries:
+        for family in registry.collect():
+            for name in (family.name, family.name + "_total"):
+                out.setdefault(name, (family.type, family.documentation))
+    return out
+
+
 def metrics_page() -> str:
     consts = names_constants()
     sys.path.insert(0, str(REPO / "scheduler"))
+    sys.path.insert(0, str(REPO / "operator"))
     from prfaas_core.names import EXPORTERS
 
-    out = [HEADER.format(source="scheduler/prfaas_core/names.py"), "# Names and metrics\n\n"]
+    helps = exported_help()
+    out = [
+        HEADER.format(source="scheduler/prfaas_core/names.py and the exporters' registries"),
+        "# Names and metrics\n\n",
+    ]
     out.append(
         "Every name several parts share is one constant in `prfaas_core/names.py`; the router, the operator, the "
         "charts, the dashboard and the alerts take it from there. Exporters: `router`, `gateway` (the router binary "
         "in gateway mode), `operator`, `vllm` (the engines; the engine emulator speaks them too) and `emulator` "
-        "(only the GPU-free link and engine emulators: no default query, panel or alert reads one).\n\n"
+        "(only the GPU-free link and engine emulators: no default query, panel or alert reads one). A metric's "
+        "meaning is its constant's docstring in `names.py`, else the HELP text its exporter registers.\n\n"
     )
     groups = (
         ("Labels", "LABEL_"),
@@ -238,12 +266,15 @@ def metrics_page() -> str:
                 out.append(f"| `{name}` | {code(value)} | {cell(doc)} |\n")
         out.append("\n")
     for exporter in ("router", "gateway", "operator", "vllm", "emulator"):
-        out.append(f"## Metrics exported by `{exporter}`\n\n| Metric | Constant | Meaning |\n|---|---|---|\n")
+        out.append(
+            f"## Metrics exported by `{exporter}`\n\n| Metric | Type | Constant | Meaning |\n|---|---|---|---|\n"
+        )
         for name, value, doc in consts:
-            if EXPORTERS.get(value) == exporter:
-                out.append(
-                    f"| {code(value)} | `{name}` | {cell(doc.removeprefix('(router) ').removeprefix('(gateway) '))} |\n"
-                )
+            if EXPORTERS.get(value) != exporter:
+                continue
+            kind, helptext = helps.get(value, ("", ""))
+            meaning = doc.removeprefix("(router) ").removeprefix("(gateway) ") or helptext
+            out.append(f"| {code(value)} | {kind} | `{name}` | {cell(meaning)} |\n")
         out.append("\n")
     return "".join(out).rstrip("\n") + "\n"
 

@@ -183,15 +183,15 @@ METRIC_ROUTER_LINK_AVAILABLE_GBPS: Final = "prfaas_router_link_available_gbps"
 """(router) The link's available bandwidth as estimated from its KV pulls' timing (model Gbps; the configured
 capacity when nothing bounds it), by ``link``: the capacity its cap, watermarks and ``t`` use now."""
 METRIC_ROUTER_LINK_AVAILABLE_SOURCE: Final = "prfaas_router_link_available_source"
+"""(router) 1 for the estimate's current ``source`` (configured, streams, stalled), 0 for the others, by ``link``."""
 METRIC_ROUTER_REPLICA_PEERS: Final = "prfaas_router_replica_peers"
 """(router) Other router replicas whose PD prefill books this one heard within the expiry (they count in its queues)."""
 METRIC_ROUTER_REPLICA_SYNC: Final = "prfaas_router_replica_sync_total"
+"""(router) Books sent to peer replicas, by ``result``: sent, unreachable, refused (another status), unauthorized
+(the peer refused this replica's ``--peers-token-file`` token, or it has none), self."""
 METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS: Final = "prfaas_router_replica_peer_prefill_seconds"
 """(router) The other replicas' local prefills in flight on each PD prefill ``instance`` as this one last heard them
 (their predicted seconds, model time): what it adds to its own books there."""
-"""(router) Books sent to peer replicas, by ``result``: sent, unreachable, refused (another status), unauthorized
-(the peer refused this replica's ``--peers-token-file`` token, or it has none), self."""
-"""(router) 1 for the estimate's current ``source`` (configured, streams, stalled), 0 for the others, by ``link``."""
 METRIC_GATEWAY_ADMISSIONS: Final = "prfaas_gateway_admissions_total"
 """(gateway) Remote prefills the link calendar answered, by ``link`` and ``result``: booked, or the decline's reason
 (link_window, overloaded; kv_lease: booked, prefilled, then held for the wire until the engine's KV lease nearly ran
