@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -293,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         if path.exists() and path.read_text() == text:
             continue
         if args.check:
-            stale.append(str(path.relative_to(REPO)))
+            stale.append(os.path.relpath(path, REPO))
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            print(f"wrote {path.relative_to(REPO)}")
+            print(f"wrote {os.path.relpath(path, REPO)}")
     if stale:
         print(f"stale generated pages: {', '.join(stale)}; run python scripts/gen_docs.py", file=sys.stderr)
         return 1
