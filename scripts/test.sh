@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, then run every check: lint, format, types, import layering, generated CRDs, and the test suite.
+# Set up, then run every check: lint, format, types, import layering, generated CRDs and docs, the docs site (mkdocs
+# --strict), and the test suite.
 # Usage: scripts/test.sh [--full] [pytest args...]   (--full adds the heavier suites marked `slow`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,8 @@ step "ruff (format)";          ruff format --check scheduler operator tests
 step "mypy (strict on the core)"; mypy scheduler/prfaas_core scheduler/prfaas_cli
 step "import layering";        lint-imports
 step "generated CRDs";         prfaas crds --check --out crds
+step "generated docs";         python scripts/gen_docs.py --check
+step "docs site";              NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet
 step "pytest"
 # Two workers (pytest-xdist; CI has 2 cores): each module is one unit of work, and the real-engine tier one unit on
 # one worker, handed out first (tests/conftest.py). Then the tests marked `solo` (a time-scaled scenario that needs

@@ -6,9 +6,9 @@ into created objects, and it never answers 409 by itself. This subclass adds: ui
 create; a fresh resourceVersion on every write; ``generation`` bumped only when ``spec`` changes (so
 ``observedGeneration`` settles); ``kind: XList`` on lists; the URL namespace in ``metadata.namespace``;
 optimistic concurrency (a merge patch carrying ``metadata.resourceVersion`` that is stale gets 409, as the
-real API server does; a failed JSON-patch ``test`` gets 422); fault injection (N answers of a status for
-requests matching a method and path); and counts of WATCH requests per resource and of all requests by verb
-and resource (``requests``; benchmarks read API calls per cycle from it).
+real API server does; a failed JSON-patch ``test`` gets 422); the core group's discovery as kubectl reads it;
+fault injection (N answers of a status for requests matching a method and path); and counts of WATCH requests
+per resource and of all requests by verb and resource (``requests``; benchmarks read API calls per cycle from it).
 
 Scale: kmock matches every request to a reaction by running its whole request log through each reaction's
 filters (``request in reaction``, an identity search: O(log) per request, ~50-300 ms with a 2,000-entry log),
@@ -110,6 +110,12 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 subresources={"status"},
                 shortnames=set(k.short_names),
             )
+
+    async def _serve_version(self, request: Any) -> Any:
+        """kmock 0.8 names the core group's version ``/v1`` in its discovery (kubectl then finds no core kind)."""
+        payload = await super()._serve_version(request)
+        payload["groupVersion"] = str(payload["groupVersion"]).lstrip("/")
+        return payload
 
     def __iter__(self) -> Iterator[Any]:
         """The requests being served now: what kmock's reaction matching searches (see the module docstring)."""

@@ -174,23 +174,13 @@ def test_rendered_manifests_are_valid_kubernetes_and_clean_yaml(helm: str, value
         assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == "prfaas"
 
 
-def test_example_engine_pod_specs_and_resources_validate() -> None:
-    for path in sorted(REPO.glob("examples/03-helm/*/vllm-*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-            if doc["kind"] == "StatefulSet":
-                pod = doc["spec"]["template"]["spec"]
-                vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
-                flags = " ".join(vllm["args"])
-                assert '"kv_role":"kv_both"' in flags and "NixlConnector" in flags, path
-                assert {p["name"] for p in vllm["ports"]} >= {"http", "nixl-side"}
-                env = {e["name"] for e in vllm["env"]}
-                assert {"VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_TLS"} <= env
-    common = REPO / "examples" / "01-two-region" / "common" / "model-profile.yaml"
-    link = REPO / "examples" / "01-two-region" / "region-b" / "inter-dc-link.yaml"
+def test_example_resources_validate() -> None:
+    """The resources the two-region install applies with the example values (examples/01-two-region; its engine
+    workloads are the chart's, checked against the operator's rendering in test_examples.py) and the demo's."""
+    ex01 = REPO / "examples" / "01-two-region"
     for files in (
-        [common, REPO / "examples/03-helm/region-a/prefill-cluster.yaml"],
-        [common, link, REPO / "examples/03-helm/region-b/pd-cluster.yaml"],
+        [ex01 / "common", ex01 / "region-a"],
+        [ex01 / "common", ex01 / "region-b"],
         [REPO / "examples/03-helm/demo/resources.yaml"],
     ):
         proc = subprocess.run(
@@ -214,7 +204,7 @@ def test_source_yaml_is_lint_clean() -> None:
 
 
 def test_objects_rendered_per_region(helm: str) -> None:
-    """The two-region install of the README (examples/03-helm): what each region gets."""
+    """The two-region install of docs/install.md (examples/03-helm values): what each region gets."""
     region_a = kinds(render(helm, CHART, REPO / "examples/03-helm/region-a/values.yaml"))
     region_b = kinds(render(helm, CHART, REPO / "examples/03-helm/region-b/values.yaml"))
     common = {
@@ -227,9 +217,11 @@ def test_objects_rendered_per_region(helm: str) -> None:
     gateway_a = {"ConfigMap": 1, "Deployment": 1, "StatefulSet": 1, "Service": 3}
     # region B's routers: a headless Service through which the replicas find each other and share their books
     router_b = {"Service": 3}
-    assert region_a == dict(sorted({**common, **gateway_a}.items()))
-    assert region_b == dict(sorted({**common, **router_b}.items()))
-    assert sum(region_a.values()) == 21 and sum(region_b.values()) == 22 and len(render(helm, CRD_CHART)) == 4
+    # each region's engines (engines.enabled): a LeaderWorkerSet, its NetworkPolicy, its Services (cross-region KV)
+    engines = {"LeaderWorkerSet": 1, "NetworkPolicy": 3}
+    assert region_a == dict(sorted({**common, **gateway_a, **engines, "Service": 5}.items()))
+    assert region_b == dict(sorted({**common, **router_b, **engines, "Service": 5}.items()))
+    assert sum(region_a.values()) == 25 and sum(region_b.values()) == 26 and len(render(helm, CRD_CHART)) == 4
     demo = render(helm, CHART, REPO / "examples/03-helm/demo/values.yaml")
     assert len(demo) == 30  # with the router replicas' generated books token (no tokenSecret there)
     assert [d["metadata"]["name"] for d in demo if d["kind"] == "Secret"] == ["prfaas-router-peers-token"]
@@ -324,8 +316,8 @@ GATEWAY_INSTALLS = [
     # (chart values, the custom resources applied with them, files holding the PrefillCluster's workload)
     (
         "examples/03-helm/region-a/values.yaml",
-        ["examples/01-two-region/common/model-profile.yaml", "examples/03-helm/region-a/prefill-cluster.yaml"],
-        ["examples/03-helm/region-a/vllm-prefill.yaml"],
+        ["examples/01-two-region/common/model-profile.yaml", "examples/01-two-region/region-a/prefill-cluster.yaml"],
+        [],
     ),
     ("examples/03-helm/demo/values.yaml", ["examples/03-helm/demo/resources.yaml"], []),
 ]
@@ -376,7 +368,10 @@ def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
     workload = next(
         d for d in candidates if d["kind"] == pfc.spec.workload.kind and d["metadata"]["name"] == pfc.spec.workload.name
     )
-    template = workload["spec"]["template"]
+    spec = workload["spec"]
+    template = (
+        spec["leaderWorkerTemplate"]["workerTemplate"] if workload["kind"] == "LeaderWorkerSet" else spec["template"]
+    )
     assert template["metadata"]["labels"]["prfaas.io/prefill-cluster"] == pfc_name
     pods = [
         {"metadata": {"name": f"{pfc.spec.workload.name}-{i}", "labels": template["metadata"]["labels"]},
@@ -423,7 +418,7 @@ def test_gateway_replicas_reach_each_other_by_the_names_the_prefill_cluster_list
     names = [f"{sts['metadata']['name']}-{i}.{headless['metadata']['name']}.{NAMESPACE}.svc" for i in range(2)]
     urls = [f"https://{n}:{port['containerPort']}" for n in names]
 
-    body = yaml.safe_load((REPO / "examples/03-helm/region-a/prefill-cluster.yaml").read_text())
+    body = yaml.safe_load((REPO / "examples/01-two-region/region-a/prefill-cluster.yaml").read_text())
     ls = PrefillCluster.model_validate(body).spec.link_scheduling
     assert ls is not None and ls.replicas == sts["spec"]["replicas"] == 2
     assert ls.peers == urls

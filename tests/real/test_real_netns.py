@@ -9,7 +9,7 @@ reaches the router and the engines through forwarders (no address outside the tw
 This module runs first in the tier (conftest orders it) and ends its two engines (~5 GiB) before the tier's
 loopback set (~10.5 GiB) starts, so the tier never holds both.
 
-Bounds (measured on this machine kind; see the README's figures):
+Bounds (measured on this machine kind; see docs/testbed.md's figures):
 * the veth's A→B bytes during remote requests ≥ the KV bytes vLLM moved (whole 128-token blocks of 64 KiB) and
   ≤ those × (1 + TCP_OVERHEAD) + PER_REQUEST_BYTES per request + BACKGROUND_BYTES_PER_S × the elapsed time
   (HTTP answers, the gateway's status answers polled by the router, UCX control traffic);

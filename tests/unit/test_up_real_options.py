@@ -33,7 +33,7 @@ def test_real_trace_fits_the_tiny_model() -> None:
 
 
 def test_the_readme_command_plans_a_trace_without_an_output_tokens_option() -> None:
-    """``prfaas up --engines vllm`` as the README gives it (no --output-tokens: the scenario's default is
+    """``prfaas up --engines vllm`` as docs/local-stack.md gives it (no --output-tokens: the scenario's default is
     emulated-only) plans its threshold and trace: it once crashed here before any engine started."""
     args = build_parser().parse_args(["up", "--engines", "vllm"])
     args.load = 0.5  # what up's dispatch sets for --engines vllm

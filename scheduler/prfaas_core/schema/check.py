@@ -8,7 +8,7 @@ What the API server does on create, in order, and what this module mirrors:
    ``size()``, ternaries; Kubernetes' CEL extension libraries are not available offline, so our rules avoid
    them). Fields of schema type ``number`` are doubles in CEL, as in Kubernetes.
 
-What it cannot prove: server-side apply, RBAC, admission webhooks (the README says so).
+What it cannot prove: server-side apply, RBAC, admission webhooks (docs/planning.md says so).
 """
 
 from __future__ import annotations
