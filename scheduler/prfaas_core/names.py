@@ -113,6 +113,9 @@ REASON_WAIT_FOR_LINK: Final = "wait_for_link"
 METRIC_ROUTER_REQUESTS: Final = "prfaas_router_requests_total"
 METRIC_ROUTER_ROUTE_DECISIONS: Final = "prfaas_router_route_decisions_total"
 METRIC_ROUTER_THRESHOLD_TOKENS: Final = "prfaas_router_threshold_tokens"
+METRIC_ROUTER_THRESHOLD_MIN_TOKENS: Final = "prfaas_router_threshold_min_tokens"
+"""(router) ``t_min``, the floor of the threshold (RouterConfig.routing.thresholdMinTokens, the operator's): ``t`` never
+goes below it and is raised above it under link pressure."""
 METRIC_ROUTER_TTFT_SECONDS: Final = "prfaas_router_ttft_seconds"
 METRIC_ROUTER_BREAKER_OPEN: Final = "prfaas_router_breaker_open"
 METRIC_ROUTER_E2E_SECONDS: Final = "prfaas_router_e2e_seconds"
@@ -287,6 +290,7 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_REQUESTS,
             METRIC_ROUTER_ROUTE_DECISIONS,
             METRIC_ROUTER_THRESHOLD_TOKENS,
+            METRIC_ROUTER_THRESHOLD_MIN_TOKENS,
             METRIC_ROUTER_TTFT_SECONDS,
             METRIC_ROUTER_BREAKER_OPEN,
             METRIC_ROUTER_E2E_SECONDS,
