@@ -115,7 +115,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "range, beside the objective (slo.objectiveRatio).",
                 (
                     _t(f"{_slo('met', RANGE)} / {_slo(None, RANGE)}", "{{pd_cluster}} attained"),
-                    _t(f"max by ({BY_PD}) ({_q('prfaas_router_ttft_slo_objective_ratio', PD)})", "{{pd_cluster}} objective"),
+                    _t(
+                        f"max by ({BY_PD}) ({_q('prfaas_router_ttft_slo_objective_ratio', PD)})",
+                        "{{pd_cluster}} objective",
+                    ),
                 ),
                 unit="percentunit",
                 kind="stat",
@@ -155,7 +158,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Routing decisions by route and reason",
                 "Requests routed per second: remote (prefilled on the PrFaaS cluster) or local, and why "
                 "(threshold, spill, admission refused by the link, remote unavailable).",
-                (_t(f"sum by (pd_cluster, route, reason) (rate({_q('prfaas_router_route_decisions_total', PD)}[{RATE}]))", "{{pd_cluster}} {{route}} ({{reason}})"),),
+                (
+                    _t(
+                        f"sum by (pd_cluster, route, reason) (rate({_q('prfaas_router_route_decisions_total', PD)}[{RATE}]))",
+                        "{{pd_cluster}} {{route}} ({{reason}})",
+                    ),
+                ),
                 unit="reqps",
                 width=8,
             ),
@@ -164,7 +172,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Requests the router served another way than planned (a remote prefill that failed, was declined or "
                 "whose KV could not be used, and went local), per second by reason: non-zero means the remote path "
                 "is degraded.",
-                (_t(f"sum by (pd_cluster, reason) (rate({_q('prfaas_router_fallbacks_total', PD)}[{RATE}]))", "{{pd_cluster}} {{reason}}"),),
+                (
+                    _t(
+                        f"sum by (pd_cluster, reason) (rate({_q('prfaas_router_fallbacks_total', PD)}[{RATE}]))",
+                        "{{pd_cluster}} {{reason}}",
+                    ),
+                ),
                 unit="reqps",
                 width=8,
             ),
@@ -176,8 +189,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 (
                     _t(f"max by (pd_cluster) ({_q('prfaas_router_threshold_tokens', PD)})", "t {{pd_cluster}}"),
                     _t(f"max by (pd_cluster) ({_q('prfaas_router_threshold_min_tokens', PD)})", "t_min {{pd_cluster}}"),
-                    _t(_p(0.5, "prfaas_router_uncached_prompt_tokens", PD, "pd_cluster"), "uncached p50 {{pd_cluster}}"),
-                    _t(_p(0.9, "prfaas_router_uncached_prompt_tokens", PD, "pd_cluster"), "uncached p90 {{pd_cluster}}"),
+                    _t(
+                        _p(0.5, "prfaas_router_uncached_prompt_tokens", PD, "pd_cluster"), "uncached p50 {{pd_cluster}}"
+                    ),
+                    _t(
+                        _p(0.9, "prfaas_router_uncached_prompt_tokens", PD, "pd_cluster"), "uncached p90 {{pd_cluster}}"
+                    ),
                 ),
                 unit="short",
                 width=8,
@@ -205,8 +222,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                         "router {{pd_cluster}} {{cluster}}",
                     ),
                     _t(
-                        f"sum by (pd_cluster, prefill_cluster, role) (rate({{__name__=\"vllm:prefix_cache_hits_total\", {NS}}}[{RATE}])) "
-                        f"/ sum by (pd_cluster, prefill_cluster, role) (rate({{__name__=\"vllm:prefix_cache_queries_total\", {NS}}}[{RATE}]))",
+                        f'sum by (pd_cluster, prefill_cluster, role) (rate({{__name__="vllm:prefix_cache_hits_total", {NS}}}[{RATE}])) '
+                        f'/ sum by (pd_cluster, prefill_cluster, role) (rate({{__name__="vllm:prefix_cache_queries_total", {NS}}}[{RATE}]))',
                         "engines {{pd_cluster}}{{prefill_cluster}} {{role}}",
                     ),
                 ),
@@ -220,7 +237,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Per router replica, the other replicas whose PD prefill books it heard within the expiry (each "
                 "counts the others' local prefills in its queues; fewer than replicas - 1 means it prices the PD "
                 "queues from the engines' scrapes alone: PrfaasRouterReplicasUnreachable).",
-                (_t(f"max by (pd_cluster, instance) ({_q('prfaas_router_replica_peers', PD)})", "{{pd_cluster}} {{instance}}"),),
+                (
+                    _t(
+                        f"max by (pd_cluster, instance) ({_q('prfaas_router_replica_peers', PD)})",
+                        "{{pd_cluster}} {{instance}}",
+                    ),
+                ),
                 width=8,
                 axis_label="peers",
             ),
@@ -233,7 +255,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Gateway admissions by result",
                 "Remote prefills the gateway's link calendar answered per second, by link: booked, or declined "
                 "(link_window, overloaded, kv_lease).",
-                (_t(f"sum by (link, result) (rate({_q('prfaas_gateway_admissions_total', GW)}[{RATE}]))", "{{link}} {{result}}"),),
+                (
+                    _t(
+                        f"sum by (link, result) (rate({_q('prfaas_gateway_admissions_total', GW)}[{RATE}]))",
+                        "{{link}} {{result}}",
+                    ),
+                ),
                 unit="ops",
                 width=6,
             ),
@@ -242,8 +269,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Requests waiting and running on each PrefillCluster's engines (vLLM gauges, labelled by the chart's "
                 "PodMonitor): a growing queue means the remote prefill is the bottleneck.",
                 (
-                    _t(f"sum by (prefill_cluster) ({_q('vllm:num_requests_waiting', PF_ENGINE)})", "waiting {{prefill_cluster}}"),
-                    _t(f"sum by (prefill_cluster) ({_q('vllm:num_requests_running', PF_ENGINE)})", "running {{prefill_cluster}}"),
+                    _t(
+                        f"sum by (prefill_cluster) ({_q('vllm:num_requests_waiting', PF_ENGINE)})",
+                        "waiting {{prefill_cluster}}",
+                    ),
+                    _t(
+                        f"sum by (prefill_cluster) ({_q('vllm:num_requests_running', PF_ENGINE)})",
+                        "running {{prefill_cluster}}",
+                    ),
                 ),
                 width=6,
                 axis_label="requests",
@@ -264,7 +297,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Each gateway replica's share of its link's cap (1 / replicas, less what it lent its peers, plus "
                 "what it borrowed; the replicas' shares sum to at most 1). Stuck at 1 / replicas while the replicas "
                 "cannot reach each other (PrfaasGatewayPeersUnreachable).",
-                (_t(f"max by (link, pod, instance) ({_q('prfaas_gateway_link_share', GW)})", "{{link}} {{pod}}{{instance}}"),),
+                (
+                    _t(
+                        f"max by (link, pod, instance) ({_q('prfaas_gateway_link_share', GW)})",
+                        "{{link}} {{pod}}{{instance}}",
+                    ),
+                ),
                 unit="percentunit",
                 width=6,
                 min=0,
@@ -280,8 +318,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Requests waiting and running on each PD cluster's prefill instances (vLLM gauges by role): the "
                 "local path's queue.",
                 (
-                    _t(f'sum by (pd_cluster) ({_q("vllm:num_requests_waiting", PD_ENGINE + ", role=" + chr(34) + "prefill" + chr(34))})', "waiting {{pd_cluster}}"),
-                    _t(f'sum by (pd_cluster) ({_q("vllm:num_requests_running", PD_ENGINE + ", role=" + chr(34) + "prefill" + chr(34))})', "running {{pd_cluster}}"),
+                    _t(
+                        f"sum by (pd_cluster) ({_q('vllm:num_requests_waiting', PD_ENGINE + ', role=' + chr(34) + 'prefill' + chr(34))})",
+                        "waiting {{pd_cluster}}",
+                    ),
+                    _t(
+                        f"sum by (pd_cluster) ({_q('vllm:num_requests_running', PD_ENGINE + ', role=' + chr(34) + 'prefill' + chr(34))})",
+                        "running {{pd_cluster}}",
+                    ),
                 ),
                 axis_label="requests",
             ),
@@ -290,8 +334,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "vLLM's own time to first token on each stage's engines (the prefill's compute and queue, without the "
                 "router's and the link's share).",
                 (
-                    _t(_p(0.9, "vllm:time_to_first_token_seconds", PD_ENGINE, "pd_cluster, role"), "{{pd_cluster}} {{role}}"),
-                    _t(_p(0.9, "vllm:time_to_first_token_seconds", PF_ENGINE, "prefill_cluster"), "{{prefill_cluster}}"),
+                    _t(
+                        _p(0.9, "vllm:time_to_first_token_seconds", PD_ENGINE, "pd_cluster, role"),
+                        "{{pd_cluster}} {{role}}",
+                    ),
+                    _t(
+                        _p(0.9, "vllm:time_to_first_token_seconds", PF_ENGINE, "prefill_cluster"), "{{prefill_cluster}}"
+                    ),
                 ),
                 unit="s",
             ),
@@ -309,7 +358,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 (
                     _t(_gbps("prfaas_gateway_kv_egress_bytes_total", GW, "link"), "{{link}} gateway served"),
                     _t(_gbps("prfaas_router_remote_kv_bytes_total", LINK, "link"), "{{link}} routers admitted"),
-                    _t(f"max by (link) (avg_over_time({_q('prfaas_router_link_cap_gbps', LINK)}[{RATE}]))", "{{link}} cap"),
+                    _t(
+                        f"max by (link) (avg_over_time({_q('prfaas_router_link_cap_gbps', LINK)}[{RATE}]))",
+                        "{{link}} cap",
+                    ),
                 ),
                 unit="Gbits",
                 width=8,
@@ -320,9 +372,15 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "to, and the gateway calendar's bookable bandwidth with its source (configured, or the routers' "
                 "reports).",
                 (
-                    _t(f"max by (link) ({_q('prfaas_router_link_available_gbps', LINK)})", "{{link}} available (routers)"),
+                    _t(
+                        f"max by (link) ({_q('prfaas_router_link_available_gbps', LINK)})",
+                        "{{link}} available (routers)",
+                    ),
                     _t(f"max by (link) ({_q('prfaas_router_link_cap_gbps', LINK)})", "{{link}} cap"),
-                    _t(f"max by (link, source) ({_q('prfaas_gateway_link_available_gbps', GW)})", "{{link}} gateway ({{source}})"),
+                    _t(
+                        f"max by (link, source) ({_q('prfaas_gateway_link_available_gbps', GW)})",
+                        "{{link}} gateway ({{source}})",
+                    ),
                 ),
                 unit="Gbits",
                 width=8,
@@ -372,9 +430,23 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "time per output token (vllm:request_time_per_output_token_seconds) on the decode engines, and the "
                 "router's TPOT per route.",
                 (
-                    _t(_p(0.9, "vllm:inter_token_latency_seconds", PD_ENGINE + ', role="decode"', "pd_cluster"), "inter-token {{pd_cluster}}"),
-                    _t(_p(0.9, "vllm:request_time_per_output_token_seconds", PD_ENGINE + ', role="decode"', "pd_cluster"), "request TPOT {{pd_cluster}}"),
-                    _t(_p(0.9, "prfaas_router_tpot_seconds", PD, "pd_cluster, route"), "router TPOT {{pd_cluster}} {{route}}"),
+                    _t(
+                        _p(0.9, "vllm:inter_token_latency_seconds", PD_ENGINE + ', role="decode"', "pd_cluster"),
+                        "inter-token {{pd_cluster}}",
+                    ),
+                    _t(
+                        _p(
+                            0.9,
+                            "vllm:request_time_per_output_token_seconds",
+                            PD_ENGINE + ', role="decode"',
+                            "pd_cluster",
+                        ),
+                        "request TPOT {{pd_cluster}}",
+                    ),
+                    _t(
+                        _p(0.9, "prfaas_router_tpot_seconds", PD, "pd_cluster, route"),
+                        "router TPOT {{pd_cluster}} {{route}}",
+                    ),
                 ),
                 unit="s",
                 width=8,
@@ -391,9 +463,18 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Requests waiting and running on the decode engines, and their highest KV-cache usage (right axis; "
                 "1 = full: a full decode cache queues new decodes).",
                 (
-                    _t(f'sum by (pd_cluster) ({_q("vllm:num_requests_waiting", PD_ENGINE + ", role=" + chr(34) + "decode" + chr(34))})', "waiting {{pd_cluster}}"),
-                    _t(f'sum by (pd_cluster) ({_q("vllm:num_requests_running", PD_ENGINE + ", role=" + chr(34) + "decode" + chr(34))})', "running {{pd_cluster}}"),
-                    _t(f'max by (pd_cluster) ({_q("vllm:kv_cache_usage_perc", PD_ENGINE + ", role=" + chr(34) + "decode" + chr(34))})', "KV usage {{pd_cluster}}"),
+                    _t(
+                        f"sum by (pd_cluster) ({_q('vllm:num_requests_waiting', PD_ENGINE + ', role=' + chr(34) + 'decode' + chr(34))})",
+                        "waiting {{pd_cluster}}",
+                    ),
+                    _t(
+                        f"sum by (pd_cluster) ({_q('vllm:num_requests_running', PD_ENGINE + ', role=' + chr(34) + 'decode' + chr(34))})",
+                        "running {{pd_cluster}}",
+                    ),
+                    _t(
+                        f"max by (pd_cluster) ({_q('vllm:kv_cache_usage_perc', PD_ENGINE + ', role=' + chr(34) + 'decode' + chr(34))})",
+                        "KV usage {{pd_cluster}}",
+                    ),
                 ),
                 width=8,
                 axis_label="requests",
@@ -415,7 +496,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Remote breaker",
                 "State of each router's circuit breaker to a remote PrFaaS cluster: open = every request of that PD "
                 "cluster is prefilled locally (PrfaasRemoteBreakerOpen after 2 minutes).",
-                (_t(f"max by (pd_cluster, remote) ({_q('prfaas_router_breaker_open', PD)})", "{{pd_cluster}} -> {{remote}}"),),
+                (
+                    _t(
+                        f"max by (pd_cluster, remote) ({_q('prfaas_router_breaker_open', PD)})",
+                        "{{pd_cluster}} -> {{remote}}",
+                    ),
+                ),
                 kind="state-timeline",
                 mappings={"0": ("closed", "green"), "1": ("open", "red")},
             ),
@@ -428,7 +514,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "PD instances per role",
                 "Prefill and decode instances of each PD cluster, as the operator's long-term loop sets them "
                 "(drained instances count until flipped).",
-                (_t(f"sum by (pd_cluster, role) ({_q('prfaas_operator_role_instances', PD)})", "{{pd_cluster}} {{role}}"),),
+                (
+                    _t(
+                        f"sum by (pd_cluster, role) ({_q('prfaas_operator_role_instances', PD)})",
+                        "{{pd_cluster}} {{role}}",
+                    ),
+                ),
                 width=8,
                 axis_label="instances",
             ),
@@ -451,8 +542,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "per second (the long-term loop holds its decision while they fail).",
                 (
                     _t("max by (instance) (prfaas_operator_leader)", "leader {{instance}}"),
-                    _t(f"sum by (kind) (rate(prfaas_operator_reconcile_duration_seconds_count[{RATE}]))", "reconciles/s {{kind}}"),
-                    _t(f"sum by (reason) (rate(prfaas_operator_prometheus_errors_total[{RATE}]))", "errors/s {{reason}}"),
+                    _t(
+                        f"sum by (kind) (rate(prfaas_operator_reconcile_duration_seconds_count[{RATE}]))",
+                        "reconciles/s {{kind}}",
+                    ),
+                    _t(
+                        f"sum by (reason) (rate(prfaas_operator_prometheus_errors_total[{RATE}]))",
+                        "errors/s {{reason}}",
+                    ),
                 ),
                 width=8,
             ),
@@ -494,7 +591,10 @@ def _panel(panel: Panel) -> Any:
     elif panel.kind == "state-timeline":
         b = statetimeline.Panel().show_value(mcommon.VisibilityMode.AUTO).merge_values(True).line_width(0)
         value_map = mdash.ValueMap(
-            options={v: mdash.ValueMappingResult(text=text, color=color, index=i) for i, (v, (text, color)) in enumerate(panel.mappings.items())}
+            options={
+                v: mdash.ValueMappingResult(text=text, color=color, index=i)
+                for i, (v, (text, color)) in enumerate(panel.mappings.items())
+            }
         )
         b = b.mappings([value_map])
     else:
@@ -502,7 +602,12 @@ def _panel(panel: Panel) -> Any:
             timeseries.Panel()
             .line_width(1)
             .fill_opacity(10)
-            .legend(gcommon.VizLegendOptions().display_mode(mcommon.LegendDisplayMode.LIST).placement(mcommon.LegendPlacement.BOTTOM).show_legend(True))
+            .legend(
+                gcommon.VizLegendOptions()
+                .display_mode(mcommon.LegendDisplayMode.LIST)
+                .placement(mcommon.LegendPlacement.BOTTOM)
+                .show_legend(True)
+            )
             .tooltip(gcommon.VizTooltipOptions().mode(mcommon.TooltipDisplayMode.MULTI).sort(mcommon.SortOrder.NONE))
         )
         if panel.axis_label:
@@ -543,7 +648,9 @@ def build() -> dict[str, Any]:
         .with_variable(gdash.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
         .with_variable(_variable("namespace", "Namespace", "label_values(prfaas_router_ready, namespace)"))
         .with_variable(
-            _variable("pd_cluster", "PD cluster", 'label_values(prfaas_router_ready{namespace=~"$namespace"}, pd_cluster)')
+            _variable(
+                "pd_cluster", "PD cluster", 'label_values(prfaas_router_ready{namespace=~"$namespace"}, pd_cluster)'
+            )
         )
         .with_variable(
             _variable(

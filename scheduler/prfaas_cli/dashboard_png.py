@@ -169,7 +169,9 @@ def _stat(ax: Any, lines: list[tuple[str, list[float], list[float]]], unit: str)
     for i, (label, _, ys) in enumerate(lines[:4]):
         last = next((y for y in reversed(ys) if math.isfinite(y)), float("nan"))
         y = 0.75 - i * 0.45 / max(1, min(len(lines), 4) - 1) if len(lines) > 1 else 0.55
-        ax.text(0.5, y, _fmt(last, unit), color="#73bf69", ha="center", va="center", transform=ax.transAxes, fontsize=18)
+        ax.text(
+            0.5, y, _fmt(last, unit), color="#73bf69", ha="center", va="center", transform=ax.transAxes, fontsize=18
+        )
         ax.text(0.5, y - 0.13, label, color="#8e8e8e", ha="center", va="center", transform=ax.transAxes, fontsize=7)
 
 
@@ -186,7 +188,9 @@ def _states(ax: Any, lines: list[tuple[str, list[float], list[float]]], panel: d
             if not math.isfinite(y):
                 continue
             m = mapping.get(str(int(y)) if y == int(y) else str(y), {})
-            ax.fill_between([x0, x1], row - 0.4, row + 0.4, color=colours.get(m.get("color", ""), "#8e8e8e"), linewidth=0)
+            ax.fill_between(
+                [x0, x1], row - 0.4, row + 0.4, color=colours.get(m.get("color", ""), "#8e8e8e"), linewidth=0
+            )
     seen = {str(m.get("text")): colours.get(m.get("color", ""), "#8e8e8e") for m in mapping.values()}
     for i, (text, colour) in enumerate(seen.items()):
         ax.text(0.99, 0.95 - i * 0.1, text, color=colour, ha="right", va="top", transform=ax.transAxes, fontsize=7)

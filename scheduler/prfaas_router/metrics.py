@@ -274,9 +274,9 @@ class RouterMetrics:
         )
 
     def drop_router_series(self) -> None:
-        """Gateway mode routes nothing: unregister the router's own unlabelled series (``t``, ``t_min``, the length mix, the
-        decision time, the SLO objective), which a gateway would otherwise export as 0 and draw as a false
-        ``t = 0`` instance on the dashboard's per-instance panels."""
+        """Gateway mode routes nothing: unregister the router's own series (``t``, ``t_min``, the fallbacks, the
+        length mix, the decision time, the SLO objective), which a gateway would otherwise export as 0 and draw as a
+        false ``t = 0`` instance on the dashboard's per-instance panels."""
         for series in (
             self.threshold,
             self.threshold_min,

@@ -27,6 +27,7 @@ def helm() -> str:
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()[-1]
 
+
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "prfaas-rules.yaml"
 TESTS = REPO / "alerts" / "tests" / "prfaas-rules.test.yaml"
@@ -180,9 +181,10 @@ def test_absent_series_alerts_select_our_series() -> None:
 
 
 RUNBOOK = REPO / "docs" / "runbook.md"
-RUNBOOK_URL = yaml.safe_load((REPO / "helm/prfaas/values.yaml").read_text())["monitoring"]["prometheusRule"][
-    "runbookBaseUrl"
-] + "#"
+RUNBOOK_URL = (
+    yaml.safe_load((REPO / "helm/prfaas/values.yaml").read_text())["monitoring"]["prometheusRule"]["runbookBaseUrl"]
+    + "#"
+)
 
 
 def test_every_alert_links_a_runbook_section_that_exists() -> None:
