@@ -44,15 +44,15 @@ def _slo_burn(speed: str, severity: str, summary: str, description: str) -> dict
 
     def ratio(window: str) -> str:
         return (
-            f'sum by ({PD}) (rate(prfaas_router_ttft_slo_total{{result="missed"}}[<<{k}.{window}>>]))\n'
+            f'  sum by ({PD}) (rate(prfaas_router_ttft_slo_total{{result="missed"}}[<<{k}.{window}>>]))\n'
             f"    / sum by ({PD}) (rate(prfaas_router_ttft_slo_total[<<{k}.{window}>>]))"
         )
 
-    budget = f"(<<{k}.factor>> * (1 - max by ({PD}) (prfaas_router_ttft_slo_objective_ratio)))"
+    budget = f"  (<<{k}.factor>> * (1 - max by ({PD}) (prfaas_router_ttft_slo_objective_ratio)))"
     return {
         "alert": f"PrfaasTTFTSLOBurn{speed}",
-        "expr": f"(\n  {ratio('longWindow')}\n) > on ({PD}) {budget}\nand on ({PD})\n"
-        f"(\n  {ratio('shortWindow')}\n) > on ({PD}) {budget}\n",
+        "expr": f"(\n{ratio('longWindow')}\n) > on ({PD})\n{budget}\nand on ({PD})\n"
+        f"(\n{ratio('shortWindow')}\n) > on ({PD})\n{budget}\n",
         "for": f"<<{k}.for>>",
         "labels": {"severity": severity},
         "annotations": {"summary": summary, "description": description},
@@ -119,8 +119,8 @@ GROUPS: list[tuple[str, list[dict[str, Any]]]] = [
             {
                 # Router replicas share their PD prefill books (--peers / --peers-dns).
                 "alert": "PrfaasRouterReplicasUnreachable",
-                "expr": f"sum by ({PD}, pod) "
-                '(rate(prfaas_router_replica_sync_total{result=~"unreachable|refused|unauthorized"}[5m])) > 0',
+                "expr": f"sum by ({PD}, pod) (\n"
+                '  rate(prfaas_router_replica_sync_total{result=~"unreachable|refused|unauthorized"}[5m])\n) > 0\n',
                 "for": "<<alerts.routerReplicasUnreachable.for>>",
                 "labels": {"severity": "warning"},
                 "annotations": {
@@ -318,7 +318,9 @@ def _doc() -> dict[str, Any]:
         out = []
         for rule in rules:
             r = dict(rule)
-            r["annotations"] = {**rule["annotations"], "runbook_url": _runbook(rule["alert"])}
+            # Prometheus templates without their inner spaces: a folded line never splits one
+            notes = {k: re.sub(r"\{\{ (\S+) \}\}", r"{{\1}}", v) for k, v in rule["annotations"].items()}
+            r["annotations"] = {**notes, "runbook_url": _runbook(rule["alert"])}
             out.append(r)
         groups.append({"name": name, "rules": out})
     return {"groups": groups}
@@ -333,7 +335,8 @@ def _map_strings(node: Any, fn: Any) -> Any:
 
 
 class _Dumper(yaml.SafeDumper):
-    pass
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)  # block sequences indented under their key (yamllint's default)
 
 
 def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
@@ -361,14 +364,14 @@ CHART_HEADER = """\
 """
 
 
-def _dump(doc: dict[str, Any]) -> str:
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
+def _dump(doc: dict[str, Any], width: int) -> str:
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=width, allow_unicode=True)
 
 
 def render_defaults() -> str:
     knobs = values()
     doc = _map_strings(_doc(), lambda s: KNOB.sub(lambda m: str(_lookup(knobs, m.group(1))), s))
-    return HEADER + _dump(doc)
+    return HEADER + _dump(doc, 80)
 
 
 def render_chart() -> str:
@@ -380,7 +383,8 @@ def render_chart() -> str:
             _lookup(knobs, path)  # every knob has a default
         return KNOB.sub(lambda m: "{{ .Values.monitoring.prometheusRule." + m.group(1) + " }}", s)
 
-    return CHART_HEADER + _dump(_map_strings(_doc(), helm))
+    # no folded lines: a Go template action must stay on one line
+    return CHART_HEADER + _dump(_map_strings(_doc(), helm), 100_000)
 
 
 def stale() -> list[Path]:

@@ -49,6 +49,8 @@ GW = f'{NS}, link=~"$link"'
 PD_ENGINE = f'{PD}, pd_cluster!=""'
 PF_ENGINE = f'{NS}, prefill_cluster=~"$prefill_cluster", prefill_cluster!=""'
 BY_PD = "namespace, pd_cluster"
+PD_PREFILL = f'{PD_ENGINE}, role="prefill"'
+PD_DECODE = f'{PD_ENGINE}, role="decode"'
 
 
 @dataclass(frozen=True)
@@ -431,14 +433,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "router's TPOT per route.",
                 (
                     _t(
-                        _p(0.9, "vllm:inter_token_latency_seconds", PD_ENGINE + ', role="decode"', "pd_cluster"),
+                        _p(0.9, "vllm:inter_token_latency_seconds", PD_DECODE, "pd_cluster"),
                         "inter-token {{pd_cluster}}",
                     ),
                     _t(
                         _p(
                             0.9,
                             "vllm:request_time_per_output_token_seconds",
-                            PD_ENGINE + ', role="decode"',
+                            PD_DECODE,
                             "pd_cluster",
                         ),
                         "request TPOT {{pd_cluster}}",
@@ -464,15 +466,15 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "1 = full: a full decode cache queues new decodes).",
                 (
                     _t(
-                        f"sum by (pd_cluster) ({_q('vllm:num_requests_waiting', PD_ENGINE + ', role=' + chr(34) + 'decode' + chr(34))})",
+                        f"sum by (pd_cluster) ({_q('vllm:num_requests_waiting', PD_DECODE)})",
                         "waiting {{pd_cluster}}",
                     ),
                     _t(
-                        f"sum by (pd_cluster) ({_q('vllm:num_requests_running', PD_ENGINE + ', role=' + chr(34) + 'decode' + chr(34))})",
+                        f"sum by (pd_cluster) ({_q('vllm:num_requests_running', PD_DECODE)})",
                         "running {{pd_cluster}}",
                     ),
                     _t(
-                        f"max by (pd_cluster) ({_q('vllm:kv_cache_usage_perc', PD_ENGINE + ', role=' + chr(34) + 'decode' + chr(34))})",
+                        f"max by (pd_cluster) ({_q('vllm:kv_cache_usage_perc', PD_DECODE)})",
                         "KV usage {{pd_cluster}}",
                     ),
                 ),
@@ -486,7 +488,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "prefill), local_cache_hit, local_compute (recomputed: should stay near 0 on a P/D decode).",
                 (
                     _t(
-                        f"sum by (pd_cluster, source) (rate({_q('vllm:prompt_tokens_by_source_total', PD_ENGINE + ', role=' + chr(34) + 'decode' + chr(34))}[{RATE}]))",
+                        f"sum by (pd_cluster, source) (rate({_q('vllm:prompt_tokens_by_source_total', PD_DECODE)}[{RATE}]))",
                         "{{pd_cluster}} {{source}}",
                     ),
                 ),
