@@ -1,6 +1,7 @@
 """Copy the generated files the charts ship into the charts, byte for byte (Helm reads only files inside a
-chart): crds/*.yaml into helm/prfaas-crds/files/, the alert rules and the Grafana dashboard into
-helm/prfaas/files/, and the engine-args file (``prfaas engines -o helm-values`` of the examples) into
+chart): crds/*.yaml into helm/prfaas-crds/files/, the Grafana dashboard into helm/prfaas/files/, the alert rules
+(alerts/prfaas-rules.yaml and the chart's Helm template of them, helm/prfaas/files/prfaas-rules.yaml, both rendered by
+scripts/build_alerts.py from one rule list), and the engine-args file (``prfaas engines -o helm-values`` of the examples) into
 helm/prfaas/files/engines.json. ``--check`` changes nothing and exits 1 when a copy is missing, stale or extra (CI).
 
 Usage: python scripts/sync_chart_files.py [--check]
@@ -32,13 +33,19 @@ def engines_json() -> bytes:
 def pairs() -> list[tuple[Path, Path]]:
     """(source, copy) for every file a chart ships from elsewhere in the repository."""
     out = [(src, REPO / "helm/prfaas-crds/files" / src.name) for src in sorted((REPO / "crds").glob("*.yaml"))]
-    out.append((REPO / "alerts/prfaas-rules.yaml", REPO / "helm/prfaas/files/prfaas-rules.yaml"))
     out.append((REPO / "dashboards/prfaas.json", REPO / "helm/prfaas/files/prfaas-dashboard.json"))
     return out
 
 
+def _alerts() -> object:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import build_alerts
+
+    return build_alerts
+
+
 def problems() -> list[str]:
-    found = []
+    found = [f"stale: {p.relative_to(REPO)} (run: python scripts/build_alerts.py)" for p in _alerts().stale()]
     expected = set()
     for src, dst in pairs():
         expected.add(dst)
@@ -58,7 +65,7 @@ def problems() -> list[str]:
 
 
 def sync() -> int:
-    changed = 0
+    changed = _alerts().write()
     expected = set()
     for src, dst in pairs():
         expected.add(dst)

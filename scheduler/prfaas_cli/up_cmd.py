@@ -45,7 +45,7 @@ from .scenario import (
 )
 from .scenario import generate_trace as scenario_trace
 from .stack import LocalStack, StackSpec
-from .up_prom import LocalPrometheus, running_stack, start_prometheus
+from .up_prom import LocalPrometheus, alerts_seen, running_stack, start_prometheus
 from .up_report import loop_summary, print_summary, render_plot, summary
 from .up_session import run_session
 from .up_view import LiveView
@@ -342,6 +342,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         with running_stack(stack, lambda: local_prometheus(args, stack, work)) as prom:
             out = replay_run(args, up, stack, records)
+            if prom is not None:
+                # every alert of the project's rules that was pending or firing during the run (a healthy run:
+                # none but PrfaasOperatorMetricsMissing, as up runs the long-term loop itself, with no operator)
+                out["alerts"] = alerts_seen(prom, out["_started_unix"], time.time())
             if prom is not None and plot_dir is not None:
                 out["_dashboard"] = dashboard_picture(prom, out["_started_unix"], time.time())
     except RuntimeError as exc:

@@ -22,6 +22,8 @@ from .stack import LocalStack, spawn_process, stop_processes
 
 RULES = Path(__file__).resolve().parents[2] / "alerts" / "prfaas-rules.yaml"
 """The project's rules, where this is a source checkout (an installed wheel has none: no rules then)."""
+REGION_A, REGION_B = "region-a", "region-b"
+"""The ``namespace`` label of each region's series (as the chart's monitors add it in a real cluster)."""
 
 
 @dataclass
@@ -45,12 +47,16 @@ def scrape_config(stack: LocalStack, rules: Path | None) -> dict[str, Any]:
     def target(url: str) -> str:
         return url.removeprefix("http://").rstrip("/")
 
+    # the labels the chart's monitors add in each region: region B's router and PD engines carry the PD cluster,
+    # region A's gateway and PrFaaS engines the PrefillCluster, each in its own namespace
+    region_a, region_b = {"namespace": REGION_A}, {"namespace": REGION_B, "pd_cluster": "pd-h20"}
     engines = []
     for ep in stack.router_config.endpoints if stack.router_config else []:
-        engines.append({"targets": [target(ep.url)], "labels": {"pd_cluster": "pd-h20", "role": ep.role}})
+        engines.append({"targets": [target(ep.url)], "labels": {**region_b, "role": ep.role}})
     for name, url in stack.urls.items():
         if name.startswith("prfaas-"):
-            engines.append({"targets": [target(url)], "labels": {"prefill_cluster": "prfaas-h200", "role": "prefill"}})
+            labels = {**region_a, "prefill_cluster": "prfaas-h200", "role": "prefill"}
+            engines.append({"targets": [target(url)], "labels": labels})
     links = [target(u.removesuffix("/metrics")) for u in stack.link_metric_urls]
     # the gateway's /metrics needs its token like every path but /health and /ready
     # absolute: Prometheus resolves a relative credentials_file against its config file's directory
@@ -59,8 +65,12 @@ def scrape_config(stack: LocalStack, rules: Path | None) -> dict[str, Any]:
         {"authorization": {"type": "Bearer", "credentials_file": str(token)}} if token.exists() else {}
     )
     jobs = [
-        {"job_name": "router", "static_configs": [{"targets": [target(stack.urls["router"])]}]},
-        {"job_name": "gateway", "static_configs": [{"targets": [target(stack.urls["gateway"])]}], **gateway_auth},
+        {"job_name": "router", "static_configs": [{"targets": [target(stack.urls["router"])], "labels": region_b}]},
+        {
+            "job_name": "gateway",
+            "static_configs": [{"targets": [target(stack.urls["gateway"])], "labels": region_a}],
+            **gateway_auth,
+        },
         {"job_name": "link", "static_configs": [{"targets": links}]},
         {"job_name": "engines", "static_configs": engines},
     ]
@@ -110,7 +120,21 @@ def start_prometheus(stack: LocalStack, work: Path, timeout_s: float = 60.0) -> 
     raise RuntimeError(f"prometheus did not scrape all {n_targets} targets within {timeout_s:.0f} s")
 
 
-__all__ = ["LocalPrometheus", "scrape_config", "start_prometheus"]
+def alerts_seen(prom: LocalPrometheus, start: float, end: float) -> list[dict[str, Any]] | None:
+    """Every alert of the project's rules that was pending or firing at any evaluation between ``start`` and
+    ``end`` (its ``ALERTS`` series), with its labels; None when the rules are not loaded (no source checkout)."""
+    if not RULES.is_file():
+        return None
+    span = max(1, round(end - start))
+    query = f"max_over_time(ALERTS[{span}s])"
+    body = httpx.get(f"{prom.url}/api/v1/query", params={"query": query, "time": str(end)}, timeout=30).json()
+    if body.get("status") != "success":
+        raise RuntimeError(f"Prometheus refused {query!r}: {body.get('error')}")
+    out = [{k: v for k, v in r["metric"].items() if k != "__name__"} for r in body["data"]["result"]]
+    return sorted(out, key=lambda a: sorted(a.items()))
+
+
+__all__ = ["REGION_A", "REGION_B", "LocalPrometheus", "alerts_seen", "scrape_config", "start_prometheus"]
 
 
 @contextmanager

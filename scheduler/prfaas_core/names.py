@@ -113,6 +113,9 @@ REASON_WAIT_FOR_LINK: Final = "wait_for_link"
 METRIC_ROUTER_REQUESTS: Final = "prfaas_router_requests_total"
 METRIC_ROUTER_ROUTE_DECISIONS: Final = "prfaas_router_route_decisions_total"
 METRIC_ROUTER_THRESHOLD_TOKENS: Final = "prfaas_router_threshold_tokens"
+METRIC_ROUTER_THRESHOLD_MIN_TOKENS: Final = "prfaas_router_threshold_min_tokens"
+"""(router) ``t_min``, the floor of the threshold (RouterConfig.routing.thresholdMinTokens, the operator's): ``t`` never
+goes below it and is raised above it under link pressure."""
 METRIC_ROUTER_TTFT_SECONDS: Final = "prfaas_router_ttft_seconds"
 METRIC_ROUTER_BREAKER_OPEN: Final = "prfaas_router_breaker_open"
 METRIC_ROUTER_E2E_SECONDS: Final = "prfaas_router_e2e_seconds"
@@ -270,7 +273,11 @@ VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
 VLLM_PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
 VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 VLLM_TTFT_SECONDS: Final = "vllm:time_to_first_token_seconds"
-VLLM_TPOT_SECONDS: Final = "vllm:time_per_output_token_seconds"
+VLLM_INTER_TOKEN_LATENCY_SECONDS: Final = "vllm:inter_token_latency_seconds"
+"""vLLM's histogram of the time between consecutive output tokens (s), one observation per token after the first
+(vLLM 0.32; it replaced ``vllm:time_per_output_token_seconds``, deprecated in 0.11 and gone by 0.13)."""
+VLLM_REQUEST_TPOT_SECONDS: Final = "vllm:request_time_per_output_token_seconds"
+"""vLLM's histogram of each finished request's mean time per output token (s; decode time / (output tokens - 1))."""
 VLLM_QUEUE_TIME_SECONDS: Final = "vllm:request_queue_time_seconds"
 VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
 VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
@@ -294,6 +301,7 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_REQUESTS,
             METRIC_ROUTER_ROUTE_DECISIONS,
             METRIC_ROUTER_THRESHOLD_TOKENS,
+            METRIC_ROUTER_THRESHOLD_MIN_TOKENS,
             METRIC_ROUTER_TTFT_SECONDS,
             METRIC_ROUTER_BREAKER_OPEN,
             METRIC_ROUTER_E2E_SECONDS,
@@ -386,7 +394,8 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             VLLM_PROMPT_TOKENS,
             VLLM_GENERATION_TOKENS,
             VLLM_TTFT_SECONDS,
-            VLLM_TPOT_SECONDS,
+            VLLM_INTER_TOKEN_LATENCY_SECONDS,
+            VLLM_REQUEST_TPOT_SECONDS,
             VLLM_QUEUE_TIME_SECONDS,
             VLLM_PREFIX_CACHE_QUERIES,
             VLLM_PREFIX_CACHE_HITS,

@@ -311,7 +311,7 @@ class EngineCore:
             self.metrics.ttft_l.observe(self.scale.model_seconds(now - req.arrival))
         else:
             assert req.last_token_at is not None
-            self.metrics.tpot_l.observe(self.scale.model_seconds(now - req.last_token_at))
+            self.metrics.inter_token_l.observe(self.scale.model_seconds(now - req.last_token_at))
         req.last_token_at = now
         if isinstance(req.leg, PRODUCE_LEGS) or req.output_tokens >= req.max_tokens:
             self._finish(req, now)
@@ -331,6 +331,10 @@ class EngineCore:
         else:
             self.used_blocks -= req.blocks
         self.metrics.e2e_l.observe(self.scale.model_seconds(now - req.arrival))
+        # vLLM's per-request mean: decode time over the tokens after the first (0 for a single token)
+        decode_s = now - req.first_token_at if req.first_token_at is not None else 0.0
+        mean_s = decode_s / (req.output_tokens - 1) if req.output_tokens > 1 else 0.0
+        self.metrics.request_tpot_l.observe(self.scale.model_seconds(mean_s))
         self.metrics.finished("length")
         req.events.put_nowait(
             DoneEvent("length", req.prompt_tokens, req.output_tokens, req.cached_tokens, kv_transfer_params=params)

@@ -60,10 +60,22 @@ class EngineMetrics:
             names.VLLM_TTFT_SECONDS, "Time to first token (s).", LABELS, buckets=TTFT_BUCKETS, registry=r
         )
         self.ttft_l = self.ttft.labels(*lv)
-        self.tpot = Histogram(
-            names.VLLM_TPOT_SECONDS, "Time per output token (s).", LABELS, buckets=TPOT_BUCKETS, registry=r
+        self.inter_token = Histogram(
+            names.VLLM_INTER_TOKEN_LATENCY_SECONDS,
+            "Time between consecutive output tokens (s).",
+            LABELS,
+            buckets=TPOT_BUCKETS,
+            registry=r,
         )
-        self.tpot_l = self.tpot.labels(*lv)
+        self.inter_token_l = self.inter_token.labels(*lv)
+        self.request_tpot = Histogram(
+            names.VLLM_REQUEST_TPOT_SECONDS,
+            "Each finished request's mean time per output token (s).",
+            LABELS,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.request_tpot_l = self.request_tpot.labels(*lv)
         self.queue_time = Histogram(
             names.VLLM_QUEUE_TIME_SECONDS, "Time in WAITING (s).", LABELS, buckets=QUEUE_BUCKETS, registry=r
         )

@@ -17,7 +17,7 @@ from prfaas_core.api.common import SloSpec
 
 from . import server_timing
 from .legs import LegError
-from .metrics import RouterMetrics, judge_ttft
+from .metrics import FAILURE_KINDS, RouterMetrics, judge_ttft
 
 ROUTE_HEADER = "x-prfaas-route"
 """Response header naming the route a request took: local, remote or fallback."""
@@ -66,13 +66,7 @@ class DecodeLeg:
 
 def failure_kind(message: str) -> str:
     """A low-cardinality label for why a remote prefill failed."""
-    for key, kind in (
-        ("Timeout", "timeout"),
-        ("answered 5", "remote-5xx"),
-        ("answered 4", "remote-4xx"),
-        ("Connect", "connect"),
-        ("kv_transfer_params", "no-kv-handle"),
-    ):
+    for key, kind in FAILURE_KINDS:
         if key in message:
             return kind
     return "other"

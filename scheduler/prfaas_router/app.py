@@ -87,6 +87,8 @@ def create_app(
     gateway_mode = config.mode == "gateway"
     if gateway_mode:
         metrics.drop_router_series()
+    else:  # a router is no gateway: its gauge would tell the alerts a gateway runs in the router's namespace
+        metrics.registry.unregister(security.insecure)
     hygiene = Hygiene(sec, metrics.registry, authenticating=gateway_mode and auth.token is not None)
     middlewares = [hygiene.middleware()]
     if gateway_mode:

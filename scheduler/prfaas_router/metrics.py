@@ -9,6 +9,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prfaas_core import names
 from prfaas_core.api.common import SloSpec
 
+FAILURE_KINDS: tuple[tuple[str, str], ...] = (
+    ("Timeout", "timeout"),
+    ("answered 5", "remote-5xx"),
+    ("answered 4", "remote-4xx"),
+    ("Connect", "connect"),
+    ("kv_transfer_params", "no-kv-handle"),
+)
+FALLBACK_REASONS: tuple[str, ...] = (*(kind for _, kind in FAILURE_KINDS), "other", "decode-kv-pull")
+"""Every ``reason`` of the fallbacks counter (the router exports each at 0 from its start, so a dashboard shows 0,
+not "no data", until the first fallback)."""
+
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 _TPOT = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 _WAIT = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 300.0)
@@ -36,6 +47,9 @@ class RouterMetrics:
             registry=r,
         )
         self.threshold = Gauge(names.METRIC_ROUTER_THRESHOLD_TOKENS, "Routing threshold t in force.", registry=r)
+        self.threshold_min = Gauge(
+            names.METRIC_ROUTER_THRESHOLD_MIN_TOKENS, "t_min: the floor of the routing threshold.", registry=r
+        )
         self.uncached_tokens = Histogram(
             names.METRIC_ROUTER_UNCACHED_TOKENS,
             "Uncached prompt tokens of routed requests (the observed length mix).",
@@ -66,6 +80,8 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in FALLBACK_REASONS:
+            self.fallbacks.labels(reason)
         self.breaker_open = Gauge(
             names.METRIC_ROUTER_BREAKER_OPEN, "1 while a remote's circuit breaker is open.", ["remote"], registry=r
         )
@@ -266,10 +282,17 @@ class RouterMetrics:
         )
 
     def drop_router_series(self) -> None:
-        """Gateway mode routes nothing: unregister the router's own unlabelled series (``t``, the length mix, the
-        decision time, the SLO objective), which a gateway would otherwise export as 0 and draw as a false
-        ``t = 0`` instance on the dashboard's per-instance panels."""
-        for series in (self.threshold, self.uncached_tokens, self.decision_seconds, self.ttft_slo_objective):
+        """Gateway mode routes nothing: unregister the router's own series (``t``, ``t_min``, the fallbacks, the
+        length mix, the decision time, the SLO objective), which a gateway would otherwise export as 0 and draw as a
+        false ``t = 0`` instance on the dashboard's per-instance panels."""
+        for series in (
+            self.threshold,
+            self.threshold_min,
+            self.fallbacks,
+            self.uncached_tokens,
+            self.decision_seconds,
+            self.ttft_slo_objective,
+        ):
             self.registry.unregister(series)
 
 

@@ -213,6 +213,7 @@ class Signals:
         if done.threshold.tokens != rt.snapshot.threshold.tokens:
             log.info("threshold changed", t=done.threshold.tokens, reason=done.threshold.reason)
         m.threshold.set(done.threshold.tokens)
+        m.threshold_min.set(c.bounds.min_tokens)
         if c.config.slo is not None:
             m.ttft_slo_objective.set(c.config.slo.objective_ratio)
         for remote in c.remotes:

@@ -91,6 +91,13 @@ def test_prfaas_up_runs_the_stack_end_to_end(tmp_path: Path) -> None:
     assert summary["plan"]["n_prefill"] + summary["plan"]["n_decode"] == 4
     assert sum(summary["final_roles"].values()) == 4
 
+    # the project's alert rules, evaluated by up's Prometheus over the whole healthy run (both regions, each
+    # labelled as the chart's monitors label it): no alert was even pending, but the operator's missing-series one
+    # (up runs the long-term loop itself, with no operator process to scrape)
+    assert summary.get("alerts") is not None, "no local Prometheus with the rules (scripts/system-deps.sh)"
+    assert [a for a in summary["alerts"] if a["alertname"] != "PrfaasOperatorMetricsMissing"] == []
+    assert {a["alertname"] for a in summary["alerts"]} == {"PrfaasOperatorMetricsMissing"}
+
     # logs of every process, and none of them left running
     logs = {p.stem for p in (work / "logs").glob("*.log")}
     assert {"router", "gateway", "prfaas-0", "prfaas-1", "link-0", "link-1", "pd-0", "pd-3"} <= logs

@@ -23,18 +23,17 @@ import yaml
 from router_stack import GATEWAY_AUTH, Stack, start_stack
 from testbed_support import Processes, http, prompt
 
+from prfaas_cli import dashboard_png
 from prfaas_testbed.operator_harness import Harness, OperatorProcess
 from prfaas_testbed.prom import free_port, wait_until
 
 RATE_INTERVAL = "1m"
 """What ``$__rate_interval`` becomes when a panel's expression is run outside Grafana."""
-LINK_CAP = "0.8"
-"""What the dashboard's ``$link_cap`` constant becomes (the InterDCLink default maxUtilization)."""
 
 
 def substitute(expr: str) -> str:
-    """A dashboard expression as Prometheus runs it (Grafana's macros replaced)."""
-    return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$link_cap", LINK_CAP)
+    """A dashboard expression as Prometheus runs it (Grafana's macros replaced, every variable "All")."""
+    return dashboard_png.substitute(expr, RATE_INTERVAL, "10m")
 
 
 @dataclass

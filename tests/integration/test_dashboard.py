@@ -68,14 +68,18 @@ def test_dashboard_json_is_what_the_builder_writes() -> None:
 def test_dashboard_covers_what_the_sre_watches_and_every_expression_parses() -> None:
     doc = json.loads(DASHBOARD.read_text())
     assert doc["uid"] and doc["schemaVersion"] >= 36
-    names = {v["name"] for v in doc["templating"]["list"]}
-    assert names == {"datasource"}
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    assert set(variables) == {"datasource", "namespace", "pd_cluster", "prefill_cluster", "link"}
+    for name in ("namespace", "pd_cluster", "prefill_cluster", "link"):
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*", name
+        promql_parser.parse(variables[name]["query"].removeprefix("label_values(").rsplit(",", 1)[0])
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids))
     used: set[str] = set()
     for panel in panels():
         assert panel["description"] and panel["targets"], panel["title"]
         assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']}: no unit"
         for target in panel["targets"]:
             expr = substitute(target["expr"])
             assert "$" not in expr, f"{panel['title']}: unsubstituted variable in {expr}"
@@ -94,12 +98,41 @@ def test_dashboard_covers_what_the_sre_watches_and_every_expression_parses() -> 
         "vllm:kv_cache_usage_perc",
         "prfaas_router_link_cap_gbps",
         "prfaas_router_ttft_seconds_bucket",
-        "vllm:time_per_output_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:request_time_per_output_token_seconds_bucket",
+        "prfaas_router_tpot_seconds_bucket",
+        "prfaas_router_ttft_slo_total",
+        "prfaas_router_ttft_slo_objective_ratio",
+        "prfaas_router_fallbacks_total",
+        "prfaas_router_prefix_hit_tokens_total",
+        "prfaas_router_uncached_prompt_tokens_bucket",
+        "prfaas_router_threshold_min_tokens",
+        "prfaas_router_link_available_gbps",
+        "prfaas_router_link_available_source",
+        "prfaas_gateway_link_available_gbps",
         "vllm:num_requests_waiting",
         "prfaas_router_breaker_open",
         "prfaas_operator_reconcile_duration_seconds_count",
     ):
         assert needed in used, needed
+
+
+def test_the_breaker_and_link_states_are_state_panels_and_slo_panels_stats() -> None:
+    by_title = {p["title"]: p for p in panels()}
+    assert by_title["Remote breaker"]["type"] == "state-timeline"
+    assert by_title["Link scarce"]["type"] == "state-timeline"
+    assert by_title["TTFT SLO attainment (dashboard range)"]["type"] == "stat"
+    assert by_title["Error budget left (dashboard range)"]["type"] == "stat"
+    # no panel counts every scrape job of the Prometheus (the old "Scrape targets up")
+    assert not any("up" in metric_names(substitute(t["expr"])) for p in panels() for t in p["targets"])
+
+
+def test_the_egress_view_averages_the_cap_over_the_rate_window() -> None:
+    """Egress is a rate over the panel's window; the cap it is drawn against is averaged over the same window."""
+    egress = next(p for p in panels() if p["title"].startswith("Link egress vs cap"))
+    exprs = [t["expr"] for t in egress["targets"]]
+    assert any("avg_over_time(prfaas_router_link_cap_gbps" in e and "[$__rate_interval]" in e for e in exprs)
+    assert all("[$__rate_interval]" in e for e in exprs)
 
 
 def test_a_syntax_error_is_caught() -> None:

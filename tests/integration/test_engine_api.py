@@ -154,7 +154,8 @@ async def test_metrics_use_vllm_names_types_and_labels(engine: Client) -> None:
         "vllm:prefix_cache_queries": "counter",
         "vllm:prefix_cache_hits": "counter",
         "vllm:time_to_first_token_seconds": "histogram",
-        "vllm:time_per_output_token_seconds": "histogram",
+        "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:request_time_per_output_token_seconds": "histogram",
         "vllm:request_queue_time_seconds": "histogram",
         "prfaas_engine_kv_bytes_sent": "counter",
         "prfaas_engine_kv_bytes_received": "counter",
@@ -164,7 +165,9 @@ async def test_metrics_use_vllm_names_types_and_labels(engine: Client) -> None:
     assert metric_value(text, "vllm:prompt_tokens_total", labels) == 100
     assert metric_value(text, "vllm:generation_tokens_total", labels) == 5
     assert metric_value(text, "vllm:time_to_first_token_seconds_count", labels) == 1
-    assert metric_value(text, "vllm:time_per_output_token_seconds_count", labels) == 4
+    assert metric_value(text, "vllm:inter_token_latency_seconds_count", labels) == 4
+    assert metric_value(text, "vllm:request_time_per_output_token_seconds_count", labels) == 1
+    assert "vllm:time_per_output_token_seconds" not in text  # gone from vLLM by 0.13
     assert metric_value(text, "vllm:request_success_total", {**labels, "finished_reason": "length"}) == 1
     assert metric_value(text, "vllm:num_requests_running", labels) == 0
 

@@ -25,8 +25,9 @@ SUFFIXES = ("_bucket", "_sum", "_count", "_created")
 
 def selected(expr: str) -> set[str]:
     """Metric names a PromQL expression selects (template variables substituted first)."""
-    text = re.sub(r"\$__rate_interval|\$window", "1m", expr)
+    text = re.sub(r"\$__rate_interval|\$__range|\$window", "1m", expr)
     text = re.sub(r"\$(\w+)", r"x", text)
+    text = re.sub(r"\$\{(\w+)\}", r"x", text)
     found: set[str] = set()
 
     def visit(node: Any) -> bool:
