@@ -27,10 +27,11 @@ from ..policy.link_calendar import (
 )
 from ..policy.link_state import EgressLedger, LinkParams, Transfer
 from ..policy.routing import RouteDecision, transfer_bytes
+from ..request.slo import ttft_objective_s
 from .config import SimConfig
 from .events import EventQueue
 from .instances import Instance, Job
-from .results import RunResult, ttft_slo_s
+from .results import RunResult
 from .state import Req
 
 
@@ -180,7 +181,7 @@ def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: i
     prefill_s = sim.prfaas_seconds(float(max(uncached, 1)))
     local_wait = sim.least_wait(sim.pd, now) or 0.0
     local_ttft = local_wait + sim.pd_seconds(float(max(local_tokens, 1)))
-    slo = ttft_slo_s(sim.cfg.slo, spec.uncached_tokens)
+    slo = ttft_objective_s(sim.cfg.slo, spec.input_tokens)
     choice, window = sim.gateway.ask(now, nbytes, prefill_s, sim.link_params, local_ttft, slo, spill, local_wait)
     if window is None:
         return False

@@ -39,6 +39,7 @@ from ..policy.short_term import (
     route,
 )
 from ..policy.threshold import ThresholdBounds, ThresholdDecision
+from ..request.slo import ttft_objective_s
 from . import gateway as windows
 from .arrivals import SimRequest
 from .cache import HybridPrefixPool
@@ -191,7 +192,7 @@ class Simulation(DecodeSide):
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
         tick = RouteTick(
             now,
-            RouteRequest(total, l_pd, ttft_slo_s=self.cfg.slo.ttft_seconds(req.spec.uncached_tokens)),
+            RouteRequest(total, l_pd, ttft_slo_s=ttft_objective_s(self.cfg.slo, total)),
             self.t,
             self.kv,
             self.prfaas_seconds,
