@@ -191,6 +191,11 @@ class SimPolicySpec(ApiModel):
     router_replicas: int = Field(
         default=1, ge=1, le=64, description="Router replicas behind a round-robin front, each with its own ledger."
     )
+    lane_order: Literal["deadline", "arrival"] = Field(
+        default="deadline",
+        description="The gateway's lane order (as gateway.admission.laneOrder): deadline, a request due sooner may "
+        "take a lane ahead of held bookings due later; arrival, first booked, first served.",
+    )
 
 
 class SearchSpec(ApiModel):

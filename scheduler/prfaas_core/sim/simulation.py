@@ -107,7 +107,9 @@ class Simulation(DecodeSide):
         self.ledger = self.ledgers[0]
         self.link_states = [LinkState() for _ in self.ledgers]
         self.link_state = self.link_states[0]
-        self.gateway = SimGateway(config.n_prfaas, config.stream_timing) if config.link_windows else None
+        self.gateway = (
+            SimGateway(config.n_prfaas, config.stream_timing, config.lane_order) if config.link_windows else None
+        )
         cache = config.cache
         pool_bytes = cache.pool_capacity_gib * GIB
         self.pd_pool = HybridPrefixPool(self.kv, pool_bytes, cache.block_tokens, cache.checkpoints_per_session)
