@@ -23,6 +23,7 @@ import aiohttp
 
 from prfaas_core.api import SloSpec
 from prfaas_core.names import SERVER_TIMING
+from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.request.trace import TraceRecord
 from prfaas_router import server_timing
 
@@ -54,7 +55,7 @@ class Result:
     def meets(self, slo: SloSpec) -> bool:
         if self.status != 200 or self.ttft_s is None:
             return False
-        if self.ttft_s > slo.ttft_seconds(self.uncached_tokens):
+        if self.ttft_s > ttft_objective_s(slo, self.input_tokens):
             return False
         return self.tpot_s is None or self.tpot_s <= 1.0 / slo.min_decode_tokens_per_second
 
@@ -65,13 +66,13 @@ class Result:
             return not self.meets(slo)
         if self.sent_at is None or self.ttft_s is not None:
             return False
-        return (now - self.sent_at) * time_scale > slo.ttft_seconds(self.uncached_tokens)
+        return (now - self.sent_at) * time_scale > ttft_objective_s(slo, self.input_tokens)
 
     def miss_reason(self, slo: SloSpec) -> str | None:
         """Why a finished request missed the SLO (``error``, ``ttft`` or ``tpot``), None when it met it."""
         if self.status != 200 or self.ttft_s is None:
             return "error"
-        if self.ttft_s > slo.ttft_seconds(self.uncached_tokens):
+        if self.ttft_s > ttft_objective_s(slo, self.input_tokens):
             return "ttft"
         if self.tpot_s is not None and self.tpot_s > 1.0 / slo.min_decode_tokens_per_second:
             return "tpot"

@@ -8,6 +8,7 @@ import itertools
 from typing import Any
 
 from prfaas_core.api import SloSpec
+from prfaas_core.request.slo import ttft_objective_s
 
 from .load import Result, summarize
 from .plots import figure, png
@@ -227,7 +228,7 @@ def render_plot(st: SessionState, slo: SloSpec) -> bytes:
         ax.set_xlim(0, end)
     for route, marker in (("local", "o"), ("remote", "^")):
         pts = [
-            ((r.sent_at - st.started) * st.time_scale, r.ttft_s / slo.ttft_seconds(r.uncached_tokens))
+            ((r.sent_at - st.started) * st.time_scale, r.ttft_s / ttft_objective_s(slo, r.input_tokens))
             for r in st.results
             if r.route == route and r.ttft_s is not None and r.sent_at is not None
         ]

@@ -52,7 +52,8 @@ from aiohttp import web
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
 from prfaas_core.names import GBPS_BITS
-from prfaas_core.policy.link_calendar import Deadline, Window, booked_gbps, ceiling_gbps, window_by_deadline
+from prfaas_core.policy.link_admission import AdmitTick, Decline, WireTick, admit, book, wire_turn
+from prfaas_core.policy.link_calendar import Deadline, Window, booked_gbps, ceiling_gbps
 from prfaas_core.policy.link_estimate import Available
 from prfaas_core.policy.link_shares import EPS, LinkShares
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
@@ -109,13 +110,6 @@ class Booking:
     predicted_ttft_s: float = 0.0
     """The TTFT the gateway predicts for it (model seconds from the decision): its window's, or later where the
     instances' queues and egress are (the answer's ``Server-Timing: predicted``)."""
-
-
-def _through_instances(window: Window, ready_s: float) -> Window:
-    """``window`` no earlier than the instances allow: its prefill ends, and its stream can start after the prefill,
-    at ``ready_s`` from now at the earliest (the stream's tail after the prefill unchanged)."""
-    shift = max(0.0, window.now_s + ready_s - (window.start_s + window.prefill_s))
-    return window.later(shift) if shift > 0 else window
 
 
 class LinkAdmission:
@@ -287,46 +281,34 @@ class LinkAdmission:
                 self.metrics.gateway_link_available.labels(self.link, s).set(
                     params.capacity_gbps if s == source else 0.0
                 )
-        due = now_s + slo_ttft_ms / 1000.0 if self.spec.lane_order == "deadline" else float("inf")
-        for k in [k for k in self._deadlines if self.ledger.get(k) is None]:
-            del self._deadlines[k]
-        placement = window_by_deadline(
+        answer = admit(
             self.ledger,
-            now_s,
-            nbytes,
-            prefill_s,
-            params,
-            self.spec.stream_timing,
-            due_s=due,
-            deadlines=self._deadlines,
-            pull_gbps=self.spec.pull_gbps,
+            self._deadlines,
+            AdmitTick(
+                now_s,
+                nbytes,
+                prefill_s,
+                params,
+                self.spec.stream_timing,
+                self.spec.lane_order,
+                slo_ttft_s=slo_ttft_ms / 1000.0,
+                max_wait_s=max_wait_ms / 1000.0,
+                max_ttft_s=max_ttft_ms / 1000.0,
+                ready_s=ready_s,
+                waiting=self.waiting,
+                max_waiting=self.spec.max_waiting,
+                pull_gbps=self.spec.pull_gbps,
+            ),
         )
-        window = None if placement is None else placement.window
-        if window is None or placement is None:
-            return self._decline("overloaded", None, "the link's ceiling is 0")
-        if window.wait_s * 1000.0 > max_wait_ms:
-            return self._decline("link_window", window, f"earliest window in {window.wait_s:.3f} s")
-        if window.wait_s > 0 and window.ttft_s * 1000.0 > max_ttft_ms:
-            why = f"earliest window in {window.wait_s:.3f} s gives a predicted TTFT of {window.ttft_s:.3f} s"
-            return self._decline("link_window", window, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
-        late = window if ready_s is None else _through_instances(window, ready_s)
-        if late.ttft_s > window.ttft_s + EPS and late.ttft_s * 1000.0 > max_ttft_ms:
-            why = f"the PrFaaS instances' queues and egress give a predicted TTFT of {late.ttft_s:.3f} s"
-            return self._decline("link_window", late, f"{why} > {max_ttft_ms / 1000.0:.3f} s accepted")
-        if window.wait_s > 0 and self.waiting >= self.spec.max_waiting:
-            return self._decline("overloaded", window, f"{self.waiting} prefills already wait for a window")
-        for moved, transfer in placement.moved.items():
-            self.ledger.reserve(moved, transfer)
-            if self.metrics is not None:
-                self.metrics.gateway_lane_reorders.labels(self.link).inc()
-        self.ledger.reserve(key, window.transfer())
-        if math.isfinite(due):
-            accepted = now_s + max_ttft_ms / 1000.0
-            self._deadlines[key] = Deadline.of(now_s + max(window.ttft_s, late.ttft_s), due, accepted)
+        if isinstance(answer, Decline):
+            return self._decline(answer.reason, answer.window, answer.message)
+        book(self.ledger, self._deadlines, key, answer)
+        if self.metrics is not None:
+            self.metrics.gateway_lane_reorders.labels(self.link).inc(len(answer.moved))
         self._count("booked")
         if self.metrics is not None:
-            self.metrics.gateway_admission_wait.labels(self.link).observe(window.wait_s)
-        return Booking(key, window, max(window.ttft_s, late.ttft_s))
+            self.metrics.gateway_admission_wait.labels(self.link).observe(answer.window.wait_s)
+        return Booking(key, answer.window, answer.predicted_ttft_s)
 
     def _decline(self, reason: str, window: Window | None, why: str) -> web.Response:
         self._count(reason)
@@ -579,17 +561,19 @@ class LinkAdmission:
         none goes while a peer with an older one still misses some of this replica's share, or while its
         ``instance``'s paced egress is full."""
         async with self._wire_lock:
-            if self._instance_full(instance, rate):
-                return False
             now = clock()
             self._set_share(now)
-            if now < self._older_peer_until:
-                return False  # a peer's older answer goes first: this replica's share stays free for it
-            if self._need(rate, now) <= EPS:
-                return True
-            if self._held_since.get(key) != self._oldest_held():
-                return False
-            return await self._borrow(key, rate, lease_s, now)
+            turn = wire_turn(
+                WireTick(
+                    instance_full=self._instance_full(instance, rate),
+                    older_peer_first=now < self._older_peer_until,  # this replica's share stays free for it
+                    missing=self._need(rate, now),
+                    oldest_here=self._held_since.get(key) == self._oldest_held(),
+                )
+            )
+            if turn == "borrow":
+                return await self._borrow(key, rate, lease_s, now)
+            return turn == "go"
 
     def pull_id(self) -> str:
         """A fresh pull key: this replica's id first, so a peer can forward a report that reached it."""

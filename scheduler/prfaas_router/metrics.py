@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from prfaas_core import names
 from prfaas_core.api.common import SloSpec
+from prfaas_core.request.slo import ttft_objective_s
 
 FAILURE_KINDS: tuple[tuple[str, str], ...] = (
     ("Timeout", "timeout"),
@@ -300,5 +301,5 @@ def judge_ttft(metrics: RouterMetrics, slo: SloSpec | None, route: str, ttft_s: 
     """Observe a request's TTFT, and count it against its own objective when the router has the SLO."""
     metrics.ttft.labels(route).observe(ttft_s)
     if slo is not None:
-        result = "met" if ttft_s <= slo.ttft_seconds(prompt_tokens) else "missed"
+        result = "met" if ttft_s <= ttft_objective_s(slo, prompt_tokens) else "missed"
         metrics.ttft_slo.labels(route, result).inc()

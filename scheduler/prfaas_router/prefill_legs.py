@@ -12,6 +12,7 @@ import orjson
 from prfaas_core import names
 from prfaas_core.api import RemoteGateway
 from prfaas_core.policy.routing import RouteDecision
+from prfaas_core.request.slo import ttft_objective_s
 
 from . import link_wait
 from .aborts import SideLost, remote_side
@@ -141,7 +142,7 @@ async def remote_in_window(
     nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
     queue = rt.local_wait_s()
     local = link_wait.local_ttft_s(queue, c.pd.prefill_seconds(float(total)))
-    slo = c.config.slo.ttft_seconds(total) if c.config.slo is not None else None
+    slo = ttft_objective_s(c.config.slo, total) if c.config.slo is not None else None
     cap = rt.link_params(remote.link).cap_gbps
     spill = decision.kind == "spill"
     limit = link_wait.accepted_ttft_s(local, slo, spill)

@@ -37,6 +37,7 @@ from prfaas_core.policy.short_term import (
     route,
 )
 from prfaas_core.policy.threshold import ThresholdBounds, ThresholdDecision
+from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.request.tokens import PrefixIndex, Tokenizer
 
 from .tokenizer import router_tokenizer
@@ -468,7 +469,9 @@ class Runtime:
             RouteTick(
                 self.model_now(),
                 RouteRequest(
-                    total_tokens, l_pd, ttft_slo_s=c.config.slo.ttft_seconds(total_tokens) if c.config.slo else None
+                    total_tokens,
+                    l_pd,
+                    ttft_slo_s=ttft_objective_s(c.config.slo, total_tokens) if c.config.slo else None,
                 ),
                 snap.threshold.tokens,
                 c.kv,

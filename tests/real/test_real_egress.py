@@ -16,6 +16,7 @@ from prfaas_cli.vllm_engines import BLOCK_SIZE, RealEnv, example_slo
 from prfaas_core import names
 from prfaas_core.api import ModelProfileSpec, SloSpec
 from prfaas_core.capacity.kv import kv_model_from_profile
+from prfaas_core.request.slo import ttft_objective_s
 from prfaas_router.prom_text import sample_sum
 
 LONG_TOKENS = 1200
@@ -81,5 +82,5 @@ def test_egress_counters_move_by_the_kv_of_the_reported_prompt(
         - slo_before[res]
         for res in names.TTFT_SLO_RESULTS
     }
-    objective = SloSpec.model_validate(example_slo()).ttft_seconds(n)
+    objective = ttft_objective_s(SloSpec.model_validate(example_slo()), n)
     assert slo_moved == ({"met": 1.0, "missed": 0.0} if ttft <= objective else {"met": 0.0, "missed": 1.0})

@@ -1,11 +1,16 @@
-"""Routers judge each request's TTFT against its own objective (RouterConfig.slo)."""
+"""Routers judge each request's TTFT against its own objective (RouterConfig.slo); the objective is one rule,
+on the whole prompt as the client sent it, in the router, the simulator and the load client."""
 
 from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from prfaas_cli.load import Result
 from prfaas_core import names
 from prfaas_core.api import RouterConfig, SloSpec
+from prfaas_core.request.slo import ttft_objective_s
+from prfaas_core.sim.arrivals import SimRequest
+from prfaas_core.sim.results import RunResult
 from prfaas_router.metrics import RouterMetrics, judge_ttft
 from prfaas_router.prom_text import sample_sum
 
@@ -17,8 +22,32 @@ def _count(m: RouterMetrics, route: str, result: str) -> float:
 
 def test_the_objective_grows_with_the_prompt() -> None:
     slo = SloSpec.model_validate({"ttft": {"baseSeconds": 2.0, "secondsPerKTokens": 0.5}})
-    assert slo.ttft_seconds(0) == 2.0
-    assert slo.ttft_seconds(4096) == 4.0
+    assert ttft_objective_s(slo, 0) == 2.0
+    assert ttft_objective_s(slo, 4096) == 4.0
+
+
+def test_a_cached_prefix_does_not_move_the_objective() -> None:
+    """A 50K-token prompt with 48K cached is judged on its 50K tokens (11.8 s under the default SLO) by the
+    router's metrics, the load client and the simulator alike — not on its 2K uncached ones (2.4 s)."""
+    slo = SloSpec()
+    assert ttft_objective_s(slo, 50 * 1024) == 12.0
+    ttft_s = 5.0  # beyond the uncached-length objective, within the whole prompt's
+    m = RouterMetrics()
+    judge_ttft(m, slo, "local", ttft_s, 50 * 1024)
+    assert _count(m, "local", "met") == 1
+    client = Result(0, input_tokens=50 * 1024, uncached_tokens=2 * 1024, output_tokens=1, status=200, ttft_s=ttft_s)
+    client.done = True
+    assert client.meets(slo) and client.miss_reason(slo) is None and not client.missed(slo, 0.0, 1.0)
+
+    class Finished:  # what the simulator records of a finished request
+        spec = SimRequest(0, 0.0, input_tokens=50 * 1024, output_tokens=1, session=0, shared_prefix_tokens=48 * 1024)
+        first_token_s = ttft_s
+        done_s = ttft_s
+        remote = False
+
+    sim = RunResult("cached", 10.0, 1)
+    sim.record(Finished(), slo)
+    assert sim.slo_ok == [True]
 
 
 def test_each_request_is_judged_against_its_own_length() -> None:

@@ -110,28 +110,34 @@ class RoleRange(ApiModel):
 
 
 class TtftSlo(ApiModel):
-    """TTFT SLO as an affine function of the uncached length: ``base + slope * l / 1024``."""
+    """TTFT SLO as an affine function of the whole prompt's length as the client sent it (the engine's
+    ``prompt_tokens``, cached or not): ``base + slope * l / 1024``
+    (:func:`prfaas_core.request.slo.ttft_objective_s`)."""
 
     base_seconds: float = Field(default=2.0, gt=0, le=3600, description="TTFT allowed at zero length, s.")
     seconds_per_k_tokens: float = Field(
-        default=0.2, ge=0, le=3600, description="Extra TTFT allowed per 1K (1024) uncached tokens, s."
+        default=0.2,
+        ge=0,
+        le=3600,
+        description="Extra TTFT allowed per 1K (1024) prompt tokens, s: the whole prompt as the client sent it (the "
+        "engine's prompt_tokens, cached or not).",
     )
 
 
 class SloSpec(ApiModel):
     """Service-level objectives: used by alerts, goodput and the decode capacity check."""
 
-    ttft: TtftSlo = Field(default_factory=TtftSlo, description="TTFT objective.", json_schema_extra={"default": {}})
+    ttft: TtftSlo = Field(
+        default_factory=TtftSlo,
+        description="TTFT objective, judged on the whole prompt as the client sent it (prompt_tokens), cached or not.",
+        json_schema_extra={"default": {}},
+    )
     min_decode_tokens_per_second: float = Field(
         default=40.0, gt=0, le=100_000, description="Minimum decode rate per stream, tokens/s."
     )
     objective_ratio: float = Field(
         default=0.95, gt=0, le=1, description="Fraction of requests that must meet the SLO (for burn alerts)."
     )
-
-    def ttft_seconds(self, tokens: float) -> float:
-        """A request's own TTFT objective: ``base + per_1K x tokens / 1024`` seconds."""
-        return self.ttft.base_seconds + self.ttft.seconds_per_k_tokens * tokens / 1024
 
 
 def rfc3339(time_s: float) -> str:

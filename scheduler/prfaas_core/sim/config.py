@@ -7,6 +7,7 @@ from typing import Literal
 
 from ..api.common import SloSpec
 from ..capacity.plan_inputs import PlanInputs
+from ..policy.link_admission import LaneOrder
 from ..policy.link_calendar import StreamTiming
 from ..policy.role_types import RolePolicyParams
 from .scenario import CacheSpec, SimLinkSpec
@@ -43,6 +44,8 @@ class SimConfig:
     """Remote prefills book windows in the gateway's link calendar (:mod:`prfaas_core.policy.link_calendar`)."""
     stream_timing: StreamTiming = "layer-wise"
     router_replicas: int = 1
+    lane_order: LaneOrder = "deadline"
+    """The gateway's lane order (:class:`~prfaas_core.policy.link_admission.AdmitTick`)."""
 
     def __post_init__(self) -> None:
         if self.n_decode < 1:

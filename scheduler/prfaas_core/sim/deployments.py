@@ -131,6 +131,7 @@ def _config(scenario: Scenario, inputs: PlanInputs, name: str, **kw: object) -> 
         observe_window_s=scenario.policy.observe_window_seconds,
         stream_timing=scenario.policy.stream_timing,
         router_replicas=scenario.policy.router_replicas,
+        lane_order=scenario.policy.lane_order,
         **kw,  # type: ignore[arg-type]
     )
 

@@ -1,8 +1,8 @@
 """The simulated PrFaaS gateway's link calendar: the one :class:`~prfaas_core.policy.link_state.EgressLedger` that
-sees every KV stream on the link (every remote prefill passes through the gateway), booked with
-:func:`~prfaas_core.policy.link_calendar.window_by_deadline` (lanes earliest due first) and chosen against the
-local alternative with :func:`~prfaas_core.policy.link_calendar.choose_window` — the same functions the real
-gateway and routers call.
+sees every KV stream on the link (every remote prefill passes through the gateway), booked by
+:func:`~prfaas_core.policy.link_admission.admit` (the lane order a scenario knob, ``policy.laneOrder``) and chosen
+against the local alternative with :func:`~prfaas_core.policy.link_calendar.choose_window` — the same functions
+the real gateway and routers call.
 
 The routers' own ledgers (one per replica, :class:`~.simulation.Simulation`) stay the fast pre-filter: a request
 the pre-filter sends local because of its length never asks; one it would send remote, or decline only for the
@@ -16,21 +16,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..capacity.kv import KvModel
-from ..policy.link_calendar import (
-    Deadline,
-    StreamTiming,
-    WaitChoice,
-    Window,
-    accepted_ttft_s,
-    choose_window,
-    window_by_deadline,
-)
-from ..policy.link_state import EgressLedger, LinkParams, Transfer
+from ..policy.link_admission import AdmitTick, Booking, LaneOrder, admit, book
+from ..policy.link_calendar import Deadline, StreamTiming, WaitChoice, Window, accepted_ttft_s, choose_window
+from ..policy.link_state import EgressLedger, LinkParams
 from ..policy.routing import RouteDecision, transfer_bytes
+from ..request.slo import ttft_objective_s
 from .config import SimConfig
 from .events import EventQueue
 from .instances import Instance, Job
-from .results import RunResult, ttft_slo_s
+from .results import RunResult
 from .state import Req
 
 
@@ -89,15 +83,16 @@ class WindowHost(Protocol):
 
 
 class SimGateway:
-    """The calendar and its answers (time is the simulation's)."""
+    """The calendar and its answers (time is the simulation's): :func:`~prfaas_core.policy.link_admission.admit`
+    books, as in the real gateway; the router's choice (:func:`choose_window`) then takes the window or goes local."""
 
-    def __init__(self, lanes: int, timing: StreamTiming) -> None:
+    def __init__(self, lanes: int, timing: StreamTiming, lane_order: LaneOrder = "deadline") -> None:
         self.ledger = EgressLedger(lanes=lanes, expire_s=1e9)  # bookings end when their KV has arrived
         self.timing: StreamTiming = timing
+        self.lane_order: LaneOrder = lane_order
         self.stats = WindowStats()
         self.deadlines: dict[str, Deadline] = {}
         """Each booking's due time and limit: the lanes go earliest due first, as the real gateway's do."""
-        self._moved: dict[str, Transfer] = {}
 
     def ask(
         self,
@@ -109,23 +104,27 @@ class SimGateway:
         slo_ttft_s: float,
         spill: bool = False,
         local_wait_s: float = 0.0,
-    ) -> tuple[WaitChoice, Window | None]:
-        """The earliest window and the router's choice (a ``spill`` waits only while it beats local)."""
+    ) -> tuple[WaitChoice, Booking | None]:
+        """The gateway's booking and the router's choice (a ``spill`` waits only while it beats local)."""
         self.stats.asked += 1
-        placement = window_by_deadline(
+        answer = admit(
             self.ledger,
-            now_s,
-            nbytes,
-            prefill_s,
-            params,
-            self.timing,
-            due_s=now_s + slo_ttft_s,
-            deadlines=self.deadlines,
+            self.deadlines,
+            AdmitTick(
+                now_s,
+                nbytes,
+                prefill_s,
+                params,
+                self.timing,
+                self.lane_order,
+                slo_ttft_s=slo_ttft_s,
+                accepted_ttft_s=accepted_ttft_s(local_ttft_s, slo_ttft_s, spill),
+            ),
         )
-        window = None if placement is None else placement.window
+        booking = answer if isinstance(answer, Booking) else None
+        window = None if booking is None else booking.window
         choice = choose_window(window, local_ttft_s, slo_ttft_s, local_wait_s, spill)
-        self._moved = {} if placement is None else placement.moved
-        if choice.action == "local" or window is None:
+        if choice.action == "local" or booking is None or window is None:
             self.stats.declined_to_local += 1
             return choice, None
         if choice.action == "wait_for_link":
@@ -133,16 +132,12 @@ class SimGateway:
             st.waited += 1
             st.wait_s_sum += window.wait_s
             st.wait_s_max = max(st.wait_s_max, window.wait_s)
-        return choice, window
+        return choice, booking
 
-    def book(self, key: str, window: Window, due_s: float, accepted_s: float) -> None:
-        """Book the window :meth:`ask` found, moving back the bookings it goes ahead of."""
-        for moved, transfer in self._moved.items():
-            self.ledger.reserve(moved, transfer)
-        self.stats.reordered += len(self._moved)
-        self._moved = {}
-        self.ledger.reserve(key, window.transfer())
-        self.deadlines[key] = Deadline.of(window.now_s + window.ttft_s, due_s, accepted_s)
+    def book(self, key: str, booking: Booking) -> None:
+        """Book what :meth:`ask` answered, moving back the bookings it goes ahead of."""
+        book(self.ledger, self.deadlines, key, booking)
+        self.stats.reordered += len(booking.moved)
 
     def finish(self, key: str) -> None:
         self.ledger.finish(key)
@@ -180,16 +175,17 @@ def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: i
     prefill_s = sim.prfaas_seconds(float(max(uncached, 1)))
     local_wait = sim.least_wait(sim.pd, now) or 0.0
     local_ttft = local_wait + sim.pd_seconds(float(max(local_tokens, 1)))
-    slo = ttft_slo_s(sim.cfg.slo, spec.uncached_tokens)
-    choice, window = sim.gateway.ask(now, nbytes, prefill_s, sim.link_params, local_ttft, slo, spill, local_wait)
-    if window is None:
+    slo = ttft_objective_s(sim.cfg.slo, spec.input_tokens)
+    choice, booking = sim.gateway.ask(now, nbytes, prefill_s, sim.link_params, local_ttft, slo, spill, local_wait)
+    if booking is None:
         return False
+    window = booking.window
     req.remote = True
     req.uncached = uncached
     req.transfer_bytes = nbytes
     req.window = window
     key = str(spec.id)
-    sim.gateway.book(key, window, now + slo, now + accepted_ttft_s(local_ttft, slo, spill))
+    sim.gateway.book(key, booking)
     sim.ledgers[replica].start(key, nbytes, now, prefill_s)  # the router's own view, its pre-filter
     sim.result.link_waits += choice.action == "wait_for_link"
     sim.result.link_wait_s.append(window.wait_s)

@@ -5,11 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..api.common import SloSpec
-
-
-def ttft_slo_s(slo: SloSpec, uncached_tokens: int) -> float:
-    """The TTFT objective of a request: ``base + per_1K × uncached / 1024`` seconds."""
-    return slo.ttft_seconds(uncached_tokens)
+from ..request.slo import ttft_objective_s
 
 
 @dataclass
@@ -103,14 +99,14 @@ class RunResult:
     """The window wait of every request that booked one (0 for a window that started at once)."""
 
     def record(self, req: object, slo: SloSpec) -> None:
-        """A finished request: TTFT, TPOT and whether it met both SLOs (uncached = its incremental length)."""
+        """A finished request: TTFT, TPOT and whether it met both SLOs (the TTFT objective on its whole prompt)."""
         spec = req.spec  # type: ignore[attr-defined]
         first = req.first_token_s  # type: ignore[attr-defined]
         done = req.done_s  # type: ignore[attr-defined]
         ttft = first - spec.arrival_s
         out = spec.output_tokens
         tpot = (done - first) / (out - 1) if out > 1 else done - first
-        ok = ttft <= ttft_slo_s(slo, spec.uncached_tokens) and tpot * slo.min_decode_tokens_per_second <= 1.0 + 1e-9
+        ok = ttft <= ttft_objective_s(slo, spec.input_tokens) and tpot * slo.min_decode_tokens_per_second <= 1.0 + 1e-9
         self.arrival_s.append(spec.arrival_s)
         self.ttft_s.append(ttft)
         self.tpot_s.append(tpot)

@@ -4,7 +4,7 @@ time), the link and its capacity schedule, the prefix cache, SLOs, the policies'
 YAML fields are camelCase (``rateCurve``, ``capacityGbps``); unknown fields are errors. Every default is
 the paper's case study (§4.1): 4 × H200 PrFaaS instances, 8 × H20 PD instances, 12 × H20 for the
 homogeneous baseline, the internal 1T model, a 100 Gbps link capped at 80 %, log-normal uncached lengths
-(μ 9.90, σ 1.00 on [128, 131072]), 1024 output tokens, TTFT SLO 2 s + 0.2 s per 1K uncached tokens, decode
+(μ 9.90, σ 1.00 on [128, 131072]), 1024 output tokens, TTFT SLO 2 s + 0.2 s per 1K prompt tokens, decode
 SLO 40 tokens/s. :func:`default_scenario` is that scenario (``examples/02-simulate/case-study.yaml``).
 
 Lengths are the *uncached increment* of each request: without sessions a request's whole prompt; with
@@ -190,6 +190,11 @@ class SimPolicySpec(ApiModel):
     )
     router_replicas: int = Field(
         default=1, ge=1, le=64, description="Router replicas behind a round-robin front, each with its own ledger."
+    )
+    lane_order: Literal["deadline", "arrival"] = Field(
+        default="deadline",
+        description="The gateway's lane order (as gateway.admission.laneOrder): deadline, a request due sooner may "
+        "take a lane ahead of held bookings due later; arrival, first booked, first served.",
     )
 
 

@@ -39,6 +39,7 @@ from ..policy.short_term import (
     route,
 )
 from ..policy.threshold import ThresholdBounds, ThresholdDecision
+from ..request.slo import ttft_objective_s
 from . import gateway as windows
 from .arrivals import SimRequest
 from .cache import HybridPrefixPool
@@ -106,7 +107,9 @@ class Simulation(DecodeSide):
         self.ledger = self.ledgers[0]
         self.link_states = [LinkState() for _ in self.ledgers]
         self.link_state = self.link_states[0]
-        self.gateway = SimGateway(config.n_prfaas, config.stream_timing) if config.link_windows else None
+        self.gateway = (
+            SimGateway(config.n_prfaas, config.stream_timing, config.lane_order) if config.link_windows else None
+        )
         cache = config.cache
         pool_bytes = cache.pool_capacity_gib * GIB
         self.pd_pool = HybridPrefixPool(self.kv, pool_bytes, cache.block_tokens, cache.checkpoints_per_session)
@@ -191,7 +194,7 @@ class Simulation(DecodeSide):
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
         tick = RouteTick(
             now,
-            RouteRequest(total, l_pd, ttft_slo_s=self.cfg.slo.ttft_seconds(req.spec.uncached_tokens)),
+            RouteRequest(total, l_pd, ttft_slo_s=ttft_objective_s(self.cfg.slo, total)),
             self.t,
             self.kv,
             self.prfaas_seconds,

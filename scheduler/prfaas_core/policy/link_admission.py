@@ -1,0 +1,171 @@
+"""The gateway's admission: the one decision that books a remote prefill's window on the link or declines it,
+and the turn a held answer takes onto the wire. Pure; time is a parameter.
+
+The real gateway (``prfaas_router``'s admission: headers in, holds, timers, leases and the 429 body out) and the
+simulator's gateway (:mod:`prfaas_core.sim.gateway`) both call :func:`admit` and apply its :class:`Booking` with
+:func:`book`; nobody composes the calendar's calls again. The rules, in order:
+
+1. the calendar's window (:func:`~.link_calendar.window_by_deadline` with the lane order ``deadline``: a request
+   due sooner may go ahead of held bookings due later; ``arrival``: :func:`~.link_calendar.earliest_window`'s
+   order, first booked first served); none when the ceiling is 0 (``overloaded``);
+2. a window that starts later than the caller's ``max_wait_s`` (``link_window``, with the earliest start);
+3. a window that does not start now and whose predicted TTFT passes the caller's ``max_ttft_s`` (``link_window``);
+4. the TTFT *through the instances* (their real queues and paced egress: ``ready_s``, when the best PrFaaS
+   instance could start the stream) past ``max_ttft_s``, even for a window that starts now (``link_window``);
+5. a window that waits while ``max_waiting`` prefills already wait for theirs (``overloaded``).
+
+A booking carries the bookings it moved back and its own :class:`~.link_calendar.Deadline` (with the lane order
+``deadline``), so that later requests can be ordered against it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .link_calendar import Deadline, StreamTiming, Window, window_by_deadline
+from .link_state import EgressLedger, LinkParams, Transfer
+
+LaneOrder = Literal["deadline", "arrival"]
+LANE_ORDERS: tuple[LaneOrder, ...] = ("deadline", "arrival")
+DeclineReason = Literal["link_window", "overloaded"]
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class AdmitTick:
+    """One remote prefill asking for a window (times in model seconds; limits relative to ``now_s``)."""
+
+    now_s: float
+    nbytes: float
+    """KV bytes its stream carries."""
+    prefill_s: float
+    """Its predicted prefill time on a PrFaaS instance."""
+    params: LinkParams
+    """The link as this calendar plans it (a replica's share, bounded by the available bandwidth)."""
+    timing: StreamTiming = "layer-wise"
+    lane_order: LaneOrder = "deadline"
+    slo_ttft_s: float = math.inf
+    """Its TTFT objective (:func:`prfaas_core.request.slo.ttft_objective_s`): when it is due."""
+    max_wait_s: float = math.inf
+    """The longest window wait its caller accepts."""
+    max_ttft_s: float = math.inf
+    """The latest predicted TTFT its caller accepts."""
+    accepted_ttft_s: float | None = None
+    """The latest TTFT its booking may be moved back to once it misses its objective (default ``max_ttft_s``)."""
+    ready_s: float | None = None
+    """When the best PrFaaS instance could have prefilled it and have its egress free (None: the lanes say)."""
+    waiting: int = 0
+    """Prefills already waiting for their window."""
+    max_waiting: float = math.inf
+    pull_gbps: float | None = None
+    """What one pull achieves (pull-after-prefill)."""
+
+
+@dataclass(frozen=True)
+class Booking:
+    """Book ``window`` (with :func:`book`); ``predicted_ttft_s`` is its window's, or later through the instances."""
+
+    window: Window
+    predicted_ttft_s: float
+    moved: Mapping[str, Transfer] = field(default_factory=dict)
+    """Bookings moved back to make room (key -> their new times)."""
+    deadline: Deadline | None = None
+    reason: str = "booked"
+
+
+@dataclass(frozen=True)
+class Decline:
+    """No booking: why (``reason`` a metric label, ``message`` for people) and the earliest window if any."""
+
+    reason: DeclineReason
+    window: Window | None
+    message: str
+
+
+def through_instances(window: Window, ready_s: float) -> Window:
+    """``window`` no earlier than the instances allow: its prefill ends, and its stream can start after the prefill,
+    at ``ready_s`` from now at the earliest (the stream's tail after the prefill unchanged)."""
+    shift = max(0.0, window.now_s + ready_s - (window.start_s + window.prefill_s))
+    return window.later(shift) if shift > 0 else window
+
+
+def admit(ledger: EgressLedger, deadlines: Mapping[str, Deadline], tick: AdmitTick) -> Booking | Decline:
+    """The gateway's answer to one remote prefill (the module docstring's rules, in order). Reads the calendar
+    (``ledger``) and the bookings' deadlines; changes nothing."""
+    if tick.lane_order not in LANE_ORDERS:
+        raise ValueError(f"lane_order: {tick.lane_order!r} is not one of {', '.join(LANE_ORDERS)}")
+    due = tick.now_s + tick.slo_ttft_s if tick.lane_order == "deadline" else math.inf
+    placement = window_by_deadline(
+        ledger,
+        tick.now_s,
+        tick.nbytes,
+        tick.prefill_s,
+        tick.params,
+        tick.timing,
+        due_s=due,
+        deadlines=dict(deadlines),
+        pull_gbps=tick.pull_gbps,
+    )
+    if placement is None:
+        return Decline("overloaded", None, "the link's ceiling is 0")
+    window = placement.window
+    if window.wait_s > tick.max_wait_s:
+        return Decline("link_window", window, f"earliest window in {window.wait_s:.3f} s")
+    accepted = f"> {tick.max_ttft_s:.3f} s accepted"
+    if window.wait_s > 0 and window.ttft_s > tick.max_ttft_s:
+        why = f"earliest window in {window.wait_s:.3f} s gives a predicted TTFT of {window.ttft_s:.3f} s"
+        return Decline("link_window", window, f"{why} {accepted}")
+    late = window if tick.ready_s is None else through_instances(window, tick.ready_s)
+    if late.ttft_s > window.ttft_s + _EPS and late.ttft_s > tick.max_ttft_s:
+        why = f"the PrFaaS instances' queues and egress give a predicted TTFT of {late.ttft_s:.3f} s"
+        return Decline("link_window", late, f"{why} {accepted}")
+    if window.wait_s > 0 and tick.waiting >= tick.max_waiting:
+        return Decline("overloaded", window, f"{tick.waiting} prefills already wait for a window")
+    predicted = max(window.ttft_s, late.ttft_s)
+    deadline = None
+    if math.isfinite(due):
+        limit = tick.max_ttft_s if tick.accepted_ttft_s is None else tick.accepted_ttft_s
+        deadline = Deadline.of(tick.now_s + predicted, due, tick.now_s + limit)
+    return Booking(window, predicted, placement.moved, deadline)
+
+
+def book(ledger: EgressLedger, deadlines: MutableMapping[str, Deadline], key: str, booking: Booking) -> None:
+    """Apply ``booking`` under ``key``: the bookings it moved back take their new times, its window is reserved and
+    its deadline kept (deadlines of bookings no longer in the calendar are dropped)."""
+    for moved, transfer in booking.moved.items():
+        ledger.reserve(moved, transfer)
+    ledger.reserve(key, booking.window.transfer())
+    for gone in [k for k in deadlines if ledger.get(k) is None]:
+        del deadlines[gone]
+    if booking.deadline is not None:
+        deadlines[key] = booking.deadline
+
+
+WireTurn = Literal["go", "wait", "borrow"]
+
+
+@dataclass(frozen=True)
+class WireTick:
+    """A held answer's pull asking to go on the wire now."""
+
+    instance_full: bool
+    """Its PrFaaS instance's paced egress has no room for it."""
+    older_peer_first: bool
+    """A peer replica's older held answer still misses some of this replica's share."""
+    missing: float
+    """The share of the link it misses to go now (0: it fits next to the pulls on the wire)."""
+    oldest_here: bool
+    """It is this replica's oldest held answer (only that one borrows: the replicas take turns by them)."""
+
+
+def wire_turn(tick: WireTick) -> WireTurn:
+    """``go`` onto the wire, ``wait`` (re-check when the wire changes) or ``borrow`` what it misses from the peers'
+    idle shares (all or nothing): a full instance and an older peer's turn come first, then the fit."""
+    if tick.instance_full or tick.older_peer_first:
+        return "wait"
+    if tick.missing <= _EPS:
+        return "go"
+    return "borrow" if tick.oldest_here else "wait"
