@@ -33,13 +33,13 @@ from typing import Any
 
 import httpx
 
-from prfaas_cli.ports import free_port
-from prfaas_cli.real_stack import LINK, TOKEN, EngineRef, RealStack
-from prfaas_cli.stack import spawn_process, stop_processes
-from prfaas_cli.vllm_engines import BLOCK_SIZE, EnginePool, RealEnv, example_specs
 from prfaas_core import names
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_local.ports import free_port
+from prfaas_local.routers import LINK, TOKEN, EngineRef, RealStack
+from prfaas_local.stack import spawn_process, stop_processes
+from prfaas_local.vllm_engines import BLOCK_SIZE, EnginePool, RealEnv, example_specs
 from prfaas_router.prom_text import sample_sum
 
 THRESHOLD = 768

@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 
-from prfaas_cli.real_stack import EngineRef, RealStack, start_vllm_router
-from prfaas_cli.stack import stop_processes
-from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEnv
+from prfaas_local.routers import EngineRef, RealStack, start_vllm_router
+from prfaas_local.stack import stop_processes
+from prfaas_local.vllm_engines import EnginePool, Prompts, RealEnv
 from prfaas_router.legs import decode_body, kv_handle, prefill_body
 
 SYSTEMS = ("hand", "prfaas", "vllm-router")

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from prfaas_cli.ports import free_port as free_port  # one port picker for tests and stacks
+from prfaas_local.ports import free_port as free_port  # one port picker for tests and stacks
 
 T = TypeVar("T")
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]

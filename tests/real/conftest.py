@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_slo, example_specs
 from prfaas_core.launch.engines import EngineSpec
+from prfaas_local.routers import RealStack
+from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_slo, example_specs
 from support.real_engines import prepare_or_skip
 
 THRESHOLD_TOKENS = 768

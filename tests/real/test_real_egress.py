@@ -11,11 +11,11 @@ import math
 import httpx
 
 from conftest import THRESHOLD_TOKENS, Engines, Prompts
-from prfaas_cli.real_stack import LINK, TOKEN, RealStack, tiny_model_profile
-from prfaas_cli.vllm_engines import BLOCK_SIZE, RealEnv, example_slo
 from prfaas_core import names
 from prfaas_core.api import ModelProfileSpec, SloSpec
 from prfaas_core.capacity.kv import kv_model_from_profile
+from prfaas_local.routers import LINK, TOKEN, RealStack, tiny_model_profile
+from prfaas_local.vllm_engines import BLOCK_SIZE, RealEnv, example_slo
 from prfaas_router.prom_text import sample_sum
 
 LONG_TOKENS = 1200

@@ -10,7 +10,7 @@ import httpx
 
 from conftest import Engines, counters, delta
 from prfaas_cli.engines_cmd import render_files
-from prfaas_cli.vllm_engines import EXAMPLE, Prompts, RealEngine, RealEnv
+from prfaas_local.vllm_engines import EXAMPLE, Prompts, RealEngine, RealEnv
 from prfaas_router.legs import PREFILL_KV_PARAMS
 
 SUBSTITUTED_FLAGS = {"--model", "--port", "--host"}

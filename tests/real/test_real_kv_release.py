@@ -16,9 +16,9 @@ import json
 import httpx
 
 from conftest import Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import RealEngine, RealEnv
 from prfaas_core import names
+from prfaas_local.routers import RealStack
+from prfaas_local.vllm_engines import RealEngine, RealEnv
 from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from prfaas_router.release import release_body

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from prfaas_cli.netns import LinkShape, NetnsPair, NetnsUnavailable, Side
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 from prfaas_core import names
 from prfaas_engine.batching import kv_pull_tokens
+from prfaas_local.netns import LinkShape, NetnsPair, NetnsUnavailable, Side
+from prfaas_local.routers import RealStack
+from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from support.real_engines import skip_or_fail

@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from conftest import Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import RealEnv
+from prfaas_local.routers import RealStack
+from prfaas_local.vllm_engines import RealEnv
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from conftest import Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack, start_vllm_router
-from prfaas_cli.stack import stop_processes
-from prfaas_cli.vllm_engines import RealEnv
+from prfaas_local.routers import RealStack, start_vllm_router
+from prfaas_local.stack import stop_processes
+from prfaas_local.vllm_engines import RealEnv
 
 BIN = Path(sys.executable).parent
 

@@ -20,11 +20,11 @@ import yaml
 
 from conftest import Engines, Prompts
 from prfaas_cli.engines_cmd import load_clusters
-from prfaas_cli.ports import free_port
-from prfaas_cli.vllm_engines import EXAMPLE, REPO, RealEngine, RealEnv
 from prfaas_core import names
 from prfaas_core.api import PDCluster
 from prfaas_core.api.pd_cluster import PrometheusQueries
+from prfaas_local.ports import free_port
+from prfaas_local.vllm_engines import EXAMPLE, REPO, RealEngine, RealEnv
 from prfaas_operator.observe import ClusterQuery, PrometheusCollector, _templated
 from prfaas_router.prom_text import sample_sum
 from prfaas_testbed.prom import wait_until

@@ -10,8 +10,8 @@ from __future__ import annotations
 import httpx
 
 from conftest import THRESHOLD_TOKENS, Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import RealEngine, RealEnv
+from prfaas_local.routers import RealStack
+from prfaas_local.vllm_engines import RealEngine, RealEnv
 
 SHORT_TOKENS = 300
 LONG_TOKENS = 1500

@@ -24,8 +24,8 @@ import pytest
 from aiohttp import web
 
 from conftest import Engines, Prompts
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, RealEnv
+from prfaas_local.routers import RealStack
+from prfaas_local.vllm_engines import EnginePool, RealEnv
 from prfaas_testbed.prom import wait_until
 
 LONG = 1500

@@ -4,7 +4,7 @@
 Region A: one PrFaaS prefill engine behind the gateway. Region B: ``--pd`` PD engines (``pd-both``: kv_both, so
 either role label works without a restart) behind the router; the first is labelled prefill, the others decode.
 With ``--netns`` each region runs in a network namespace of its own and the KV crosses a veth shaped by the
-kernel's ``tbf`` (:mod:`prfaas_cli.netns`); the summary then holds the veth's byte counter against the router's
+kernel's ``tbf`` (:mod:`prfaas_local.netns`); the summary then holds the veth's byte counter against the router's
 link accounting.
 
 Real vLLM has no admin role or drain API: a flip is a relabel the router honours (its RouterConfig file's
@@ -44,7 +44,7 @@ from prfaas_router.prom_text import sample_sum
 from .load import Result, replay, summarize
 from .local_loop import LocalCluster, LocalLoop, decision_json
 from .netns import LinkShape, NetnsPair, Side
-from .real_stack import LINK, RealStack
+from .routers import LINK, RealStack
 from .stack import exit_on_sigterm
 from .up_serve import print_endpoints
 from .vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
@@ -306,25 +306,6 @@ def endpoints(up: RealUp) -> dict[str, Any]:
 
 OUTPUT_TOKENS = 128
 """Output tokens per request unless ``--output-tokens`` says otherwise (the scenario's default is emulated-only)."""
-
-
-def register_options(p: argparse.ArgumentParser) -> None:
-    """``prfaas up``'s options for real engines."""
-    p.add_argument(
-        "--engines",
-        choices=("emulated", "vllm"),
-        default="emulated",
-        help="emulated engines (default) or real CPU vLLM engines with the tiny model (1 PrFaaS + 2 PD)",
-    )
-    p.add_argument(
-        "--netns", action="store_true", help="with --engines vllm: the two regions in network namespaces (root)"
-    )
-    p.add_argument("--netns-mbit", type=float, default=40.0, help="the veth's tbf rate in Mbit/s (default 40)")
-    p.add_argument(
-        "--pin-prefill",
-        type=int,
-        help="with --engines vllm: pin the PD prefill count (the loop drains and flips toward it)",
-    )
 
 
 def planned(args: argparse.Namespace, n_pd: int, duration: float) -> tuple[int, list[TraceRecord], PlanInputs]:

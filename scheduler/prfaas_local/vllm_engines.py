@@ -34,7 +34,7 @@ from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from prfaas_router.tokenizer import load_model_tokenizer
 
-from .engines_cmd import load_clusters
+from .manifests import load_clusters
 from .ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,7 +238,7 @@ class EnginePool:
     ) -> RealEngine:
         """Start ``spec``'s engine (no wait; see :meth:`wait_ready`), inside network namespace ``netns`` if
         given: field references resolve to ``host`` (the namespace's address) and the harness reaches it through
-        ``access`` (a forwarder's URL, :meth:`prfaas_cli.netns.NetnsPair.expose`)."""
+        ``access`` (a forwarder's URL, :meth:`prfaas_local.netns.NetnsPair.expose`)."""
         if name in self.engines and self.engines[name].alive():
             raise ValueError(f"engine {name} is already running")
         launch = engine_launch(spec)
