@@ -41,7 +41,7 @@ from typing import Any
 
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_local.ports import free_port
-from prfaas_local.stack import spawn_process, stop_processes
+from prfaas_local.procs import spawn_process, stop_processes
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 BIN = Path(sys.executable).parent

@@ -82,7 +82,6 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-
 def register_real_options(p: argparse.ArgumentParser) -> None:
     """``prfaas up``'s options for real engines."""
     p.add_argument(

@@ -44,8 +44,8 @@ from prfaas_router.prom_text import sample_sum
 from .load import Result, replay, summarize
 from .local_loop import LocalCluster, LocalLoop, decision_json
 from .netns import LinkShape, NetnsPair, Side
-from .routers import LINK, RealStack
-from .stack import exit_on_sigterm
+from .procs import exit_on_sigterm
+from .stack import LINK, LocalStack
 from .up_serve import print_endpoints
 from .vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 
@@ -105,7 +105,7 @@ class RealUp:
     netns: LinkShape | None = None
     pool: EnginePool | None = None
     """The harness pool to start engines through (the real-engine tier passes its own); None: a new one."""
-    stack: RealStack = field(init=False)
+    stack: LocalStack = field(init=False)
     pair: NetnsPair | None = None
     prfaas: RealEngine | None = None
     pd: list[RealEngine] = field(default_factory=list)
@@ -113,7 +113,7 @@ class RealUp:
     def __post_init__(self) -> None:
         self.own_pool = self.pool is None
         self.engines = self.pool if self.pool is not None else EnginePool(self.env, self.work / "logs")
-        self.stack = RealStack(self.work, self.env)
+        self.stack = LocalStack.over_vllm(self.work, self.env)
 
     def _host(self, side: Side) -> str:
         return self.pair.addr(side) if self.pair else "127.0.0.1"
@@ -147,10 +147,14 @@ class RealUp:
         prefix_a = pair.exec_prefix("a") if pair else []
         prefix_b = pair.exec_prefix("b") if pair else []
         st.start_router(
-            "gateway", st.gateway_config(self.prfaas), prefix_a, self._host("a"), self._access("a", self._host("a"))
+            "gateway",
+            st.make_gateway_config(self.prfaas),
+            prefix_a,
+            self._host("a"),
+            self._access("a", self._host("a")),
         )
         st.wait_ready("gateway")
-        config = st.router_config(self.pd[:1], self.pd[1:], "gateway", threshold_tokens)
+        config = st.make_router_config(self.pd[:1], self.pd[1:], "gateway", threshold_tokens)
         for endpoint in config["endpoints"]:  # decode instances prefill in place when no prefill one can
             endpoint["role"] = "both" if endpoint["role"] == "decode" else endpoint["role"]
         if self.netns is not None:

@@ -1,36 +1,57 @@
-"""The local two-datacenter stack as real processes on 127.0.0.1 (``prfaas up``, benchmarks):
+"""The local two-datacenter stack as real processes: the one builder that ``prfaas up``, ``prfaas up --engines
+vllm``, the benchmarks and the tests use.
 
-region A — PrFaaS engines (H200), each with its KV server behind a link emulator relay, and the prefill
-gateway (the router binary in gateway mode); region B — PD engines (H20) and the router. KV bytes really
-cross the shaped relays. The link's capacity is split evenly over the relays (one per PrFaaS engine; the
-emulator relays to one target each), so the total never exceeds it.
+Region A — PrFaaS engines (H200), each with its KV server behind a link emulator relay, and the prefill gateway
+(the router binary in gateway mode); region B — PD engines (H20) and the router. KV bytes really cross the shaped
+relays. The link's capacity is split evenly over the relays (one per PrFaaS engine; the emulator relays to one
+target each), so the total never exceeds it. :meth:`LocalStack.start` lays that out with emulated engines; with
+real engines (``env``: vLLM's environment, the engines started by :mod:`.vllm_engines`, possibly in network
+namespaces) the caller starts the gateway and the router through :meth:`LocalStack.start_router` with the
+configs of :meth:`LocalStack.make_gateway_config` and :meth:`LocalStack.make_router_config` — the same configs,
+the same processes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from prfaas_core.api import RouterConfig, SloSpec
-from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.policy.link_calendar import paced_instance_gbps
 from prfaas_link.config import shaper_burst_gbit
 
-from .local_loop import write_router_config
 from .ports import free_port
+from .procs import Processes, exit_on_sigterm
+from .stack_configs import LINK, VLLM_TOKEN, emulated_fields, vllm_fields
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
+
+
+class Endpoint(Protocol):
+    """What a router configuration needs of an engine: its name and base URL."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    """An engine somebody else started."""
+
+    name: str
+    url: str
 
 
 @dataclass(frozen=True)
@@ -45,29 +66,69 @@ class StackSpec:
     byte_scale: float = 1e-3
     threshold_min_tokens: int = 19_634
     model_profile: str = "internal-1t"
-    with_gateway_token: bool = True
     served_models: tuple[str, ...] = ()
     """The model names the router accepts (others get OpenAI's 404); empty: any."""
     gateway_admission: bool = False
     """The gateway schedules the link (``gateway.admission``; pull-after-prefill, one pull at a relay's rate)."""
+    admission: dict[str, Any] | None = None
+    """The gateway's admission block as given (with ``gateway_admission``; None: pulls at a relay's rate)."""
+    gateway_link_gbps: float | None = None
+    """The capacity the gateway's admission books against (None: ``link_gbps``)."""
     egress_pacing: bool = False
     """Each PrFaaS instance's egress paced to cap / instances (what ``linkScheduling.egressPacing: PerInstance``
     asks of the CNI in a cluster): its relay runs at that rate, and the gateway books each pull at it."""
     slo: SloSpec | None = field(default_factory=SloSpec)
     """The SLO the router routes by (spills, link waits): what the operator passes from a PDCluster's
     ``spec.slo``, its defaults here; None: a router with no SLO configured."""
+    prfaas_cluster: str = "prfaas-h200"
+    pd_cluster: str = "pd-h20"
+    gateway_token: str | None = None
+    """The gateway's bearer token (None: a random one)."""
+    gateway_replicas: int = 1
+    """> 1: that many gateways (``gateway``, ``gateway-2``, ...), each naming all as admission peers."""
+    gateway_tls: tuple[Path, Path] | None = None
+    """(certificate, key) the gateways serve; the router and the replicas verify it as their CA."""
+    routing: dict[str, Any] = field(default_factory=lambda: {"refreshIntervalSeconds": 0.5})
+    remote_timeout_s: float | None = None
+    gateway_extra: dict[str, Any] = field(default_factory=dict)
+    """More top-level fields of the gateway's config."""
+    router_extra: dict[str, Any] = field(default_factory=dict)
+    """More top-level fields of the router's config (last: they replace the builder's)."""
+    router_args: tuple[str, ...] = ()
+    """More command-line arguments of the router (``--peers``)."""
+
+
+VLLM_SPEC = StackSpec(
+    n_prfaas=1,
+    n_pd=2,
+    slo=None,
+    prfaas_cluster="prfaas",
+    pd_cluster="pd",
+    gateway_token=VLLM_TOKEN,
+    remote_timeout_s=10,
+)
+"""The routers over real vLLM engines (the real-engine tier, ``prfaas up --engines vllm``)."""
 
 
 @dataclass
 class LocalStack:
     spec: StackSpec
     work_dir: Path
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    env: Any = None
+    """Real engines: vLLM's environment (:class:`~.vllm_engines.RealEnv`; the routers use its model and
+    tokenizer); None: emulated engines."""
+    procs: Processes = field(default=None)  # type: ignore[assignment]
     urls: dict[str, str] = field(default_factory=dict)
+    """Where this process reaches each part (a forwarder's URL when it runs in a namespace)."""
+    peer_urls: dict[str, str] = field(default_factory=dict)
+    """Where the other processes of the stack reach each part (its listen address)."""
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     gateway_headers: dict[str, str] = field(default_factory=dict)
-    """The gateway's bearer token header (its /status needs it)."""
+    """The gateway's bearer token header (its /status and /metrics need it)."""
     router_config: RouterConfig | None = None
     link_metric_urls: list[str] = field(default_factory=list)
+    kv_ports: dict[str, int] = field(default_factory=dict)
+    """Each emulated engine's KV server port (its relay's target)."""
     paced: bool = False
     """The relays run at the paced rate (:meth:`pace_relays`; the spec's ``egress_pacing`` at the start)."""
     link_gbps: float = 0.0
@@ -75,55 +136,63 @@ class LocalStack:
 
     def __post_init__(self) -> None:
         self.paced, self.link_gbps = self.spec.egress_pacing, self.spec.link_gbps
+        if self.procs is None:
+            self.procs = Processes(self.work_dir / "logs")
+
+    @classmethod
+    def over_vllm(cls, work_dir: Path, env: Any, spec: StackSpec = VLLM_SPEC) -> LocalStack:
+        """The gateway and routers over real vLLM engines someone else started."""
+        return cls(spec, work_dir, env)
+
+    # -- the processes ---------------------------------------------------------------------------------------
 
     @property
     def config_path(self) -> Path:
         return self.work_dir / "router.json"
 
-    def _start(self, name: str, args: list[str]) -> None:
-        self.spawn(name, [*PRFAAS, *args])
+    @property
+    def token_file(self) -> Path:
+        return self.work_dir / "gateway-token"
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start a process that belongs to the stack (log in logs/NAME.log; stopped by :meth:`stop`)."""
-        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
-        proc = spawn_process(argv, self.work_dir / "logs" / f"{name}.log", env)
-        self.procs.append((name, proc))
-        return proc
+    @property
+    def tls_ca(self) -> Path | None:
+        return self.spec.gateway_tls[0] if self.spec.gateway_tls else None
+
+    def url(self, name: str) -> str:
+        return self.urls[name]
+
+    def peer_url(self, name: str) -> str:
+        return self.peer_urls.get(name) or self.urls[name]
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Any:
+        """Start a process that belongs to the stack (log in its process group's folder; stopped by :meth:`stop`)."""
+        return self.procs.start(name, argv, env)
 
     def terminate(self, name: str) -> None:
         """Stop one process of the stack (SIGTERM, then SIGKILL after 5 s) and forget it."""
-        for entry in [e for e in self.procs if e[0] == name]:
-            stop_processes([entry[1]])
-            self.procs.remove(entry)
+        self.procs.stop(name)
+
+    def stop(self, name: str | None = None) -> None:
+        """Stop ``name`` (a router), or every process of the stack."""
+        if name is None:
+            self.procs.stop_all()
+        else:
+            self.procs.stop(name)
+
+    close = stop
+
+    def check_alive(self) -> None:
+        self.procs.check_alive()
 
     def engine_urls(self) -> list[str]:
         """Every engine of both regions (PrFaaS, then PD)."""
         return [url for name, url in self.urls.items() if name.startswith(("prfaas-", "pd-"))]
 
-    def wait_idle(self, timeout_s: float = 300.0) -> bool:
-        """Until no engine has a request running, waiting or loading KV; False after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=5.0) as client:
-            while time.monotonic() < deadline:
-                self.check_alive()
-                busy = 0
-                for url in self.engine_urls():
-                    try:
-                        st = client.get(f"{url}/admin/state").json()
-                    except (httpx.HTTPError, ValueError):
-                        busy += 1
-                        continue
-                    busy += int(st["running"]) + int(st["waiting"]) + int(st.get("loading_kv", 0))
-                if busy == 0:
-                    return True
-                time.sleep(0.2)
-        return False
-
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) each running process of the stack has used so far (Linux /proc)."""
         tick = os.sysconf("SC_CLK_TCK")
         out: dict[str, float] = {}
-        for name, proc in self.procs:
+        for name, proc in self.procs.procs:
             try:
                 fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
@@ -131,102 +200,198 @@ class LocalStack:
             out[name] = (int(fields[11]) + int(fields[12])) / tick
         return out
 
-    def start(self) -> None:
-        """The PrFaaS engines behind their link relays, the PD engines, the gateway and the router; then wait."""
-        exit_on_sigterm()
-        s = self.spec
-        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
-        scale = ["--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale)]
-        model_json = builtin_model_profiles()[s.model_profile].model_dump(mode="json", by_alias=True, exclude_none=True)
-        prfaas_eps = [self._start_prfaas(i, scale) for i in range(s.n_prfaas)]
-        pd_eps = [self._start_pd(i, scale) for i in range(s.n_pd)]
-        token = self.work_dir / "gateway-token"
-        token.write_text(os.urandom(16).hex())
-        self.gateway_headers = {"Authorization": f"Bearer {token.read_text()}"}
-        gw_port, router_port = free_port(), free_port()
-        gw_url = f"http://127.0.0.1:{gw_port}"
-        self.urls["gateway"], self.urls["router"] = gw_url, f"http://127.0.0.1:{router_port}"
-        gateway = self._gateway_config(model_json, prfaas_eps, token)
-        (self.work_dir / "gateway.json").write_text(json.dumps(gateway, indent=2))
-        self.router_config = self._router_config(model_json, pd_eps, gw_url, token)
-        write_router_config(self.config_path, self.router_config)
-        self._start("gateway", ["router", "--config", str(self.work_dir / "gateway.json"), "--port", str(gw_port)])
-        models = [arg for name in s.served_models for arg in ("--model", name)]
-        self._start("router", ["router", "--config", str(self.config_path), "--port", str(router_port), *models])
-        self.wait_ready()
-
-    def _start_prfaas(self, i: int, scale: list[str]) -> dict[str, str]:
-        """PrFaaS engine ``i`` and its link relay (its share of the link); the engine advertises the relay as
-        its KV address, so that the KV crosses the shaped link. Returns its gateway endpoint."""
-        s = self.spec
-        port, kv, relay, admin = free_port(), free_port(), free_port(), free_port()
-        name = f"prfaas-{i}"
-        self._start(
-            name,
-            ["engine", "--role", "prefill", "--hardware", "H200", "--port", str(port),
-             "--kv-listen", f"127.0.0.1:{kv}", "--kv-advertise", f"127.0.0.1:{relay}", "--engine-id", name,
-             "--model-profile", s.model_profile, PROMPT_TOKENS_DETAILS_FLAG, *scale],
-        )  # fmt: skip
-        self._start(
-            f"link-{i}",
-            ["link", "--listen", f"127.0.0.1:{relay}", "--target", f"127.0.0.1:{kv}",
-             "--capacity-gbps", str(self.relay_gbps(s.egress_pacing)), "--rtt-ms", str(s.rtt_ms), "--name", "a-to-b",
-             "--metrics-port", str(admin), *scale],
-        )  # fmt: skip
-        self.urls[name] = f"http://127.0.0.1:{port}"
-        self.urls[f"link-{i}"] = f"http://127.0.0.1:{admin}"
-        self.link_metric_urls.append(f"http://127.0.0.1:{admin}/metrics")
-        return {"name": name, "url": f"http://127.0.0.1:{port}", "role": "prefill"}
-
-    def _start_pd(self, i: int, scale: list[str]) -> dict[str, str]:
-        """PD engine ``i`` (prefill for the first ``initial_prefill``, decode after). Returns its endpoint."""
-        s = self.spec
+    def start_router(
+        self,
+        name: str,
+        config: dict[str, Any],
+        prefix: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        access: Callable[[int], str] | None = None,
+        args: Sequence[str] = (),
+    ) -> str:
+        """Start ``prfaas router`` (or a gateway) with ``config`` (no wait; see :meth:`wait_ready`); returns the
+        URL this process reaches it by. ``prefix`` runs it elsewhere (``ip netns exec NS``), listening on
+        ``host``; ``access(port)`` gives the URL this process reaches it by from there (a forwarder)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.write_config(name, config)
         port = free_port()
-        name, role = f"pd-{i}", "prefill" if i < s.initial_prefill else "decode"
-        self._start(
-            name,
-            ["engine", "--role", role, "--hardware", "H20", "--port", str(port),
-             "--kv-listen", f"127.0.0.1:{free_port()}", "--engine-id", name, "--model-profile", s.model_profile,
-             PROMPT_TOKENS_DETAILS_FLAG, *scale],
-        )  # fmt: skip
-        self.urls[name] = f"http://127.0.0.1:{port}"
-        return {"name": name, "url": f"http://127.0.0.1:{port}", "role": role}
+        scheme = "https" if self.tls_ca is not None and name.startswith("gateway") else "http"
+        self.peer_urls[name] = f"{scheme}://{host}:{port}"
+        self.urls[name] = access(port) if access is not None else self.peer_urls[name]
+        argv = [*prefix, *PRFAAS, "router", "--config", str(self.work_dir / f"{name}.json"), "--host", host]
+        self.spawn(name, [*argv, "--port", str(port), *args], env={"NO_PROXY": "*"})
+        return self.urls[name]
 
-    def _scale_config(self) -> dict[str, float]:
-        return {"timeScale": self.spec.time_scale, "byteScale": self.spec.byte_scale}
+    def write_config(self, name: str, config: dict[str, Any]) -> None:
+        """Replace a router's configuration (atomically, as kubelet swaps a ConfigMap)."""
+        self.configs[name] = config
+        tmp = self.work_dir / f"{name}.json.tmp"
+        tmp.write_text(json.dumps(config, indent=2))
+        tmp.replace(self.work_dir / f"{name}.json")
 
-    def _gateway_config(
-        self, model_json: dict[str, Any], endpoints: list[dict[str, str]], token: Path
-    ) -> dict[str, Any]:
-        """The gateway's RouterConfig (gateway mode in front of the PrFaaS engines)."""
-        return {
-            "pdCluster": "prfaas-h200",
+    # -- the configs -----------------------------------------------------------------------------------------
+
+    def _kind_fields(self) -> dict[str, Any]:
+        """What the engine kind changes in the routers' configs: the model, its tokenizer, scale, hardware."""
+        s = self.spec
+        if self.env is None:
+            return emulated_fields(s.model_profile, s.time_scale, s.byte_scale)
+        return vllm_fields(self.env)
+
+    def _token(self) -> None:
+        if not self.token_file.exists():
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            self.token_file.write_text((self.spec.gateway_token or os.urandom(16).hex()) + "\n")
+        self.gateway_headers = {"Authorization": f"Bearer {self.token_file.read_text().strip()}"}
+
+    def make_gateway_config(self, prfaas: Endpoint | Sequence[Endpoint], peers: Sequence[str] = ()) -> dict[str, Any]:
+        """The gateway's RouterConfig (gateway mode in front of the PrFaaS engines); ``peers``: the replicas."""
+        s, kind = self.spec, self._kind_fields()
+        self._token()
+        engines = [prfaas] if not isinstance(prfaas, Sequence) else list(prfaas)
+        gateway: dict[str, Any] = {"prefillCluster": s.prfaas_cluster, "tokenFile": str(self.token_file)}
+        links: list[dict[str, Any]] = []
+        if s.gateway_admission:
+            capacity = s.link_gbps if s.gateway_link_gbps is None else s.gateway_link_gbps
+            links = [{"name": LINK, "capacityGbps": capacity, "maxUtilization": s.link_max_utilization}]
+            admission = {"link": LINK, **(s.admission if s.admission is not None else self._pull_rates())}
+            if len(peers) > 1:
+                admission.update(replicas=len(peers), peers=list(peers))
+                if self.tls_ca is not None:
+                    admission["peerCaFile"] = str(self.tls_ca)
+            gateway["admission"] = admission
+        if s.gateway_tls is not None:
+            gateway.update(tlsCertFile=str(s.gateway_tls[0]), tlsKeyFile=str(s.gateway_tls[1]))
+        config = {
+            "pdCluster": s.prfaas_cluster,
             "mode": "gateway",
             "thresholdMinTokens": 0,
-            "model": model_json,
-            "endpoints": endpoints,
-            "gateway": {"prefillCluster": "prfaas-h200", "tokenFile": str(token), **self._admission()},
-            "links": [
-                {
-                    "name": "a-to-b",
-                    "capacityGbps": self.spec.link_gbps,
-                    "maxUtilization": self.spec.link_max_utilization,
-                }
-            ]
-            if self.spec.gateway_admission
-            else [],
-            "prfaasHardware": {"accelerator": "H200"},
-            "scale": self._scale_config(),
+            **kind["common"],
+            **kind["gateway"],
+            "endpoints": [{"name": e.name, "url": e.url, "role": "prefill"} for e in engines],
+            "gateway": gateway,
+            "links": links,
         }
+        return {**config, **s.gateway_extra}
 
-    def _admission(self) -> dict[str, Any]:
-        s = self.spec
-        if not s.gateway_admission:
-            return {}
-        admission: dict[str, Any] = {"link": "a-to-b", "pullGbps": self.relay_gbps(s.egress_pacing)}
-        if s.egress_pacing:  # each engine's relay runs at the paced rate: one engine's pulls share it
+    def _pull_rates(self) -> dict[str, Any]:
+        admission: dict[str, Any] = {"pullGbps": self.relay_gbps(self.spec.egress_pacing)}
+        if self.spec.egress_pacing:  # each engine's relay runs at the paced rate: one engine's pulls share it
             admission["instanceGbps"] = admission["pullGbps"]
-        return {"admission": admission}
+        return admission
+
+    def make_router_config(
+        self,
+        prefill: Sequence[Endpoint],
+        decode: Sequence[Endpoint],
+        gateway: str | None,
+        threshold_min_tokens: int,
+        decode_urls: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """A router in front of ``prefill`` and ``decode`` engines (``decode_urls`` may put a proxy in front of
+        one), sending requests whose uncached length exceeds ``threshold_min_tokens`` to the gateway process
+        ``gateway`` (None: none). One logical link (total capacity) made of one relay per PrFaaS engine: the
+        router admits against the total; its own in-flight egress covers every relay, its measured correction
+        reads the first."""
+        s, kind = self.spec, self._kind_fields()
+        urls = decode_urls or {}
+        endpoints = [{"name": e.name, "url": e.url, "role": "prefill"} for e in prefill]
+        endpoints += [{"name": e.name, "url": urls.get(e.name, e.url), "role": "decode"} for e in decode]
+        link: dict[str, Any] = {"name": LINK, "capacityGbps": s.link_gbps, "maxUtilization": s.link_max_utilization}
+        if self.link_metric_urls:
+            link["metricsUrl"] = self.link_metric_urls[0]
+        config: dict[str, Any] = {
+            "pdCluster": s.pd_cluster,
+            "thresholdMinTokens": threshold_min_tokens,
+            **kind["common"],
+            **kind["router"],
+            "endpoints": endpoints,
+            "links": [link],
+            "routing": {**s.routing, **kind["router"].get("routing", {})},
+            "slo": None if s.slo is None else s.slo.model_dump(by_alias=True),
+        }
+        if kind.get("links") is not None:
+            config["links"] = kind["links"]
+        if gateway is not None:
+            self._token()
+            remote: dict[str, Any] = {
+                "name": s.prfaas_cluster,
+                "url": self.peer_url(gateway),
+                "statusUrl": self.peer_url(gateway) + "/status",
+                "tokenFile": str(self.token_file),
+                "link": LINK,
+            }
+            if s.remote_timeout_s is not None:
+                remote["timeoutSeconds"] = s.remote_timeout_s
+            if self.tls_ca is not None:
+                remote["caFile"] = str(self.tls_ca)
+            config["remotes"] = [remote]
+        return {**config, **s.router_extra, **extra}
+
+    # -- the emulated layout ---------------------------------------------------------------------------------
+
+    def start(self, wait: bool = True) -> None:
+        """The PrFaaS engines behind their link relays, the PD engines, the gateway(s) and the router; then
+        (``wait``) until all are ready."""
+        exit_on_sigterm()
+        s = self.spec
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        prfaas = [self._start_prfaas(i) for i in range(s.n_prfaas)]
+        pd = [self._start_pd(i) for i in range(s.n_pd)]
+        replicas = ["gateway", *(f"gateway-{k}" for k in range(2, s.gateway_replicas + 1))]
+        ports = {r: free_port() for r in replicas}
+        scheme = "https" if self.tls_ca is not None else "http"
+        peers = [f"{scheme}://127.0.0.1:{ports[r]}" for r in replicas]
+        gateway = self.make_gateway_config(prfaas, peers)
+        for r in replicas:  # the replicas share one config file; each listens on the port its peers know
+            self.write_config("gateway", gateway)
+            self.peer_urls[r] = self.urls[r] = f"{scheme}://127.0.0.1:{ports[r]}"
+            argv = [*PRFAAS, "router", "--config", str(self.work_dir / "gateway.json"), "--port", str(ports[r])]
+            self.spawn(r, argv, env={"NO_PROXY": "*"})
+        n_prefill = s.initial_prefill
+        config = self.make_router_config(pd[:n_prefill], pd[n_prefill:], "gateway", s.threshold_min_tokens)
+        self.router_config = RouterConfig.model_validate(config)
+        models = [arg for name in s.served_models for arg in ("--model", name)]
+        self.start_router("router", config, args=[*models, *s.router_args])
+        if wait:
+            self.wait_ready()
+
+    def _engine(self, name: str, role: str, hardware: str, kv_advertise: int | None = None) -> EngineRef:
+        s = self.spec
+        port, kv = free_port(), free_port()
+        advertise = ["--kv-advertise", f"127.0.0.1:{kv_advertise}"] if kv_advertise else []
+        self.spawn(
+            name,
+            [*PRFAAS, "engine", "--role", role, "--hardware", hardware, "--port", str(port),
+             "--kv-listen", f"127.0.0.1:{kv}", *advertise, "--engine-id", name, "--model-profile", s.model_profile,
+             PROMPT_TOKENS_DETAILS_FLAG, "--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale)],
+        )  # fmt: skip
+        self.peer_urls[name] = self.urls[name] = f"http://127.0.0.1:{port}"
+        self.kv_ports[name] = kv
+        return EngineRef(name, self.urls[name])
+
+    def _start_prfaas(self, i: int) -> EngineRef:
+        """PrFaaS engine ``i`` and its link relay (its share of the link); the engine advertises the relay as
+        its KV address, so that the KV crosses the shaped link."""
+        s = self.spec
+        relay, admin = free_port(), free_port()
+        engine = self._engine(f"prfaas-{i}", "prefill", "H200", kv_advertise=relay)
+        self.spawn(
+            f"link-{i}",
+            [*PRFAAS, "link", "--listen", f"127.0.0.1:{relay}", "--target", f"127.0.0.1:{self.kv_ports[engine.name]}",
+             "--capacity-gbps", str(self.relay_gbps(s.egress_pacing)), "--rtt-ms", str(s.rtt_ms), "--name", LINK,
+             "--metrics-port", str(admin), "--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale)],
+        )  # fmt: skip
+        self.urls[f"link-{i}"] = f"http://127.0.0.1:{admin}"
+        self.link_metric_urls.append(f"http://127.0.0.1:{admin}/metrics")
+        return engine
+
+    def _start_pd(self, i: int) -> EngineRef:
+        """PD engine ``i`` (prefill for the first ``initial_prefill``, decode after)."""
+        return self._engine(f"pd-{i}", "prefill" if i < self.spec.initial_prefill else "decode", "H20")
+
+    # -- the link --------------------------------------------------------------------------------------------
 
     def relay_gbps(self, paced: bool, link_gbps: float | None = None) -> float:
         """One PrFaaS instance's relay rate on a ``link_gbps`` link (the spec's by default): its share of the
@@ -256,74 +421,46 @@ class LocalStack:
             resp = httpx.post(f"{self.urls[f'link-{i}']}/admin/link", json={"capacity_gbps": rate}, timeout=5.0)
             resp.raise_for_status()
 
-    def _router_config(
-        self, model_json: dict[str, Any], endpoints: list[dict[str, str]], gw_url: str, token: Path
-    ) -> RouterConfig:
-        """The router's RouterConfig: the PD engines, the gateway as its remote, the link.
+    # -- readiness -------------------------------------------------------------------------------------------
 
-        One logical link (total capacity) made of one relay per PrFaaS engine: the router admits against the
-        total; its own in-flight egress covers every relay, its measured correction reads the first."""
-        s = self.spec
-        return RouterConfig.model_validate(
-            {
-                "pdCluster": "pd-h20",
-                "thresholdMinTokens": s.threshold_min_tokens,
-                "model": model_json,
-                "endpoints": endpoints,
-                "remotes": [
-                    {
-                        "name": "prfaas-h200",
-                        "url": gw_url,
-                        "statusUrl": gw_url + "/status",
-                        "tokenFile": str(token),
-                        "link": "a-to-b",
-                    }
-                ],
-                "links": [
-                    {
-                        "name": "a-to-b",
-                        "capacityGbps": s.link_gbps,
-                        "maxUtilization": s.link_max_utilization,
-                        "metricsUrl": self.link_metric_urls[0],
-                    }
-                ],
-                "pdHardware": {"accelerator": "H20"},
-                "prfaasHardware": {"accelerator": "H200"},
-                "scale": self._scale_config(),
-                "routing": {"refreshIntervalSeconds": 0.5},
-                "slo": None if s.slo is None else s.slo.model_dump(by_alias=True),
-            }
-        )
+    def wait_idle(self, timeout_s: float = 300.0) -> bool:
+        """Until no engine has a request running, waiting or loading KV; False after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                busy = 0
+                for url in self.engine_urls():
+                    try:
+                        st = client.get(f"{url}/admin/state").json()
+                    except (httpx.HTTPError, ValueError):
+                        busy += 1
+                        continue
+                    busy += int(st["running"]) + int(st["waiting"]) + int(st.get("loading_kv", 0))
+                if busy == 0:
+                    return True
+                time.sleep(0.2)
+        return False
 
-    def check_alive(self) -> None:
-        for name, proc in self.procs:
-            if proc.poll() is not None:
-                log = (self.work_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{name} exited with status {proc.returncode}:\n{log}")
-
-    def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Until the router sees every PD engine healthy and the gateway every PrFaaS instance ready. The
-        deadline (default 90 s) stretches with the machine's load (a loaded 2-core machine starts ~12 processes
-        slowly) and only bounds a hang; what is still missing is printed every 10 s."""
+    def wait_ready(self, name: str | None = None, timeout_s: float | None = None) -> None:
+        """Until router ``name`` answers ``/ready`` 200 with every engine it fronts healthy; without a name, until
+        the router sees every PD engine healthy and the gateway ready, the gateway every PrFaaS instance ready.
+        The deadline (default 90 s) stretches with the machine's load (a loaded 2-core machine starts ~12
+        processes slowly) and only bounds a hang; what is still missing is printed every 10 s."""
         if timeout_s is None:
             timeout_s = min(600.0, 90.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
         started = time.monotonic()
         deadline, next_note = started + timeout_s, started + 10.0
         missing = "nothing answered yet"
-        with httpx.Client(timeout=2.0) as client:
+        check = self._stack_ready if name is None else self._router_ready
+        with httpx.Client(timeout=2.0, verify=str(self.tls_ca) if self.tls_ca else True) as client:
             while time.monotonic() < deadline:
                 self.check_alive()
                 try:
-                    r = client.get(self.urls["router"] + "/ready")
-                    g = client.get(self.urls["gateway"] + "/status", headers=self.gateway_headers)
-                    healthy, ready = r.json().get("healthy_engines", 0), g.json().get("readyInstances", 0)
-                    if r.status_code == 200 and healthy == self.spec.n_pd and ready == self.spec.n_prfaas:
+                    missing = check(client, name or "router")
+                    if not missing:
                         return
-                    missing = (
-                        f"router {r.status_code}, {healthy}/{self.spec.n_pd} PD engines healthy, "
-                        f"{ready}/{self.spec.n_prfaas} PrFaaS instances ready"
-                    )
-                except (httpx.HTTPError, KeyError, ValueError, AttributeError) as exc:
+                except (httpx.HTTPError, KeyError, ValueError, AttributeError, TypeError) as exc:
                     missing = f"not answering ({exc.__class__.__name__})"
                 if time.monotonic() >= next_note:
                     waited = time.monotonic() - started
@@ -331,46 +468,29 @@ class LocalStack:
                     next_note += 10.0
                 time.sleep(0.2)
         raise RuntimeError(
-            f"the stack was not ready after {timeout_s:.0f} s: {missing} (logs in {self.work_dir / 'logs'})"
+            f"{name or 'the stack'} was not ready after {timeout_s:.0f} s: {missing} (logs in {self.procs.log_dir})"
         )
 
-    def stop(self) -> None:
-        stop_processes([proc for _, proc in self.procs])
+    def _router_ready(self, client: httpx.Client, name: str) -> str:
+        want = len(self.configs[name].get("endpoints", []))
+        r = client.get(self.url(name) + "/ready")
+        healthy = r.json().get("healthy_engines", 0)
+        return "" if r.status_code == 200 and healthy >= want else f"{name} {r.status_code}, {healthy}/{want} healthy"
 
-
-def exit_on_sigterm() -> None:
-    """Turn SIGTERM into ``SystemExit`` (in the main thread), so the ``finally`` that stops a stack runs when
-    the process itself is terminated, not only on Ctrl-C or an error."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
-
-
-def spawn_process(
-    argv: list[str], log: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start a child with its output in ``log`` (discarded without one) and ``env`` over this environment."""
-    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child keeps its descriptor
-    try:
-        return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+    def _stack_ready(self, client: httpx.Client, name: str) -> str:
+        s = self.spec
+        r = client.get(self.urls["router"] + "/ready")
+        g = client.get(self.urls["gateway"] + "/status", headers=self.gateway_headers)
+        body = r.json()
+        healthy, ready = body.get("healthy_engines", 0), g.json().get("readyInstances", 0)
+        # the router has seen the gateway ready (its own status poll), so the first long request may go remote
+        remotes = set((body.get("remotes") or {}).values())
+        if r.status_code == 200 and healthy == s.n_pd and ready == s.n_prfaas and remotes == {"ready"}:
+            return ""
+        return (
+            f"router {r.status_code}, {healthy}/{s.n_pd} PD engines healthy, {ready}/{s.n_prfaas} PrFaaS "
+            f"instances ready, remotes {sorted(remotes) or 'unknown'}"
         )
-    finally:
-        if log is not None:
-            out.close()  # type: ignore[union-attr]
 
 
-def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every one, then SIGKILL whichever has not exited 5 s later."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+__all__ = ["LINK", "PRFAAS", "VLLM_SPEC", "VLLM_TOKEN", "Endpoint", "EngineRef", "LocalStack", "StackSpec"]

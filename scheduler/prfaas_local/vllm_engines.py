@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import httpx
 
@@ -36,10 +36,11 @@ from prfaas_router.tokenizer import load_model_tokenizer
 
 from .manifests import load_clusters
 from .ports import free_port
+from .procs import spawn_process, stop_processes
+from .stack_configs import BLOCK_SIZE
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "scripts" / "real-engines.sh"
-BLOCK_SIZE = 128
 """KV block size of CPU vLLM (the router's prefixBlockTokens on this tier)."""
 MAX_MODEL_LEN = 2048
 NIXL_PROGRESS_DELAY_US = "10000"
@@ -356,3 +357,29 @@ class EnginePool:
     def close(self) -> None:
         for name in list(self.engines):
             self.stop(name)
+
+
+def start_vllm_router(prefill: str, decode: str, log: Path, timeout_s: float = 60.0) -> tuple[str, Any]:
+    """vllm-router 0.1.17 in PD mode (NIXL) in front of one prefill and one decode engine, the peer we compare
+    with; returns its base URL and process once /health answers."""
+    port = free_port()
+    argv = [
+        str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation", "--prefill", prefill,
+        "--decode", decode, "--kv-connector", "nixl", "--host", "127.0.0.1", "--port", str(port),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
+    ]  # fmt: skip
+    proc = spawn_process(argv, log, env={"NO_PROXY": "*"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm-router exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return url, proc
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            stop_processes([proc])
+            raise RuntimeError(f"vllm-router did not start in {timeout_s} s")
+        time.sleep(0.2)

@@ -1,9 +1,10 @@
 """Real components scraped by a real Prometheus, for the dashboard's and alerts' checks and for the dashboard
 picture (scripts/render_dashboard.py).
 
-What runs, all on 127.0.0.1: the router stack of tests/integration/router_stack.py (a PrFaaS engine behind
-the prefill gateway, the link emulator, a PD prefill and a PD decode engine, the router), and the operator as
-a real process against the Kubernetes API emulator (tests/support/operator_harness.py, with its own
+What runs, all on 127.0.0.1: the router stack (prfaas_local/stack.py, as tests/integration/testbed_support.py
+starts it: a PrFaaS engine behind the prefill gateway, the link emulator, a PD prefill and a PD decode engine,
+the router), and the operator as a real process against the Kubernetes API emulator
+(tests/support/operator_harness.py, with its own
 Prometheus feeding the long-term loop). A second Prometheus (Debian's binary) scrapes every one of them every
 second, with the target labels the chart's PodMonitor adds to engine pods (``pd_cluster``,
 ``prefill_cluster``, ``role``). ``drive()`` sends a mix of short (local) and long (remote) requests.
@@ -20,8 +21,7 @@ from typing import Any
 
 import httpx
 import yaml
-from router_stack import GATEWAY_AUTH, Stack, start_stack
-from testbed_support import Processes, http, prompt
+from testbed_support import GATEWAY_AUTH, Processes, Stack, http, prompt, start_stack
 
 from prfaas_testbed.operator_harness import Harness, OperatorProcess
 from prfaas_testbed.prom import free_port, wait_until

@@ -17,7 +17,7 @@ import httpx
 
 from conftest import Engines, Prompts, counters, delta
 from prfaas_core import names
-from prfaas_local.routers import RealStack
+from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import RealEngine, RealEnv
 from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
@@ -40,7 +40,7 @@ def ask(url: str, env: RealEnv, prompt: str, stream: bool = False) -> tuple[http
 
 
 def test_answers_carry_what_the_prefill_side_reused(
-    stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+    stack: LocalStack, engines: Engines, real_env: RealEnv, prompts: Prompts
 ) -> None:
     """A repeated prompt, whole and streamed, on each route: the answer's cached_tokens is exactly what the
     prefill engines' own counters say they reused (``local_cache_hit``), in whole blocks; on the remote route (one

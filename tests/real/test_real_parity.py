@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 
 from conftest import Engines
-from prfaas_local.routers import EngineRef
+from prfaas_local.stack import EngineRef
 from prfaas_local.vllm_engines import RealEnv
 from support.real_engines import REPO
 
