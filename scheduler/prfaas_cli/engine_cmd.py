@@ -10,7 +10,7 @@ from typing import Any
 
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.emulation import DEFAULT_BYTE_SCALE, DEFAULT_TIME_SCALE, ScaleSettings
-from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
+from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
 
 
 def add_scale_arguments(p: argparse.ArgumentParser) -> None:

@@ -17,8 +17,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from prfaas_core.launch.engines import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT, EngineSpec
+from prfaas_core.launch.engines import EngineSpec
 from prfaas_core.launch.render import RenderError, engine_specs, render_all
+from prfaas_core.launch.vllm import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT
 from prfaas_local.manifests import InputError, add_manifest_args, load_clusters
 
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import httpx
 
 from prfaas_core.api import RouterConfig, SloSpec
-from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
+from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.policy.link_calendar import paced_instance_gbps
 from prfaas_link.config import shaper_burst_gbit
 

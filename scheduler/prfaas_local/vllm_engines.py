@@ -29,8 +29,8 @@ import httpx
 from prfaas_core import names
 from prfaas_core.api import PDCluster
 from prfaas_core.launch.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
+from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.launch.render import engine_specs, runs_engines_here
-from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from prfaas_router.tokenizer import load_model_tokenizer
 
@@ -38,6 +38,8 @@ from .manifests import load_clusters
 from .ports import free_port
 from .procs import spawn_process, stop_processes
 from .stack_configs import BLOCK_SIZE
+
+VLLM = engine_kind("vllm")
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "scripts" / "real-engines.sh"
@@ -321,13 +323,12 @@ class EnginePool:
 
     def _exchange(self, prefill: RealEngine, decode: RealEngine, timeout_s: float) -> None:
         body = {"model": self.env.served_model_name, "prompt": "warm up " * 40, "max_tokens": 1}
-        leg = {**body, "kv_transfer_params": dict(PREFILL_KV_PARAMS), "stream": False}
-        r = httpx.post(f"{prefill.reach_url}/v1/completions", json=leg, timeout=timeout_s)
+        r = httpx.post(f"{prefill.reach_url}/v1/completions", json=VLLM.prefill_body(body), timeout=timeout_s)
         r.raise_for_status()
-        handle = r.json()["kv_transfer_params"]
-        r = httpx.post(
-            f"{decode.reach_url}/v1/completions", json={**body, "kv_transfer_params": handle}, timeout=timeout_s
-        )
+        handle = VLLM.kv_handle(r.json())
+        if handle is None:
+            raise RuntimeError(f"{prefill.name} answered a prefill leg with no KV handle")
+        r = httpx.post(f"{decode.reach_url}/v1/completions", json=VLLM.decode_body(body, handle), timeout=timeout_s)
         r.raise_for_status()
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:

@@ -71,7 +71,7 @@ def failure_kind(message: str) -> str:
         ("answered 5", "remote-5xx"),
         ("answered 4", "remote-4xx"),
         ("Connect", "connect"),
-        ("kv_transfer_params", "no-kv-handle"),
+        ("KV handle", "no-kv-handle"),
     ):
         if key in message:
             return kind

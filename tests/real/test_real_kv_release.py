@@ -17,9 +17,9 @@ import httpx
 
 from conftest import Engines, Prompts, counters, delta
 from prfaas_core import names
+from prfaas_core.launch.vllm import PREFILL_KV_PARAMS
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import RealEngine, RealEnv
-from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from prfaas_router.release import release_body
 from prfaas_testbed.prom import wait_until

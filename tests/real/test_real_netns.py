@@ -34,11 +34,11 @@ import httpx
 import pytest
 
 from prfaas_core import names
+from prfaas_core.launch.vllm import PREFILL_KV_PARAMS
 from prfaas_engine.batching import kv_pull_tokens
 from prfaas_local.netns import LinkShape, NetnsPair, NetnsUnavailable, Side
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
-from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from support.real_engines import skip_or_fail
 from support.real_routes import on_the_remote_route, route_of, wait_link_whole
