@@ -69,7 +69,7 @@ def register(sub: Any) -> None:
         "--kv-advertise",
         default=None,
         metavar="HOST:PORT",
-        help="KV address put in kv_transfer_params, e.g. the link emulator's (default: --kv-listen)",
+        help="KV address put in the KV handle, e.g. the link emulator's (default: --kv-listen)",
     )
     p.add_argument("--kv-timeout", type=float, default=480.0, help="free KV never pulled after this many seconds")
     p.add_argument("--engine-id", default=None, help="remote_engine_id to advertise (default: random)")

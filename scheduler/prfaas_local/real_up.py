@@ -9,7 +9,8 @@ link accounting.
 
 Real vLLM has no admin role or drain API: a flip is a relabel the router honours (its RouterConfig file's
 ``endpoints[].role``) after a drain — the router stops sending the instance new work (``draining``) and the
-loop waits until vLLM's own gauges (``vllm:num_requests_running`` + ``waiting``) show nothing in flight.
+loop waits until vLLM's own gauges (requests running + waiting, :data:`prfaas_core.launch.vllm.METRICS`) show
+nothing in flight.
 
 Traffic: Poisson arrivals of fresh prompts (the tiny model's tokens, log-normal lengths on [128, 1900], under its
 2,048-token context), replayed in real time; the loop's planner inputs carry the same length distribution.

@@ -99,7 +99,7 @@ def engine_specs(cluster: Cluster, profile: ModelProfile | None) -> dict[EngineR
     if transport.connector not in CONNECTORS:
         raise RenderError(
             "spec.kvTransport.connector",
-            f"{transport.connector} is an SGLang connector; engines rendered here are vLLM ({' or '.join(CONNECTORS)})",
+            f"{transport.connector} is not a connector the engines rendered here run ({' or '.join(CONNECTORS)})",
         )
     served = _served_name(profile)
     for i, arg in enumerate(engine.extra_args):

@@ -129,6 +129,12 @@ def is_prefill_leg(body: Mapping[str, Any]) -> bool:
     return isinstance(params, dict) and bool(params.get("do_remote_decode"))
 
 
+def runs_in(container: Mapping[str, Any]) -> bool:
+    """Whether a pod's container (its Kubernetes spec) runs this kind's engine: its command, args or image."""
+    words = [str(w) for w in [*(container.get("command") or []), *(container.get("args") or [])]]
+    return any("vllm" in w for w in words) or "vllm" in str(container.get("image", ""))
+
+
 def check_body(body: Mapping[str, Any]) -> None:
     """A client's body: ValueError when its handle field is there and not an object."""
     if body.get(KV_HANDLE_FIELD) is not None and not isinstance(body[KV_HANDLE_FIELD], dict):
