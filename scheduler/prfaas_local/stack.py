@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 
@@ -46,9 +47,8 @@ class Endpoint(Protocol):
     def url(self) -> str: ...
 
 
-@dataclass(frozen=True)
-class EngineRef:
-    """An engine somebody else started."""
+class EngineRef(NamedTuple):
+    """An engine somebody else started (or :meth:`LocalStack.start` did): its name and base URL."""
 
     name: str
     url: str
@@ -56,16 +56,23 @@ class EngineRef:
 
 @dataclass(frozen=True)
 class StackSpec:
+    """What the stack is made of: its engines, the link between the regions, the clock, the routers' configs."""
+
     n_prfaas: int = 2
     n_pd: int = 4
+    """PD engines: the first ``initial_prefill`` prefill, the rest decode."""
     initial_prefill: int = 1
     link_gbps: float = 100.0
+    """The link's capacity (model Gbps), split evenly over the relays (one per PrFaaS engine)."""
     link_max_utilization: float = 0.8
     rtt_ms: float = 5.0
+    """The relays' round trip."""
     time_scale: float = 4.0
     byte_scale: float = 1e-3
+    """Model bytes per wire byte (the emulators' and relays' scale, as ``time_scale`` is their clock's)."""
     threshold_min_tokens: int = 19_634
     model_profile: str = "internal-1t"
+    """A built-in model profile (the emulated engines' model)."""
     served_models: tuple[str, ...] = ()
     """The model names the router accepts (others get OpenAI's 404); empty: any."""
     gateway_admission: bool = False
@@ -81,6 +88,7 @@ class StackSpec:
     """The SLO the router routes by (spills, link waits): what the operator passes from a PDCluster's
     ``spec.slo``, its defaults here; None: a router with no SLO configured."""
     prfaas_cluster: str = "prfaas-h200"
+    """The PrefillCluster the gateway fronts (the router's remote, the engines' ``prefill_cluster`` label)."""
     pd_cluster: str = "pd-h20"
     gateway_token: str | None = None
     """The gateway's bearer token (None: a random one)."""
@@ -89,7 +97,9 @@ class StackSpec:
     gateway_tls: tuple[Path, Path] | None = None
     """(certificate, key) the gateways serve; the router and the replicas verify it as their CA."""
     routing: dict[str, Any] = field(default_factory=lambda: {"refreshIntervalSeconds": 0.5})
+    """The router's ``routing`` block."""
     remote_timeout_s: float | None = None
+    """The router's remote's ``timeoutSeconds`` (None: the default)."""
     gateway_extra: dict[str, Any] = field(default_factory=dict)
     """More top-level fields of the gateway's config."""
     router_extra: dict[str, Any] = field(default_factory=dict)
@@ -248,7 +258,7 @@ class LocalStack:
         """The gateway's RouterConfig (gateway mode in front of the PrFaaS engines); ``peers``: the replicas."""
         s, kind = self.spec, self._kind_fields()
         self._token()
-        engines = [prfaas] if not isinstance(prfaas, Sequence) else list(prfaas)
+        engines: list[Endpoint] = [prfaas] if hasattr(prfaas, "url") else list(prfaas)  # type: ignore[list-item]
         gateway: dict[str, Any] = {"prefillCluster": s.prfaas_cluster, "tokenFile": str(self.token_file)}
         links: list[dict[str, Any]] = []
         if s.gateway_admission:
@@ -453,7 +463,8 @@ class LocalStack:
         deadline, next_note = started + timeout_s, started + 10.0
         missing = "nothing answered yet"
         check = self._stack_ready if name is None else self._router_ready
-        with httpx.Client(timeout=2.0, verify=str(self.tls_ca) if self.tls_ca else True) as client:
+        verify = ssl.create_default_context(cafile=str(self.tls_ca)) if self.tls_ca else True
+        with httpx.Client(timeout=2.0, verify=verify) as client:
             while time.monotonic() < deadline:
                 self.check_alive()
                 try:

@@ -1,11 +1,7 @@
-"""What ``prfaas up`` runs: the whole system on one machine, no cluster — emulated PrFaaS engines behind the prefill
-gateway, PD engines, the shaped link (KV bytes really cross it), the router, and the core's long-term loop
-with a local observer and actuator (the operator plugs in Kubernetes ones); then runs a scenario in phases
-(by default steady traffic, a shift to long prompts, a link squeeze, a recovery: prfaas_local/data/up-phases.yaml)
-with a live view, and prints a summary per phase (SLO attainment, TTFT by route, egress vs cap, role flips,
-t). With --serve it keeps the stack up for your own client instead (until Ctrl-C or SIGTERM).
-
-Times are model seconds (wall seconds x --time-scale) unless they say wall."""
+"""What ``prfaas up`` runs (its arguments: ``prfaas_cli/up_cmd.py``): the plan for the scenario, the stack
+(:mod:`.stack`), the session with its live view (:mod:`.up_session`), the local Prometheus and the report with
+its pictures; ``--engines vllm`` hands over to :mod:`.real_up`, ``--serve`` to :mod:`.up_serve`. Times are model
+seconds (wall seconds x the scenario's time scale) unless they say wall."""
 
 from __future__ import annotations
 

@@ -61,10 +61,7 @@ KV_HANDLE_FIELD: Final = "kv_transfer_params"
 PREFILL_KV_PARAMS: Mapping[str, Any] = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
+    **dict.fromkeys(("remote_engine_id", "remote_block_ids", "remote_host", "remote_port")),
 }
 """A prefill leg's request for a handle (NixlConnector's)."""
 KV_PARAM_FIELDS: frozenset[str] = frozenset(PREFILL_KV_PARAMS)
