@@ -275,7 +275,7 @@ class Bench:
 
     def stop_system(self, name: str) -> None:
         if name == REPLICATED:
-            for proc in [n for n, _ in self.stack.procs if n.startswith(("router-r", "gateway-r"))]:
+            for proc in [n for n, _ in self.stack.procs.procs if n.startswith(("router-r", "gateway-r"))]:
                 self.stack.terminate(proc)
         elif name != "prfaas_pd":
             self.stack.terminate(name)
