@@ -328,6 +328,8 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
     n_prfaas = args.prfaas if args.prfaas is not None else 1
     n_pd = args.pd if args.pd is not None else 2
     duration = args.duration if args.duration is not None else 60.0
+    if args.load is None:
+        args.load = 0.5
     if n_prfaas != 1 or n_pd < 1 or duration <= 0 or args.load <= 0:
         print("error: --engines vllm runs --prfaas 1 and --pd >= 1 (positive --duration, --load)", file=sys.stderr)
         return 2

@@ -244,8 +244,6 @@ def run(args: argparse.Namespace) -> int:
         if args.link_scheduling != "off":
             print("error: --link-scheduling runs with the emulated engines (their gateway, relays)", file=sys.stderr)
             return 2
-        if args.load is None:
-            args.load = 0.5
         return real_up.run(args)
     args.prfaas = 2 if args.prfaas is None else args.prfaas
     args.pd = 4 if args.pd is None else args.pd

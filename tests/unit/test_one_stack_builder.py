@@ -27,6 +27,8 @@ def _python_files() -> list[str]:
 def test_no_second_two_region_builder() -> None:
     builders = []
     for f in _python_files():
+        if REPO / f == Path(__file__).resolve():
+            continue
         text = (REPO / f).read_text(errors="replace")
         if '"mode": "gateway"' in text and '"remotes"' in text:
             builders.append(f)
