@@ -1,6 +1,6 @@
 """Goodput of our router against the router a user would otherwise pick, on the same engines, link and traffic.
 
-One local two-datacenter stack (``prfaas_cli.stack.LocalStack``: 2 emulated H200 PrFaaS engines whose KV
+One local two-datacenter stack (``prfaas_local.stack.LocalStack``: 2 emulated H200 PrFaaS engines whose KV
 crosses shaped link relays, 4 emulated H20 PD engines split by the planner, 3 prefill / 1 decode), and three
 ways of routing the same requests over it:
 
@@ -58,17 +58,17 @@ from typing import Any
 
 import httpx
 
-from prfaas_cli.load import Result, prepare_bodies, replay, sample_egress, summarize
-from prfaas_cli.local_loop import write_router_config
-from prfaas_cli.ports import free_port
-from prfaas_cli.stack import PRFAAS, LocalStack, StackSpec
-from prfaas_cli.up_cmd import generate_trace
 from prfaas_core import names
 from prfaas_core.api import SloSpec
 from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.request.trace import TraceRecord
+from prfaas_local.load import Result, prepare_bodies, replay, sample_egress, summarize
+from prfaas_local.local_loop import write_router_config
+from prfaas_local.ports import free_port
+from prfaas_local.stack import PRFAAS, LocalStack, StackSpec
+from prfaas_local.up import generate_trace
 from prfaas_router.prom_text import sums_by_labels
 
 SYSTEMS = ("prfaas_pd", "prfaas_pd_3r2g", "vllm_router_pd", "all_local")
@@ -276,7 +276,7 @@ class Bench:
 
     def stop_system(self, name: str) -> None:
         if name == REPLICATED:
-            for proc in [n for n, _ in self.stack.procs if n.startswith(("router-r", "gateway-r"))]:
+            for proc in [n for n, _ in self.stack.procs.procs if n.startswith(("router-r", "gateway-r"))]:
                 self.stack.terminate(proc)
         elif name != "prfaas_pd":
             self.stack.terminate(name)

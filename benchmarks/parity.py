@@ -33,13 +33,14 @@ from typing import Any
 
 import httpx
 
-from prfaas_cli.ports import free_port
-from prfaas_cli.real_stack import LINK, TOKEN, EngineRef, RealStack
-from prfaas_cli.stack import spawn_process, stop_processes
-from prfaas_cli.vllm_engines import BLOCK_SIZE, EnginePool, RealEnv, example_specs
 from prfaas_core import names
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_local.ports import free_port
+from prfaas_local.procs import spawn_process, stop_processes
+from prfaas_local.stack import LINK, EngineRef, LocalStack
+from prfaas_local.stack_configs import VLLM_TOKEN as TOKEN
+from prfaas_local.vllm_engines import BLOCK_SIZE, EnginePool, RealEnv, example_specs
 from prfaas_router.prom_text import sample_sum
 
 THRESHOLD = 768
@@ -265,14 +266,14 @@ def _without_tokenizer(config: dict[str, Any]) -> dict[str, Any]:
 @contextmanager
 def stack_over(
     work: Path, env: RealEnv, prfaas: EngineRef, pd_prefill: list[EngineRef], decode: EngineRef, tokenizer: bool
-) -> Iterator[RealStack]:
+) -> Iterator[LocalStack]:
     """Our gateway in front of ``prfaas`` and our router in front of the PD engines (t_min = THRESHOLD)."""
-    st = RealStack(work, env)
+    st = LocalStack.over_vllm(work, env)
     fix: Callable[[dict[str, Any]], dict[str, Any]] = (lambda c: c) if tokenizer else _without_tokenizer
     try:
-        st.start_router("gateway", fix(st.gateway_config(prfaas)))
+        st.start_router("gateway", fix(st.make_gateway_config(prfaas)))
         st.wait_ready("gateway")
-        config = fix(st.router_config(pd_prefill, [decode], "gateway", THRESHOLD))
+        config = fix(st.make_router_config(pd_prefill, [decode], "gateway", THRESHOLD))
         config["links"] = [{"name": LINK, "capacityGbps": 100}]
         st.start_router("router", config)
         st.wait_ready("router")

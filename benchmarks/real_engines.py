@@ -25,10 +25,10 @@ from typing import Any
 
 import httpx
 
-from prfaas_cli.real_stack import EngineRef, RealStack, start_vllm_router
-from prfaas_cli.stack import stop_processes
-from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEnv
-from prfaas_router.legs import decode_body, kv_handle, prefill_body
+from prfaas_local.procs import stop_processes
+from prfaas_local.stack import EngineRef, LocalStack
+from prfaas_local.vllm_engines import EnginePool, Prompts, RealEnv, start_vllm_router
+from prfaas_router.legs import decode_body, kv_handle, prefill_body  # the router's own legs
 
 SYSTEMS = ("hand", "prfaas", "vllm-router")
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = RealEnv.load(Path(args.env_file)) if args.env_file else RealEnv.prepare()
     work = Path(tempfile.mkdtemp(prefix="prfaas-real-bench-"))
     pool: EnginePool | None = None
-    stack = RealStack(work / "stack", env)
+    stack = LocalStack.over_vllm(work / "stack", env)
     procs = []
     try:
         if args.prefill_url and args.decode_url:
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             prefill_url, decode_url = p.url, d.url
         prefill, decode = EngineRef("prefill", prefill_url), EngineRef("decode", decode_url)
         # every request local (t above any prompt): the router's own work, without a remote leg
-        stack.start_router("router", stack.router_config([prefill], [decode], None, 1 << 20))
+        stack.start_router("router", stack.make_router_config([prefill], [decode], None, 1 << 20))
         stack.wait_ready("router")
         vr_url, vr_proc = start_vllm_router(prefill_url, decode_url, work / "vllm-router.log")
         procs.append(vr_proc)

@@ -39,9 +39,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prfaas_cli.ports import free_port
-from prfaas_cli.stack import spawn_process, stop_processes
 from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_local.ports import free_port
+from prfaas_local.procs import spawn_process, stop_processes
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 BIN = Path(sys.executable).parent

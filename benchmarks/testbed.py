@@ -30,8 +30,8 @@ import urllib.request
 
 import aiohttp
 
-from prfaas_cli.ports import free_port
-from prfaas_cli.stack import spawn_process, stop_processes
+from prfaas_local.ports import free_port
+from prfaas_local.procs import spawn_process, stop_processes
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 SOURCE = textwrap.dedent(

@@ -1,6 +1,6 @@
-"""Evidence for two edge races of the local two-datacenter stack (tests/integration/router_stack.py: real
-engine emulators, link emulator, gateway and router processes on 127.0.0.1). Not a test, not a benchmark: an
-investigation that prints counts.
+"""Evidence for two edge races of the local two-datacenter stack (prfaas_local/stack.py through
+tests/integration/testbed_support.py: real engine emulators, link emulator, gateway and router processes on
+127.0.0.1). Not a test, not a benchmark: an investigation that prints counts.
 
 * ``first``: start a fresh stack ``--runs`` times; the moment the router's ``/ready`` answers 200 (nothing
   else waited for, as a readiness probe), send one long (remote-sized) and one short request at once; count
@@ -32,8 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from router_stack import Stack, start_stack  # noqa: E402
-from testbed_support import Processes, http, wait_for  # noqa: E402
+from testbed_support import Processes, Stack, http, start_stack, wait_for  # noqa: E402
 
 LONG = {"model": "m", "prompt": [1] * 40_000, "max_tokens": 2}
 SHORT = {"model": "m", "prompt": [1] * 100, "max_tokens": 2}

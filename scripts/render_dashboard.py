@@ -23,7 +23,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration")]
 from observability_stack import RATE_INTERVAL, ObservedStack, start  # noqa: E402
 from testbed_support import processes  # noqa: E402
 
-from prfaas_cli import dashboard_png  # noqa: E402
+from prfaas_local import dashboard_png  # noqa: E402
 from prfaas_testbed.operator_harness import Harness  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def drive_phases(obs: ObservedStack, seconds: float) -> None:
 
 
 def render(doc: dict[str, Any], obs: ObservedStack, start_s: float, end_s: float, out: Path) -> int:
-    """Every panel from the stack's Prometheus (prfaas_cli.dashboard_png draws them); the panels with data."""
+    """Every panel from the stack's Prometheus (prfaas_local.dashboard_png draws them); the panels with data."""
     data, drawn = dashboard_png.render(
         doc,
         lambda expr, a, b, step: obs.query_range(expr, a, b, step),

@@ -23,7 +23,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 step() { printf '\n== %s\n' "$*"; }
 step "ruff (lint)";            ruff check scheduler operator tests
 step "ruff (format)";          ruff format --check scheduler operator tests
-step "mypy (strict on the core)"; mypy scheduler/prfaas_core scheduler/prfaas_cli
+step "mypy (strict on the core)"; mypy scheduler/prfaas_core scheduler/prfaas_cli scheduler/prfaas_local
 step "import layering";        lint-imports
 step "generated CRDs";         prfaas crds --check --out crds
 step "generated docs";         python scripts/gen_docs.py --check

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from prfaas_core.api import InterDCLink, ModelProfile, PDCluster, PrefillCluster
 from prfaas_core.launch.engines import EngineRole
+from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.launch.render import RenderError, cluster_launches, launch_diff
 from prfaas_core.schema.engine_checks import cluster_engine_issues, link_issues
 
@@ -22,6 +23,9 @@ from .kube import JsonDict
 CONDITION = "EngineConfig"
 MAX_LISTED = 5
 """Pods named in the message at most (the rest are counted)."""
+
+VLLM = engine_kind("vllm")
+"""The engine kind whose pods the check judges (the one the launch code renders)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,7 @@ def engine_container(pod: JsonDict) -> JsonDict | None:
 
 
 def runs_vllm(container: JsonDict) -> bool:
-    words = [str(w) for w in [*(container.get("command") or []), *(container.get("args") or [])]]
-    return any("vllm" in w for w in words) or "vllm" in str(container.get("image", ""))
+    return VLLM.runs_in(container)
 
 
 def _pod_role(cluster: PDCluster, pod: JsonDict) -> EngineRole | None:

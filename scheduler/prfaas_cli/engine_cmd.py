@@ -10,7 +10,7 @@ from typing import Any
 
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.emulation import DEFAULT_BYTE_SCALE, DEFAULT_TIME_SCALE, ScaleSettings
-from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
+from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
 
 
 def add_scale_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,7 +69,7 @@ def register(sub: Any) -> None:
         "--kv-advertise",
         default=None,
         metavar="HOST:PORT",
-        help="KV address put in kv_transfer_params, e.g. the link emulator's (default: --kv-listen)",
+        help="KV address put in the KV handle, e.g. the link emulator's (default: --kv-listen)",
     )
     p.add_argument("--kv-timeout", type=float, default=480.0, help="free KV never pulled after this many seconds")
     p.add_argument("--engine-id", default=None, help="remote_engine_id to advertise (default: random)")

@@ -17,12 +17,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from prfaas_core.api import ModelProfile, PDCluster, PrefillCluster
-from prfaas_core.launch.engines import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT, EngineSpec
-from prfaas_core.launch.render import Cluster, RenderError, engine_specs, render_all
-from prfaas_core.schema.validation import validate_documents
-
-from .manifests import InputError, add_manifest_args, load_documents
+from prfaas_core.launch.engines import EngineSpec
+from prfaas_core.launch.render import RenderError, engine_specs, render_all
+from prfaas_core.launch.vllm import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT
+from prfaas_local.manifests import InputError, add_manifest_args, load_clusters
 
 
 def register(sub: Any) -> None:
@@ -34,21 +32,6 @@ def register(sub: Any) -> None:
     add_manifest_args(p)
     p.add_argument("--output", "-o", choices=("json", "helm-values"), default="json", help="output format")
     p.set_defaults(handler=run)
-
-
-def load_clusters(files: Sequence[str], namespace: str = "default") -> tuple[list[Cluster], dict[str, ModelProfile]]:
-    """The PrefillClusters and PDClusters in ``files`` and the ModelProfiles by name (validated first)."""
-    docs = load_documents(files)
-    checked = validate_documents(docs, default_namespace=namespace)
-    bad = [f"{c.document.label}: {issue}" for c in checked for issue in c.issues]
-    if bad:
-        raise InputError("invalid manifests (see `prfaas validate`):\n  " + "\n  ".join(bad))
-    models = [c.model for c in checked if c.model is not None]
-    profiles = {m.metadata.name: m for m in models if isinstance(m, ModelProfile)}
-    clusters: list[Cluster] = [m for m in models if isinstance(m, PrefillCluster | PDCluster)]
-    if not clusters:
-        raise InputError("no PrefillCluster or PDCluster in the given files")
-    return clusters, profiles
 
 
 def render_files(files: Sequence[str], namespace: str = "default") -> dict[str, dict[str, dict[str, object]]]:

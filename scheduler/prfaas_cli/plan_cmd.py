@@ -36,9 +36,8 @@ from prfaas_core.capacity.workload import WorkloadSpec, mean, workload_from_trac
 from prfaas_core.names import K_TOKENS
 from prfaas_core.request.trace import TraceError, parse_trace
 from prfaas_core.schema.validation import validate_documents, validation_message
-
-from .manifests import InputError, load_documents
-from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
+from prfaas_local.manifests import InputError, load_documents
+from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
 KINDS_NEEDED = ("ModelProfile", "PrefillCluster", "PDCluster", "InterDCLink")
 

@@ -41,8 +41,7 @@ from prfaas_core.sim.search import (
     quick,
     static_split_report,
 )
-
-from .plots import PlotDirError, check_plot_dir, figure, png, write_plots
+from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
 
 class SimulateCliError(Exception):

@@ -9,8 +9,7 @@ import sys
 from typing import Any
 
 from prfaas_core.schema.validation import Checked, validate_documents
-
-from .manifests import InputError, add_manifest_args, load_documents
+from prfaas_local.manifests import InputError, add_manifest_args, load_documents
 
 
 def register(sub: Any) -> None:

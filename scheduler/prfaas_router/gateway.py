@@ -1,9 +1,10 @@
 """Gateway mode: the router binary in front of a PrFaaS cluster (region A), exported to region B.
 
 One endpoint, TLS and a bearer token (never logged; :mod:`.security` checks it on every path but ``/health`` and
-``/ready``, and keeps a leg's fields to the forwarding allow-list): it accepts prefill legs only (``kv_transfer_params``
-asking for a remote decode), picks the PrFaaS instance (least predicted prefill time, cache-affine) and
-returns the engine's answer, whose ``kv_transfer_params`` carry the KV address region B's decode pulls from.
+``/ready``, and keeps a leg's fields to the forwarding allow-list): it accepts prefill legs only (a body asking
+for a KV handle, :func:`prfaas_core.launch.vllm.is_prefill_leg`), picks the PrFaaS instance (least predicted
+prefill time, cache-affine) and returns the engine's answer, whose KV handle carries the KV address region B's
+decode pulls from.
 ``/status`` serves :class:`prfaas_core.api.GatewayStatus` (ready instances, queue depth, measured egress and
 prefill throughput over the last window), which region B's routers and operator read.
 """
@@ -25,6 +26,7 @@ from aiohttp import web
 
 from prfaas_core import names
 from prfaas_core.api import GatewayStatus
+from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.request.tokens import block_hashes
@@ -38,6 +40,8 @@ from .metrics import RouterMetrics
 from .runtime import EngineLoad, Runtime
 from .security import forwarded_headers, refused_field
 from .tokenizer import count_prompt
+
+ENGINE = engine_kind()
 
 log = structlog.get_logger("prfaas.gateway")
 
@@ -88,9 +92,8 @@ class Gateway:
             return json_error(400, f"request body is not valid JSON: {exc}")
         if not isinstance(body, dict):
             return json_error(400, "request body must be a JSON object")
-        params = body.get("kv_transfer_params")
-        if not isinstance(params, dict) or not params.get("do_remote_decode"):
-            return json_error(400, "the gateway serves prefill legs only: kv_transfer_params.do_remote_decode")
+        if not ENGINE.is_prefill_leg(body):
+            return json_error(400, f"the gateway serves prefill legs only: a {ENGINE.KV_HANDLE_FIELD} request")
         refused = refused_field(body, request.headers)
         if refused is not None:
             return json_error(400, refused)

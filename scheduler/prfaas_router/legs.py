@@ -1,31 +1,20 @@
-"""The legs of vLLM's disaggregated-serving exchange, as a proxy drives them (vllm-router 0.1.17 behaviour):
-
-* prefill leg: the client's body with ``max_tokens: 1``, ``min_tokens: 1``, ``stream: false``, no
-  ``stream_options``, and ``kv_transfer_params = {do_remote_decode: true, do_remote_prefill: false,
-  remote_engine_id/remote_block_ids/remote_host/remote_port: null}``; the response's ``kv_transfer_params``
-  (``do_remote_prefill: true``, ``remote_host``/``remote_port`` = the KV address the prefill side advertises)
-  is the KV handle;
-* decode leg: the client's body plus that ``kv_transfer_params`` object; its response (a stream or not) is the
-  client's answer.
+"""The legs of the disaggregated-serving exchange, as a proxy drives them: the prefill leg (one token, a request
+for a KV handle), whose answer carries the handle, and the decode leg (the client's body plus that handle), whose
+response is the client's answer. The bodies and the handle are the engine kind's
+(:mod:`prfaas_core.launch.vllm`, through :func:`prfaas_core.launch.kinds.engine_kind`).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from typing import Any
 
 from prfaas_core import names
+from prfaas_core.launch.kinds import engine_kind
 
-PREFILL_KV_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+ENGINE = engine_kind()
+"""The engine kind the legs speak to."""
 
 
 class LegError(Exception):
@@ -37,25 +26,8 @@ class LegError(Exception):
         self.retriable = retriable
 
 
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    out = copy.copy(body)
-    out.pop("stream_options", None)
-    out["max_tokens"] = 1
-    if "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
-    out["min_tokens"] = 1
-    out["stream"] = False
-    out["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
-    return out
-
-
-def decode_body(body: dict[str, Any], kv_params: dict[str, Any] | None) -> dict[str, Any]:
-    out = copy.copy(body)
-    if kv_params is not None:
-        out["kv_transfer_params"] = kv_params
-    else:
-        out.pop("kv_transfer_params", None)
-    return out
+prefill_body = ENGINE.prefill_body
+decode_body = ENGINE.decode_body
 
 
 LINK_HEADER = names.HEADER_LINK
@@ -83,7 +55,7 @@ def kv_handle(response_json: Any) -> dict[str, Any]:
     """The KV handle of a prefill response; a response without one is an error (never a silent success)."""
     if not isinstance(response_json, dict):
         raise LegError("prefill response is not a JSON object")
-    params = response_json.get("kv_transfer_params")
-    if not isinstance(params, dict) or not params.get("do_remote_prefill"):
-        raise LegError("prefill response carries no kv_transfer_params handle")
-    return params
+    handle = ENGINE.kv_handle(response_json)
+    if handle is None:
+        raise LegError("prefill response carries no KV handle")
+    return handle

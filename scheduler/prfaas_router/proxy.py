@@ -29,7 +29,7 @@ from . import prefill_legs, release
 from .aborts import Aborts, remote_side
 from .answer import PROMPT_TOKENS_HEADER, ROUTE_HEADER, DecodeLeg, answer_stream, answer_whole, failure_kind
 from .http_util import JSON_CONTENT, LegSession, is_chat, json_bytes, json_error, model_not_found, read_token
-from .legs import LegError, decode_body
+from .legs import ENGINE, LegError, decode_body
 from .metrics import RouterMetrics
 from .retry import prefill_with_retry
 from .runtime import LocalPlan, Runtime
@@ -126,6 +126,7 @@ class Proxy:
         try:
             # the whole request, the decode leg's parameters too, before any leg costs engine work
             check_request(body, is_chat(request.path))
+            ENGINE.check_body(body)
             ids = await count_prompt(body, is_chat(request.path), rt.compiled.tokenizer, len(raw))
         except ValueError as exc:
             return json_error(400, str(exc))

@@ -3,7 +3,7 @@
 vLLM 0.32's NixlConnector holds a prefill's blocks under a lease (``kv_lease_duration``, 30 s by default,
 extended by the heartbeats of a decode that waits for them) and frees them when a decode's read completes or
 the lease runs out. A producer cannot be told to free them directly, but a consumer can: a decode request that
-carries the handle (``kv_transfer_params.do_remote_prefill``) and is rejected by the consumer's serving layer
+carries the handle and is rejected by the consumer's serving layer
 before it is scheduled makes the consumer send the producer the notification-only read of a full prefix hit
 (``notify_kv_transfer_request_rejected``), and the producer frees the blocks at once, moving none.
 
@@ -26,21 +26,19 @@ from prfaas_core import names
 
 from .http_util import JSON_CONTENT, json_bytes
 from .leg_host import LegHost, remote_auth
+from .legs import ENGINE
 from .runtime import EngineLoad
 from .security import RequestIds
 
 log = structlog.get_logger("prfaas.router")
 
 PULL_REPORT_TIMEOUT_S = 5.0
-RELEASE_MODEL = "prfaas-release-kv"
-"""The model name of a release leg: served by no engine, so the consumer's serving layer rejects the leg."""
+RELEASE_MODEL = ENGINE.RELEASE_MODEL
 RELEASE_TIMEOUT_S = 5.0
 _pending: set[asyncio.Task[None]] = set()
 
 
-def release_body(kv: dict[str, Any]) -> dict[str, Any]:
-    """A decode leg that carries ``kv`` and that every consumer rejects before scheduling it."""
-    return {"model": RELEASE_MODEL, "prompt": [0], "max_tokens": 0, "stream": False, "kv_transfer_params": kv}
+release_body = ENGINE.release_body
 
 
 def consumers(proxy: LegHost, failed: str) -> list[str]:

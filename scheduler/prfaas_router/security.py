@@ -5,11 +5,11 @@ allow-list of a prefill leg, and live rotation of the token, certificate and key
   warns at start and exports ``prfaas_gateway_insecure 1``.
 * A refused caller is counted in ``prfaas_gateway_auth_failures_total{reason}`` (missing, malformed, wrong,
   expired) and logged with its peer and path, never with what it presented.
-* Forwarded to the engine: only the body fields of :data:`BODY_FIELDS` (``kv_transfer_params`` with only the
-  keys of :data:`KV_PARAM_FIELDS`) and the ``x-request-id`` header; the exchange's own headers
-  (:data:`PRFAAS_HEADERS`) are read by the gateway and stripped. Any other body field, or any other
-  ``x-prfaas-*`` header, is refused with a 400 naming it. Region B's routers send only these
-  (:func:`gateway_body`), so a client's extra fields never make a leg fail.
+* Forwarded to the engine: only the body fields of :data:`BODY_FIELDS` (the KV handle field with only the
+  keys a prefill leg asks with, :func:`prfaas_core.launch.vllm.refused_handle_field`) and the ``x-request-id``
+  header; the exchange's own headers (:data:`PRFAAS_HEADERS`) are read by the gateway and stripped. Any other
+  body field, or any other ``x-prfaas-*`` header, is refused with a 400 naming it. Region B's routers send only
+  these (:func:`gateway_body`), so a client's extra fields never make a leg fail.
 * Files kubelet updates in place are polled (``security.credentialPollSeconds``): a changed token is in force at
   once and the previous one accepted ``security.tokenOverlapSeconds`` longer; a changed certificate/key pair
   is loaded into the listening TLS context (new handshakes use it). An unreadable or invalid new credential is
@@ -32,8 +32,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from prfaas_core import names
+from prfaas_core.launch.kinds import engine_kind
 
 from .http_util import json_error
+
+ENGINE = engine_kind()
 
 log = structlog.get_logger("prfaas.gateway")
 
@@ -46,7 +49,7 @@ BODY_FIELDS = frozenset(
         "max_completion_tokens",
         "min_tokens",
         "stream",
-        "kv_transfer_params",
+        ENGINE.KV_HANDLE_FIELD,
         "temperature",
         "top_p",
         "top_k",
@@ -62,10 +65,6 @@ BODY_FIELDS = frozenset(
 )
 """Body fields of a prefill leg the gateway forwards to its engines (the prompt, and what shapes its first
 token); anything else (``chat_template``, ``tools``, ``logprobs``, ...) is refused."""
-KV_PARAM_FIELDS = frozenset(
-    {"do_remote_decode", "do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host", "remote_port"}
-)
-"""Keys of ``kv_transfer_params`` a prefill leg may carry (vLLM's NixlConnector request)."""
 PRFAAS_HEADERS = frozenset(names.ADMISSION_HEADERS)
 """The exchange's admission headers (INTERFACES.md): read by the gateway, never passed to an engine."""
 FORWARDED_HEADERS = ("x-request-id",)
@@ -97,11 +96,9 @@ def refused_field(body: dict[str, Any], headers: Any) -> str | None:
     extra = sorted(k for k in body if k not in BODY_FIELDS)
     if extra:
         return f"field {extra[0]!r} is not forwarded by the gateway (allowed: {', '.join(sorted(BODY_FIELDS))})"
-    params = body.get("kv_transfer_params")
-    if isinstance(params, dict):
-        bad = sorted(k for k in params if k not in KV_PARAM_FIELDS)
-        if bad:
-            return f"field 'kv_transfer_params.{bad[0]}' is not forwarded by the gateway"
+    refused = ENGINE.refused_handle_field(body)
+    if refused is not None:
+        return refused
     for name in headers:
         low = name.lower()
         if low.startswith("x-prfaas-") and low not in PRFAAS_HEADERS:

@@ -23,7 +23,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from prfaas_cli.ports import free_port
 from prfaas_core.names import (
     LABEL_PD_CLUSTER,
     LABEL_ROLE,
@@ -32,6 +31,7 @@ from prfaas_core.names import (
     VLLM_REQUESTS_RUNNING,
     VLLM_REQUESTS_WAITING,
 )
+from prfaas_local.ports import free_port
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:

@@ -1,5 +1,6 @@
-"""Chaos on the emulated two-datacenter stack (tests/integration/router_stack.py): one fault at a time while
-traffic flows, a ledger of every request (ledger.py), and the recovery after the fault heals.
+"""Chaos on the emulated two-datacenter stack (prfaas_local.stack, through tests/integration/testbed_support.py):
+one fault at a time while traffic flows, a ledger of every request (ledger.py), and the recovery after the fault
+heals.
 
 The default run takes the short subset (marker ``chaos``): the gateway killed and restarted, a PD prefill engine
 failing half its requests, the only decode engine killed and restarted (and, in sibling files, the decode killed
@@ -23,8 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from ledger import Ledger, record
-from router_stack import Stack, start_stack
-from testbed_support import counter, http, metric_value, processes, wait_for
+from testbed_support import ALIASES, Stack, counter, http, metric_value, processes, start_stack, wait_for
 
 from prfaas_link.config import LinkConfig
 from prfaas_link.relay import PACER_LOOKAHEAD_S
@@ -33,12 +33,12 @@ pytestmark = pytest.mark.chaos
 
 
 def proc(stack: Stack, name: str) -> subprocess.Popen[bytes]:
-    return [p for n, p in stack.procs.procs if n == name][-1]
+    return [p for n, p in stack.procs.procs if n == ALIASES.get(name, name)][-1]
 
 
 def restart(stack: Stack, name: str) -> None:
     old = proc(stack, name)
-    stack.procs.start(name, [str(a) for a in old.args])  # type: ignore[union-attr]
+    stack.procs.start(ALIASES.get(name, name), [str(a) for a in old.args])  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ import pytest
 from ledger import Ledger, record
 from testbed_support import wait_for
 
-from prfaas_cli.local_loop import LocalCluster, LocalLoop
-from prfaas_cli.scenario import DEFAULT_SCENARIO, load_scenario
-from prfaas_cli.stack import LocalStack, StackSpec
-from prfaas_cli.up_cmd import role_params
 from prfaas_core.capacity.plan_inputs import case_study_inputs
+from prfaas_local.local_loop import LocalCluster, LocalLoop
+from prfaas_local.scenario import DEFAULT_SCENARIO, load_scenario
+from prfaas_local.stack import LocalStack, StackSpec
+from prfaas_local.up import role_params
 
 pytestmark = pytest.mark.chaos
 

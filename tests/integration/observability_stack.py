@@ -1,9 +1,10 @@
 """Real components scraped by a real Prometheus, for the dashboard's and alerts' checks and for the dashboard
 picture (scripts/render_dashboard.py).
 
-What runs, all on 127.0.0.1: the router stack of tests/integration/router_stack.py (a PrFaaS engine behind
-the prefill gateway, the link emulator, a PD prefill and a PD decode engine, the router), and the operator as
-a real process against the Kubernetes API emulator (tests/support/operator_harness.py, with its own
+What runs, all on 127.0.0.1: the router stack (prfaas_local/stack.py, as tests/integration/testbed_support.py
+starts it: a PrFaaS engine behind the prefill gateway, the link emulator, a PD prefill and a PD decode engine,
+the router), and the operator as a real process against the Kubernetes API emulator
+(tests/support/operator_harness.py, with its own
 Prometheus feeding the long-term loop). A second Prometheus (Debian's binary) scrapes every one of them every
 second, with the target labels the chart's PodMonitor adds to engine pods (``pd_cluster``,
 ``prefill_cluster``, ``role``). ``drive()`` sends a mix of short (local) and long (remote) requests.
@@ -20,8 +21,7 @@ from typing import Any
 
 import httpx
 import yaml
-from router_stack import GATEWAY_AUTH, Stack, start_stack
-from testbed_support import Processes, http, prompt
+from testbed_support import GATEWAY_AUTH, Processes, Stack, http, prompt, start_stack
 
 from prfaas_cli import dashboard_png
 from prfaas_testbed.operator_harness import Harness, OperatorProcess
@@ -121,6 +121,10 @@ def _prometheus_config(targets: dict[str, str], token_file: Path) -> dict[str, A
     return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape}
 
 
+PARTS = {"router": "router", "gateway": "gateway", "link": "link_admin", "prf": "prf", "pdp": "pdp", "pdd": "pdd"}
+"""The scrape targets' names and the stack's parts they scrape."""
+
+
 def start(procs: Processes, harness: Harness, tmp: Path) -> ObservedStack:
     """Start everything (the caller owns ``procs`` and ``harness`` and stops them); returns once Prometheus has
     scraped every target at least once."""
@@ -129,22 +133,14 @@ def start(procs: Processes, harness: Harness, tmp: Path) -> ObservedStack:
     harness.setup(namespace)
     # the gateway schedules its link (source-side admission), as a PrefillCluster's spec.linkScheduling asks
     stack = start_stack(procs, tmp, gateway_admission={"capacityGbps": 100.0})
-    p = stack.ports
-    targets = {
-        "router": f"127.0.0.1:{p['router']}",
-        "gateway": f"127.0.0.1:{p['gateway']}",
-        "link": f"127.0.0.1:{p['link_admin']}",
-        "operator": f"127.0.0.1:{operator.metrics_port}",
-        "prf": f"127.0.0.1:{p['prf']}",
-        "pdp": f"127.0.0.1:{p['pdp']}",
-        "pdd": f"127.0.0.1:{p['pdd']}",
-    }
+    targets = {name: stack.url(part).removeprefix("http://") for name, part in PARTS.items()}
+    targets["operator"] = f"127.0.0.1:{operator.metrics_port}"
     obs = ObservedStack(stack, harness, operator, namespace, tmp, free_port(), None, targets)
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus is not installed (scripts/system-deps.sh installs it)")
     config = tmp / "observe-prometheus.yml"
-    config.write_text(yaml.safe_dump(_prometheus_config(targets, tmp / "token")))
+    config.write_text(yaml.safe_dump(_prometheus_config(targets, stack.token_file)))
     obs.prom = subprocess.Popen(
         [
             binary,

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from router_stack import model_profile_json
-from testbed_support import PRFAAS, Processes, free_port, metric_value, processes, wait_for
+from testbed_support import PRFAAS, Processes, free_port, metric_value, model_profile_json, processes, wait_for
 
 SECURITY = {
     "headerTimeoutSeconds": 1,

@@ -9,8 +9,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from router_stack import BYTE_SCALE, TIME_SCALE, model_profile_json
-from testbed_support import PRFAAS, free_port, http, metric_value, processes, wait_for
+from testbed_support import (
+    BYTE_SCALE,
+    PRFAAS,
+    TIME_SCALE,
+    free_port,
+    http,
+    metric_value,
+    model_profile_json,
+    processes,
+    wait_for,
+)
 
 
 def test_a_remote_that_never_answered_its_status_poll_takes_no_request(tmp_path: Path) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from router_stack import start_stack
-from testbed_support import counter, http, processes, prompt, wait_for
+from testbed_support import counter, http, processes, prompt, start_stack, wait_for
 
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline

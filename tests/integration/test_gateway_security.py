@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from router_stack import model_profile_json
-from testbed_support import PRFAAS, Processes, free_port, metric_value, processes, wait_for
+from testbed_support import PRFAAS, Processes, free_port, metric_value, model_profile_json, processes, wait_for
 
 TOKEN, NEW_TOKEN = "first-s3cret", "second-s3cret"
 LEG = {"model": "m", "prompt": "hello there", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
@@ -293,8 +292,7 @@ def test_the_router_reaches_tls_gateway_replicas_that_borrow_from_each_other_ove
     router's remote verifying it (``caFile``), the replicas verifying each other (``peerCaFile``). One pull is
     faster than a replica's share of the cap (``pullGbps`` 60 > 80 / 2), so the replica that serves the long
     request must borrow the rest from the other one over https before its answer goes out."""
-    from router_stack import GATEWAY_AUTH, start_stack
-    from testbed_support import prompt
+    from testbed_support import GATEWAY_AUTH, prompt, start_stack
 
     from prfaas_core import names
 

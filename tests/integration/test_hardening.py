@@ -25,8 +25,7 @@ import httpx
 import pytest
 import structlog
 from aiohttp import web
-from router_stack import model_profile_json
-from testbed_support import PRFAAS, await_for, free_port, metric_value
+from testbed_support import PRFAAS, await_for, free_port, metric_value, model_profile_json
 
 from prfaas_core import names
 from prfaas_core.api import RouterConfig

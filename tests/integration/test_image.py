@@ -23,8 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from router_stack import GATEWAY_AUTH, start_stack
-from testbed_support import counter, http, processes, prompt
+from testbed_support import GATEWAY_AUTH, counter, http, processes, prompt, start_stack
 
 from prfaas_testbed.operator_harness import Harness
 from prfaas_testbed.prom import wait_until

@@ -12,8 +12,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from router_stack import TIME_SCALE, start_stack
-from testbed_support import counter, http, metric_value, processes, wait_for
+from testbed_support import TIME_SCALE, counter, http, metric_value, processes, start_stack, wait_for
 
 from prfaas_core import names
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from router_stack import GATEWAY_AUTH, TIME_SCALE, start_stack
-from testbed_support import PRFAAS, counter, free_port, http, processes, wait_for
+from testbed_support import GATEWAY_AUTH, PRFAAS, TIME_SCALE, counter, free_port, http, processes, start_stack, wait_for
 
 from prfaas_core import names
 from prfaas_core.capacity.kv import kv_model_from_profile
@@ -53,7 +52,7 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
         gateways = [st.url("gateway"), *([st.url("gateway-2")] if replicas == 2 else [])]
         routers = [st.router, *others]
         for k, port in ports.items():
-            config = json.loads(json.dumps(st.router_config))
+            config = json.loads(json.dumps(st.configs["router"]))
             target = gateways[-1] if k == 3 else gateways[0]
             config["remotes"][0].update(url=target, statusUrl=target + "/status")
             (tmp_path / f"router-{k}.json").write_text(json.dumps(config))

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prfaas_cli.netns import LinkShape, NetnsPair, NetnsUnavailable, clean_leftovers
+from prfaas_local.netns import LinkShape, NetnsPair, NetnsUnavailable, clean_leftovers
 from support.real_engines import skip_or_fail
 
 PAYLOAD = 400_000
@@ -99,7 +99,7 @@ def _owner(code: str) -> tuple[subprocess.Popen[str], list[str]]:
 
 
 OWNER = (
-    "import time; from prfaas_cli.netns import NetnsPair\n"
+    "import time; from prfaas_local.netns import NetnsPair\n"
     "p = NetnsPair(); p.create(); print(p.ns_a, p.ns_b, flush=True); time.sleep(600)\n"
 )
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import httpx
 from aiohttp import web
-from router_stack import model_profile_json
-from testbed_support import await_for, serving
+from testbed_support import await_for, model_profile_json, serving
 
 from prfaas_core.api import RouterConfig
 from prfaas_engine import EngineConfig

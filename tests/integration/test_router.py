@@ -12,8 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from router_stack import BYTE_SCALE, Stack, start_stack
-from testbed_support import counter, http, metric_value, processes, prompt, wait_for
+from testbed_support import BYTE_SCALE, Stack, counter, http, metric_value, processes, prompt, start_stack, wait_for
 
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.capacity.profiles import builtin_model_profiles

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from router_stack import TIME_SCALE, Stack, start_stack
-from testbed_support import counter, http, processes, prompt, wait_for
+from testbed_support import TIME_SCALE, Stack, counter, http, processes, prompt, start_stack, wait_for
 
 from prfaas_core.capacity.hardware import builtin_hardware
 
@@ -105,7 +104,7 @@ def test_a_short_engine_freeze_marks_nothing_unhealthy(stack: Stack) -> None:
     """The finding: one slow /metrics read (> 2 s) marked an engine dead, and a 3 s freeze of the decode engine
     gave immediate 503s. Now it takes unhealthyAfterFailures (3) consecutive failed probes: a request sent
     while the frozen engine's probe has failed once waits for it and is answered."""
-    pdd = next(p for name, p in stack.procs.procs if name == "pdd")
+    pdd = next(p for name, p in stack.procs.procs if name == "pd-1")
     failures = counter(stack.router, "prfaas_router_health_probe_failures_total", engine="pd-1")
     os.kill(pdd.pid, signal.SIGSTOP)
     try:
@@ -161,10 +160,10 @@ def test_a_remote_prefill_to_an_engine_that_freezes_is_cut_short_and_falls_back(
     """The finding: a request already dispatched to a PrFaaS engine that froze (SIGSTOP) hung the full remote
     timeout before falling back. Now the leg is cut when the engine turns unhealthy (consecutive failed
     probes) and the request is prefilled locally: answered long before the 120 s remote timeout set here."""
-    remotes = [{**stack.router_config["remotes"][0], "timeoutSeconds": 120}]
+    remotes = [{**stack.configs["router"]["remotes"][0], "timeoutSeconds": 120}]
     reloads = (stack.dir / "router.log").read_text().count("configuration reloaded")
     stack.write_router_config(remotes=remotes)
-    prf = next(p for name, p in stack.procs.procs if name == "prf")
+    prf = next(p for name, p in stack.procs.procs if name == "prfaas-0")
     try:
         wait_for(
             lambda: (stack.dir / "router.log").read_text().count("configuration reloaded") > reloads, 15, "the reload"

@@ -14,11 +14,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from router_stack import model_profile_json
-from testbed_support import PRFAAS, counter, free_port, http, processes, prompt, wait_for
+from testbed_support import PRFAAS, counter, free_port, http, model_profile_json, processes, prompt, wait_for
 
 from prfaas_core import names
-from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
+from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.policy.replica_books import EXPIRY_S
 
 TIME_SCALE = 1.0

@@ -6,22 +6,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import ssl
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from prfaas_cli.ports import free_port as free_port  # one port picker for tests and stacks
+from prfaas_local.ports import free_port as free_port  # one port picker for tests and stacks
+from prfaas_local.procs import Processes as Processes  # one process group for tests and stacks
+from prfaas_local.stack import LocalStack, StackSpec
 
 T = TypeVar("T")
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
@@ -126,43 +125,6 @@ def counter(url: str, name: str, headers: dict[str, str] | None = None, **labels
         return 0.0
 
 
-class Processes:
-    """Subprocesses of one test, logs in files; every one is terminated (then killed) in teardown."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child keeps its own descriptor
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
-        )
-        log.close()
-        self.procs.append((name, proc))
-        return proc
-
-    def log(self, name: str) -> str:
-        path = self.log_dir / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs:
-            if proc.poll() is not None:
-                raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}")
-
-    def stop_all(self) -> None:
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, proc in self.procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-
-
 @contextlib.contextmanager
 def processes(log_dir: Path) -> Iterator[Processes]:
     group = Processes(log_dir)
@@ -180,3 +142,88 @@ def sse_payloads(text: str) -> list[Any]:
             payload = line[len("data: ") :]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
+
+
+# -- the router tests' two-region stack: a thin fixture over the one builder (prfaas_local.stack) ---------------
+
+TIME_SCALE = 200.0
+"""Time-scaled so that long prompts take milliseconds."""
+BYTE_SCALE = 1e-3
+TOKEN = "s3cret-token"
+GATEWAY_AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ALIASES = {"prf": "prfaas-0", "pdp": "pd-0", "pdd": "pd-1", "link_admin": "link-0"}
+"""The tests' short names of the builder's processes."""
+
+
+class Stack(LocalStack):
+    """One PrFaaS engine (H200) behind the prefill gateway and its link relay, a PD prefill and a PD decode engine
+    (H20) and the router, as real processes on 127.0.0.1 (:meth:`LocalStack.start`)."""
+
+    def url(self, name: str) -> str:
+        return super().url(ALIASES.get(name, name))
+
+    @property
+    def router(self) -> str:
+        return self.url("router")
+
+    @property
+    def dir(self) -> Path:
+        return self.work_dir
+
+    def write_router_config(self, **changes: Any) -> None:
+        self.write_config("router", {**self.configs["router"], **changes})
+
+
+def model_profile_json() -> dict[str, Any]:
+    from prfaas_core.capacity.profiles import builtin_model_profiles
+
+    spec = builtin_model_profiles()["internal-1t"]
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def start_stack(
+    procs: Processes,
+    tmp: Path,
+    threshold_min_tokens: int = 19_634,
+    gateway_admission: dict[str, Any] | None = None,
+    gateway_extra: dict[str, Any] | None = None,
+    wait_ready: bool = True,
+    link_gbps: float = 100.0,
+    gateway_replicas: int = 1,
+    gateway_tls: tuple[Path, Path] | None = None,
+    router_args: Sequence[str] = (),
+    router_cmd: Sequence[str] = (),
+    **router_extra: Any,
+) -> Stack:
+    """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
+    ``gateway_extra``: more top-level fields of the gateway's config; ``wait_ready=False``: return as soon as
+    the processes are started; ``link_gbps``: the link emulator's capacity (and the routers' configured one);
+    ``gateway_replicas`` > 1: the admission's ``replicas`` and ``peers`` name them all (``gateway``,
+    ``gateway-2``, ...); ``gateway_tls``: (certificate, key) the gateways serve, which the router's remote and
+    the replicas' peers verify; ``router_args``: more command-line arguments of the router (``--peers``);
+    ``router_cmd``: how the router and the gateways are run (``prfaas`` from an image: test_image.py)."""
+    admission = dict(gateway_admission) if gateway_admission is not None else None
+    spec = StackSpec(
+        n_prfaas=1,
+        n_pd=2,
+        initial_prefill=1,
+        link_gbps=link_gbps,
+        time_scale=TIME_SCALE,
+        byte_scale=BYTE_SCALE,
+        threshold_min_tokens=threshold_min_tokens,
+        gateway_admission=admission is not None,
+        gateway_link_gbps=admission.pop("capacityGbps") if admission is not None else None,
+        admission=admission,
+        gateway_token=TOKEN,
+        gateway_replicas=gateway_replicas,
+        gateway_tls=gateway_tls,
+        routing={"refreshIntervalSeconds": 0.2, "breakerOpenSeconds": 2},
+        remote_timeout_s=10,
+        gateway_extra=gateway_extra or {},
+        router_extra=router_extra,
+        router_args=tuple(router_args),
+        router_cmd=tuple(router_cmd),
+    )
+    stack = Stack(spec, tmp, procs=procs)
+    stack.start(wait=wait_ready)
+    return stack

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_slo, example_specs
 from prfaas_core.launch.engines import EngineSpec
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_slo, example_specs
 from support.real_engines import prepare_or_skip
 
 THRESHOLD_TOKENS = 768
@@ -129,14 +129,16 @@ def current(pool: EnginePool, engines: Engines) -> Engines:
 
 
 @pytest.fixture(scope="session")
-def stack(engines: Engines, real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
+def stack(engines: Engines, real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """The gateway (token-authenticated) in front of ``prfaas``; the router in front of pdp0, pdp1 and pdd."""
-    st = RealStack(tmp_path_factory.mktemp("stack"), real_env)
+    st = LocalStack.over_vllm(tmp_path_factory.mktemp("stack"), real_env)
     AT_TIER_END.append(st.close)
     try:
-        st.start_router("gateway", st.gateway_config(engines.prfaas))
+        st.start_router("gateway", st.make_gateway_config(engines.prfaas))
         st.wait_ready("gateway")
-        config = st.router_config(engines.pd_prefill, [engines.pdd], "gateway", THRESHOLD_TOKENS, slo=example_slo())
+        config = st.make_router_config(
+            engines.pd_prefill, [engines.pdd], "gateway", THRESHOLD_TOKENS, slo=example_slo()
+        )
         st.start_router("router", config)
         st.wait_ready("router")
         yield st

@@ -11,12 +11,14 @@ import math
 import httpx
 
 from conftest import THRESHOLD_TOKENS, Engines, Prompts
-from prfaas_cli.real_stack import LINK, TOKEN, RealStack, tiny_model_profile
-from prfaas_cli.vllm_engines import BLOCK_SIZE, RealEnv, example_slo
 from prfaas_core import names
 from prfaas_core.api import ModelProfileSpec, SloSpec
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.request.slo import ttft_objective_s
+from prfaas_local.stack import LINK, LocalStack
+from prfaas_local.stack_configs import VLLM_TOKEN as TOKEN
+from prfaas_local.stack_configs import tiny_model_profile
+from prfaas_local.vllm_engines import BLOCK_SIZE, RealEnv, example_slo
 from prfaas_router.prom_text import sample_sum
 
 LONG_TOKENS = 1200
@@ -29,13 +31,13 @@ def _counter(url: str, name: str, labels: dict[str, str] | None = None) -> float
     return sample_sum(httpx.get(url + "/metrics", headers=AUTH, timeout=10).text, name, labels or {}) or 0.0
 
 
-def _status_egress(stack: RealStack) -> float:
+def _status_egress(stack: LocalStack) -> float:
     body = httpx.get(stack.url("gateway") + "/status", headers=AUTH, timeout=10).json()
     return float(body["kvEgressBytes"].get(LINK, 0.0))
 
 
 def test_egress_counters_move_by_the_kv_of_the_reported_prompt(
-    stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+    stack: LocalStack, engines: Engines, real_env: RealEnv, prompts: Prompts
 ) -> None:
     router, gateway = stack.url("router"), stack.url("gateway")
     nixl = names.VLLM_NIXL_BYTES_TRANSFERRED + "_sum"

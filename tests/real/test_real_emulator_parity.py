@@ -13,12 +13,11 @@ import httpx
 import pytest
 
 from conftest import Engines, Prompts
-from prfaas_cli.ports import free_port
-from prfaas_cli.stack import spawn_process, stop_processes
-from prfaas_cli.vllm_engines import RealEnv
 from prfaas_core import names
-from prfaas_core.launch.engines import PROMPT_TOKENS_DETAILS_FLAG
-from prfaas_router.legs import PREFILL_KV_PARAMS
+from prfaas_core.launch.vllm import PREFILL_KV_PARAMS, PROMPT_TOKENS_DETAILS_FLAG
+from prfaas_local.ports import free_port
+from prfaas_local.procs import spawn_process, stop_processes
+from prfaas_local.vllm_engines import RealEnv
 from prfaas_router.prom_text import sample_sum
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]

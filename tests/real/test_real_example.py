@@ -10,8 +10,8 @@ import httpx
 
 from conftest import Engines, counters, delta
 from prfaas_cli.engines_cmd import render_files
-from prfaas_cli.vllm_engines import EXAMPLE, Prompts, RealEngine, RealEnv
-from prfaas_router.legs import PREFILL_KV_PARAMS
+from prfaas_core.launch.vllm import PREFILL_KV_PARAMS
+from prfaas_local.vllm_engines import EXAMPLE, Prompts, RealEngine, RealEnv
 
 SUBSTITUTED_FLAGS = {"--model", "--port", "--host"}
 SUBSTITUTED_ENV = {"VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_NET_DEVICES"}

@@ -16,10 +16,10 @@ import json
 import httpx
 
 from conftest import Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import RealEngine, RealEnv
 from prfaas_core import names
-from prfaas_router.legs import PREFILL_KV_PARAMS
+from prfaas_core.launch.vllm import PREFILL_KV_PARAMS
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import RealEngine, RealEnv
 from prfaas_router.prom_text import sample_sum
 from prfaas_router.release import release_body
 from prfaas_testbed.prom import wait_until
@@ -40,7 +40,7 @@ def ask(url: str, env: RealEnv, prompt: str, stream: bool = False) -> tuple[http
 
 
 def test_answers_carry_what_the_prefill_side_reused(
-    stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+    stack: LocalStack, engines: Engines, real_env: RealEnv, prompts: Prompts
 ) -> None:
     """A repeated prompt, whole and streamed, on each route: the answer's cached_tokens is exactly what the
     prefill engines' own counters say they reused (``local_cache_hit``), in whole blocks; on the remote route (one

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from prfaas_cli.netns import LinkShape, NetnsPair, NetnsUnavailable, Side
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 from prfaas_core import names
+from prfaas_core.launch.vllm import PREFILL_KV_PARAMS
 from prfaas_engine.batching import kv_pull_tokens
-from prfaas_router.legs import PREFILL_KV_PARAMS
+from prfaas_local.netns import LinkShape, NetnsPair, NetnsUnavailable, Side
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 from prfaas_router.prom_text import sample_sum
 from support.real_engines import skip_or_fail
 from support.real_routes import on_the_remote_route, route_of, wait_link_whole
@@ -64,7 +64,7 @@ class Regions:
     pair: NetnsPair
     prfaas: RealEngine
     pd: RealEngine
-    stack: RealStack
+    stack: LocalStack
 
     @property
     def router(self) -> str:
@@ -89,7 +89,7 @@ def regions(vllm_pool: EnginePool, real_env: RealEnv, tmp_path_factory: pytest.T
         pair.create()
     except NetnsUnavailable as exc:
         skip_or_fail(f"network namespaces refused: {exc}")
-    stack = RealStack(tmp_path_factory.mktemp("netns-stack"), real_env)
+    stack = LocalStack.over_vllm(tmp_path_factory.mktemp("netns-stack"), real_env)
     started: list[str] = []
     try:
         prfaas = _engine(vllm_pool, pair, "a", "ns-prfaas", "prfaas-prefill")
@@ -98,9 +98,11 @@ def regions(vllm_pool: EnginePool, real_env: RealEnv, tmp_path_factory: pytest.T
         started.append(pd.name)
         vllm_pool.wait_ready([prfaas, pd])
         vllm_pool.warm_up(prfaas, pd)
-        stack.start_router("gateway", stack.gateway_config(prfaas), pair.exec_prefix("a"), pair.addr_a, _via(pair, "a"))
+        stack.start_router(
+            "gateway", stack.make_gateway_config(prfaas), pair.exec_prefix("a"), pair.addr_a, _via(pair, "a")
+        )
         stack.wait_ready("gateway")
-        config = stack.router_config([], [pd], "gateway", THRESHOLD)
+        config = stack.make_router_config([], [pd], "gateway", THRESHOLD)
         config["links"] = [{"name": "a-to-b", "capacityGbps": SHAPE.rate_mbit / 1000}]
         config["routing"].update(refreshIntervalSeconds=1.0, breakerOpenSeconds=3)  # the default failure threshold
         stack.start_router("router", config, pair.exec_prefix("b"), pair.addr_b, _via(pair, "b"))
@@ -203,7 +205,7 @@ def test_a_cut_link_falls_back_locally_then_the_breaker_closes_again(
         deadline = time.monotonic() + 60
         while router_metric(regions, names.METRIC_ROUTER_BREAKER_OPEN, breaker) != 1:
             assert send() in ("fallback", "local")
-            log = (regions.stack.dir / "router.log").read_text(errors="replace")[-3000:]
+            log = regions.stack.procs.log("router")[-3000:]
             assert time.monotonic() < deadline, f"the breaker never opened while the link was cut: {served}\n{log}"
     finally:
         pair.restore()

@@ -9,12 +9,12 @@ import openai
 import pytest
 
 from conftest import Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import RealEnv
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import RealEnv
 
 
 @pytest.fixture
-def client(stack: RealStack) -> Iterator[openai.OpenAI]:
+def client(stack: LocalStack) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=stack.url("router") + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
         yield c
 

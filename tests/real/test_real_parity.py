@@ -16,8 +16,8 @@ from types import ModuleType
 import pytest
 
 from conftest import Engines
-from prfaas_cli.real_stack import EngineRef
-from prfaas_cli.vllm_engines import RealEnv
+from prfaas_local.stack import EngineRef
+from prfaas_local.vllm_engines import RealEnv
 from support.real_engines import REPO
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from conftest import Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack, start_vllm_router
-from prfaas_cli.stack import stop_processes
-from prfaas_cli.vllm_engines import RealEnv
+from prfaas_local.procs import stop_processes
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import RealEnv, start_vllm_router
 
 BIN = Path(sys.executable).parent
 
@@ -35,7 +35,7 @@ def _answer(url: str, env: RealEnv, prompt: str) -> httpx.Response:
 
 
 def test_vllm_router_pd_mode_gives_the_same_answers(
-    vllm_router: str, stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+    vllm_router: str, stack: LocalStack, engines: Engines, real_env: RealEnv, prompts: Prompts
 ) -> None:
     for tokens in (300, 1400):
         prompt = prompts.text(tokens)

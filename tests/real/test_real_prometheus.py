@@ -29,14 +29,14 @@ import pytest
 import yaml
 
 from conftest import THRESHOLD_TOKENS, Engines, Prompts
-from prfaas_cli.dashboard_png import DASHBOARD, substitute
 from prfaas_cli.engines_cmd import load_clusters
-from prfaas_cli.ports import free_port
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EXAMPLE, REPO, RealEngine, RealEnv
 from prfaas_core import names
 from prfaas_core.api import PDCluster
 from prfaas_core.api.pd_cluster import PrometheusQueries
+from prfaas_local.dashboard_png import DASHBOARD, substitute
+from prfaas_local.ports import free_port
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import EXAMPLE, REPO, RealEngine, RealEnv
 from prfaas_operator.observe import ClusterQuery, PrometheusCollector, _templated
 from prfaas_router.prom_text import sample_sum
 from prfaas_testbed.prom import wait_until
@@ -228,7 +228,7 @@ def _excepted(selector: str) -> bool:
 
 
 @pytest.fixture
-def observed(engines: Engines, stack: RealStack, tmp_path: Path) -> Iterator[str]:
+def observed(engines: Engines, stack: LocalStack, tmp_path: Path) -> Iterator[str]:
     """A Prometheus scraping the engines (PodMonitor relabelling), the router (labelled with the PD cluster it
     fronts, as the chart's ServiceMonitor does) and the gateway (its bearer token, as the ServiceMonitor sends it)."""
     target = {"__meta_kubernetes_namespace": NAMESPACE}
@@ -252,7 +252,7 @@ def observed(engines: Engines, stack: RealStack, tmp_path: Path) -> Iterator[str
 
 
 def test_every_panel_and_alert_selector_returns_a_series_from_real_engines_router_and_gateway(
-    observed: str, stack: RealStack, real_env: RealEnv, prompts: Prompts
+    observed: str, stack: LocalStack, real_env: RealEnv, prompts: Prompts
 ) -> None:
     selectors = _every_selector()
     stale = [k for k in EXCEPTIONS if not any(s.startswith(k[0]) and k[1] in s for s in selectors)]

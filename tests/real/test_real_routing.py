@@ -10,14 +10,14 @@ from __future__ import annotations
 import httpx
 
 from conftest import THRESHOLD_TOKENS, Engines, Prompts, counters, delta
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import RealEngine, RealEnv
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import RealEngine, RealEnv
 
 SHORT_TOKENS = 300
 LONG_TOKENS = 1500
 
 
-def complete(stack: RealStack, env: RealEnv, prompt: str, max_tokens: int = 8) -> httpx.Response:
+def complete(stack: LocalStack, env: RealEnv, prompt: str, max_tokens: int = 8) -> httpx.Response:
     body = {"model": env.served_model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     r = httpx.post(stack.url("router") + "/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
@@ -25,7 +25,7 @@ def complete(stack: RealStack, env: RealEnv, prompt: str, max_tokens: int = 8) -
 
 
 def test_short_request_prefills_locally_and_its_kv_crosses_to_decode(
-    stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+    stack: LocalStack, engines: Engines, real_env: RealEnv, prompts: Prompts
 ) -> None:
     prompt = prompts.text(SHORT_TOKENS)
     before = counters(engines)
@@ -44,7 +44,7 @@ def test_short_request_prefills_locally_and_its_kv_crosses_to_decode(
 
 
 def test_long_request_prefills_remotely_through_the_gateway(
-    stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+    stack: LocalStack, engines: Engines, real_env: RealEnv, prompts: Prompts
 ) -> None:
     prompt = prompts.text(LONG_TOKENS)
     before = counters(engines)
@@ -68,7 +68,7 @@ def _single(engine: RealEngine, env: RealEnv, prompt: str, max_tokens: int) -> s
 
 
 def test_answers_through_pd_equal_a_single_instance_answer(
-    stack: RealStack, engines: Engines, real_env: RealEnv, prompts: Prompts
+    stack: LocalStack, engines: Engines, real_env: RealEnv, prompts: Prompts
 ) -> None:
     for tokens, route in ((SHORT_TOKENS, "local"), (LONG_TOKENS, "remote")):
         prompt = prompts.text(tokens)
@@ -77,7 +77,7 @@ def test_answers_through_pd_equal_a_single_instance_answer(
         assert r.json()["choices"][0]["text"] == _single(engines.pdd, real_env, prompt, 24)
 
 
-def test_gateway_requires_its_token(stack: RealStack, real_env: RealEnv) -> None:
+def test_gateway_requires_its_token(stack: LocalStack, real_env: RealEnv) -> None:
     body = {"model": real_env.served_model_name, "prompt": "hello", "max_tokens": 1}
     r = httpx.post(stack.url("gateway") + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 401

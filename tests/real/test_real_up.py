@@ -19,9 +19,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from prfaas_cli import real_up
 from prfaas_cli.main import build_parser
-from prfaas_cli.vllm_engines import EnginePool, Prompts
+from prfaas_local import real_up
+from prfaas_local.vllm_engines import EnginePool, Prompts
 
 pytestmark = pytest.mark.slow
 

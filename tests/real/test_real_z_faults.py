@@ -24,8 +24,8 @@ import pytest
 from aiohttp import web
 
 from conftest import Engines, Prompts
-from prfaas_cli.real_stack import RealStack
-from prfaas_cli.vllm_engines import EnginePool, RealEnv
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import EnginePool, RealEnv
 from prfaas_testbed.prom import wait_until
 
 LONG = 1500
@@ -62,7 +62,7 @@ def restore_prfaas(pool: EnginePool) -> None:
 
 
 def test_prfaas_engine_frozen_longer_than_the_leg_timeout(
-    stack: RealStack, engines: Engines, vllm_pool: EnginePool, real_env: RealEnv, prompts: Prompts
+    stack: LocalStack, engines: Engines, vllm_pool: EnginePool, real_env: RealEnv, prompts: Prompts
 ) -> None:
     router = stack.url("router")
     timeout_s = stack.configs["router"]["remotes"][0]["timeoutSeconds"]
@@ -147,9 +147,11 @@ class HoldingProxy:
 
 
 @pytest.fixture
-def held_router(stack: RealStack, engines: Engines) -> Iterator[tuple[str, HoldingProxy]]:
+def held_router(stack: LocalStack, engines: Engines) -> Iterator[tuple[str, HoldingProxy]]:
     with HoldingProxy(engines.pdd.url) as proxy:
-        config = stack.router_config(engines.pd_prefill, [engines.pdd], "gateway", 768, decode_urls={"pdd": proxy.url})
+        config = stack.make_router_config(
+            engines.pd_prefill, [engines.pdd], "gateway", 768, decode_urls={"pdd": proxy.url}
+        )
         stack.start_router("held", config)
         try:
             stack.wait_ready("held")
@@ -160,7 +162,7 @@ def held_router(stack: RealStack, engines: Engines) -> Iterator[tuple[str, Holdi
 
 def test_prfaas_engine_killed_between_the_legs_then_restarted(
     held_router: tuple[str, HoldingProxy],
-    stack: RealStack,
+    stack: LocalStack,
     vllm_pool: EnginePool,
     real_env: RealEnv,
     prompts: Prompts,
@@ -214,7 +216,7 @@ def restart_decode(pool: EnginePool) -> None:
 
 
 def test_decode_engine_killed_mid_stream(
-    stack: RealStack, engines: Engines, vllm_pool: EnginePool, real_env: RealEnv, prompts: Prompts
+    stack: LocalStack, engines: Engines, vllm_pool: EnginePool, real_env: RealEnv, prompts: Prompts
 ) -> None:
     router = stack.url("router")
     body = {

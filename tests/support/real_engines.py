@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from prfaas_cli.vllm_engines import REPO, RealEngine, RealEnginesUnavailable, RealEnv
+from prfaas_local.vllm_engines import REPO, RealEngine, RealEnginesUnavailable, RealEnv
 
 REQUIRE_REAL = os.environ.get("PRFAAS_REQUIRE_REAL") == "1"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from prfaas_cli.dashboard_png import DASHBOARD, exporter_of, series_of, without_exporter
+from prfaas_local.dashboard_png import DASHBOARD, exporter_of, series_of, without_exporter
 
 
 def test_operator_panels_are_left_out_and_the_rest_reflowed() -> None:

@@ -98,7 +98,7 @@ def _sglang(d: dict[str, Any]) -> None:
         (_other_geometry, "PDCluster", "spec.modelProfileRef.name", "KV geometry"),
         (_rdma_across, "PDCluster", "spec.kvTransport.protocol", "Ethernet"),
         (_side_channel_on_http, "PDCluster", "spec.kvTransport.sideChannelPort", "HTTP port"),
-        (_sglang, "PrefillCluster", "spec.kvTransport.connector", "SGLang"),
+        (_sglang, "PrefillCluster", "spec.kvTransport.connector", "NixlConnector"),
     ],
 )
 def test_bad_combinations_are_rejected_with_field_and_reason(

@@ -109,7 +109,6 @@ def test_the_output_is_engine_launch_of_the_specs() -> None:
             "kv_both",
         ),
         (lambda: _prefill(kvTransport={"kvRole": "kv_consumer"}), "spec.kvTransport.kvRole", "kv_producer"),
-        (lambda: _prefill(kvTransport={"connector": "SGLangNixl"}), "spec.kvTransport.connector", "SGLang"),
         (lambda: _prefill(kvTransport={"sideChannelPort": 8000}), "spec.kvTransport.sideChannelPort", "HTTP port"),
         (lambda: _prefill(engine={"extraArgs": ["--kv-transfer-config={}"]}), "spec.engine.extraArgs[0]", "rendered"),
         (lambda: _prefill(engine={"extraArgs": ["--block-size", "16"]}), "spec.engine.extraArgs[0]", "rendered"),

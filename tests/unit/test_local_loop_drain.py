@@ -9,11 +9,11 @@ from pathlib import Path
 
 import httpx
 
-from prfaas_cli.local_loop import LocalCluster, LocalLoop, write_router_config
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.policy.roles import RolePolicyParams
+from prfaas_local.local_loop import LocalCluster, LocalLoop, write_router_config
 
 
 def test_a_drain_timeout_with_requests_in_flight_aborts_the_flip(tmp_path: Path) -> None:

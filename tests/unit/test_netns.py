@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prfaas_cli.netns import (
+from prfaas_local.netns import (
     Counters,
     LinkShape,
     addresses_for,

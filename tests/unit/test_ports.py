@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_cli import ports
+from prfaas_local import ports
 
 
 def test_ports_come_from_below_the_ephemeral_range_and_never_twice() -> None:

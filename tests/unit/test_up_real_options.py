@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_cli import real_up
 from prfaas_cli.main import build_parser, main
+from prfaas_local import real_up
 
 
 @pytest.mark.parametrize(

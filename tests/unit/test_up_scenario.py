@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_cli.local_loop import MIN_MIX_REQUESTS, _buckets, mix_between
-from prfaas_cli.scenario import DEFAULT_SCENARIO, ScenarioError, generate_trace, load_scenario, resolve
 from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.capacity.workload import TruncatedLogNormal
 from prfaas_core.names import METRIC_ROUTER_UNCACHED_TOKENS, UNCACHED_TOKEN_BUCKETS
+from prfaas_local.local_loop import MIN_MIX_REQUESTS, _buckets, mix_between
+from prfaas_local.scenario import DEFAULT_SCENARIO, ScenarioError, generate_trace, load_scenario, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -57,10 +57,12 @@ class PortRange(ApiModel):
 
 
 class KvTransportSpec(ApiModel):
-    """How KV crosses from prefill to decode instances (vLLM/SGLang connector settings)."""
+    """How KV crosses from prefill to decode instances (the engines' KV connector settings)."""
 
-    connector: Literal["NixlConnector", "MooncakeConnector", "SGLangMooncake", "SGLangNixl"] = Field(
-        default="NixlConnector", description="KV connector the engines run."
+    connector: Literal["NixlConnector", "MooncakeConnector"] = Field(
+        default="NixlConnector",
+        description="KV connector the engines run: only connectors the launch code renders (vLLM's; "
+        "the SGLang values went until an SGLang engine kind is rendered, docs/upgrade.md).",
     )
     protocol: Literal["tcp", "rdma"] = Field(default="tcp", description="Transport protocol; tcp across datacenters.")
     parallel_connections: int = Field(

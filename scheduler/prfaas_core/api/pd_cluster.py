@@ -12,7 +12,16 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..names import GROUP_VERSION, KIND_PD_CLUSTER, NO_THRESHOLD_TOKENS
+from ..names import (
+    GROUP_VERSION,
+    KIND_PD_CLUSTER,
+    NO_THRESHOLD_TOKENS,
+    VLLM_GENERATION_TOKENS,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_PROMPT_TOKENS,
+    VLLM_REQUESTS_RUNNING,
+    VLLM_REQUESTS_WAITING,
+)
 from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
 from .common import (
     DecisionRecord,
@@ -130,31 +139,31 @@ class PrometheusQueries(ApiModel):
     Defaults use vLLM's metric names with the labels our ServiceMonitor adds."""
 
     queue_depth: str = Field(
-        default=f"sum(vllm:num_requests_waiting{{{_SELECTOR}}})",
+        default=f"sum({VLLM_REQUESTS_WAITING}{{{_SELECTOR}}})",
         min_length=1,
         max_length=4096,
         description="Requests waiting, per role.",
     )
     running: str = Field(
-        default=f"sum(vllm:num_requests_running{{{_SELECTOR}}})",
+        default=f"sum({VLLM_REQUESTS_RUNNING}{{{_SELECTOR}}})",
         min_length=1,
         max_length=4096,
         description="Requests running, per role.",
     )
     kv_cache_usage: str = Field(
-        default=f"avg(vllm:kv_cache_usage_perc{{{_SELECTOR}}})",
+        default=f"avg({VLLM_KV_CACHE_USAGE}{{{_SELECTOR}}})",
         min_length=1,
         max_length=4096,
         description="KV cache usage (0-1), per role.",
     )
     prompt_tokens_rate: str = Field(
-        default=f"sum(rate(vllm:prompt_tokens_total{{{_SELECTOR}}}[$window]))",
+        default=f"sum(rate({VLLM_PROMPT_TOKENS}{{{_SELECTOR}}}[$window]))",
         min_length=1,
         max_length=4096,
         description="Prompt tokens processed per second, per role.",
     )
     generation_tokens_rate: str = Field(
-        default=f"sum(rate(vllm:generation_tokens_total{{{_SELECTOR}}}[$window]))",
+        default=f"sum(rate({VLLM_GENERATION_TOKENS}{{{_SELECTOR}}}[$window]))",
         min_length=1,
         max_length=4096,
         description="Output tokens generated per second, per role.",

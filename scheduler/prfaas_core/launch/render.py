@@ -20,7 +20,7 @@ from typing import Any
 from ..api.model_profile import ModelProfile
 from ..api.pd_cluster import PDCluster
 from ..api.prefill_cluster import PrefillCluster
-from .engines import CONNECTORS, DEFAULT_KV_ROLE, EngineLaunch, EngineRole, EngineSpec, KvRole, engine_launch
+from .engines import DEFAULT_KV_ROLE, EngineLaunch, EngineRole, EngineSpec, KvRole, engine_launch
 
 Cluster = PrefillCluster | PDCluster
 
@@ -96,11 +96,6 @@ def engine_specs(cluster: Cluster, profile: ModelProfile | None) -> dict[EngineR
     spec = cluster.spec
     transport = spec.kv_transport
     engine = spec.engine
-    if transport.connector not in CONNECTORS:
-        raise RenderError(
-            "spec.kvTransport.connector",
-            f"{transport.connector} is an SGLang connector; engines rendered here are vLLM ({' or '.join(CONNECTORS)})",
-        )
     served = _served_name(profile)
     for i, arg in enumerate(engine.extra_args):
         flag = arg.split("=", 1)[0]

@@ -89,6 +89,3 @@ def check_request(body: dict[str, Any], chat: bool) -> None:
             raise ValueError("'stream_options' must be an object")
         if not body.get("stream"):
             raise ValueError("'stream_options' may be set only when 'stream' is true")
-    kv = body.get("kv_transfer_params")
-    if kv is not None and not isinstance(kv, dict):
-        raise ValueError("'kv_transfer_params' must be an object")

@@ -2,7 +2,7 @@
 operator's ``EngineConfig`` condition uses :func:`cluster_engine_issues`). Pure.
 
 Errors (the engines would fail or silently recompute): a cluster that cannot render (kv_role against the
-role-assignment mode, an SGLang connector, a side-channel port on the HTTP port); the two ends of an InterDCLink
+role-assignment mode, a side-channel port on the HTTP port); the two ends of an InterDCLink
 with different connectors, a non-TCP transport across the (Ethernet) link, or different models (served name or
 KV geometry). Warnings: a hybrid (linear-attention) model with a connector whose hybrid-KV support in the pinned
 vLLM is limited, and block sizes that differ across a link.

@@ -8,7 +8,9 @@ from typing import Any
 
 import yaml
 
-from prfaas_core.schema.validation import Document
+from prfaas_core.api import ModelProfile, PDCluster, PrefillCluster
+from prfaas_core.launch.render import Cluster
+from prfaas_core.schema.validation import Document, validate_documents
 
 
 class InputError(Exception):
@@ -55,3 +57,18 @@ def load_documents(paths: Sequence[str]) -> list[Document]:
             raise InputError(f"{path}{where}: invalid YAML: {problem}") from exc
         docs += [Document(str(path), i, body) for i, body in enumerate(bodies) if body is not None]
     return docs
+
+
+def load_clusters(files: Sequence[str], namespace: str = "default") -> tuple[list[Cluster], dict[str, ModelProfile]]:
+    """The PrefillClusters and PDClusters in ``files`` and the ModelProfiles by name (validated first)."""
+    docs = load_documents(files)
+    checked = validate_documents(docs, default_namespace=namespace)
+    bad = [f"{c.document.label}: {issue}" for c in checked for issue in c.issues]
+    if bad:
+        raise InputError("invalid manifests (see `prfaas validate`):\n  " + "\n  ".join(bad))
+    models = [c.model for c in checked if c.model is not None]
+    profiles = {m.metadata.name: m for m in models if isinstance(m, ModelProfile)}
+    clusters: list[Cluster] = [m for m in models if isinstance(m, PrefillCluster | PDCluster)]
+    if not clusters:
+        raise InputError("no PrefillCluster or PDCluster in the given files")
+    return clusters, profiles

@@ -4,12 +4,13 @@
 Region A: one PrFaaS prefill engine behind the gateway. Region B: ``--pd`` PD engines (``pd-both``: kv_both, so
 either role label works without a restart) behind the router; the first is labelled prefill, the others decode.
 With ``--netns`` each region runs in a network namespace of its own and the KV crosses a veth shaped by the
-kernel's ``tbf`` (:mod:`prfaas_cli.netns`); the summary then holds the veth's byte counter against the router's
+kernel's ``tbf`` (:mod:`prfaas_local.netns`); the summary then holds the veth's byte counter against the router's
 link accounting.
 
 Real vLLM has no admin role or drain API: a flip is a relabel the router honours (its RouterConfig file's
 ``endpoints[].role``) after a drain — the router stops sending the instance new work (``draining``) and the
-loop waits until vLLM's own gauges (``vllm:num_requests_running`` + ``waiting``) show nothing in flight.
+loop waits until vLLM's own gauges (requests running + waiting, :data:`prfaas_core.launch.vllm.METRICS`) show
+nothing in flight.
 
 Traffic: Poisson arrivals of fresh prompts (the tiny model's tokens, log-normal lengths on [128, 1900], under its
 2,048-token context), replayed in real time; the loop's planner inputs carry the same length distribution.
@@ -44,8 +45,8 @@ from prfaas_router.prom_text import sample_sum
 from .load import Result, replay, summarize
 from .local_loop import LocalCluster, LocalLoop, decision_json
 from .netns import LinkShape, NetnsPair, Side
-from .real_stack import LINK, RealStack
-from .stack import exit_on_sigterm
+from .procs import exit_on_sigterm
+from .stack import LINK, LocalStack
 from .up_serve import print_endpoints
 from .vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
 
@@ -105,7 +106,7 @@ class RealUp:
     netns: LinkShape | None = None
     pool: EnginePool | None = None
     """The harness pool to start engines through (the real-engine tier passes its own); None: a new one."""
-    stack: RealStack = field(init=False)
+    stack: LocalStack = field(init=False)
     pair: NetnsPair | None = None
     prfaas: RealEngine | None = None
     pd: list[RealEngine] = field(default_factory=list)
@@ -113,7 +114,7 @@ class RealUp:
     def __post_init__(self) -> None:
         self.own_pool = self.pool is None
         self.engines = self.pool if self.pool is not None else EnginePool(self.env, self.work / "logs")
-        self.stack = RealStack(self.work, self.env)
+        self.stack = LocalStack.over_vllm(self.work, self.env)
 
     def _host(self, side: Side) -> str:
         return self.pair.addr(side) if self.pair else "127.0.0.1"
@@ -147,10 +148,14 @@ class RealUp:
         prefix_a = pair.exec_prefix("a") if pair else []
         prefix_b = pair.exec_prefix("b") if pair else []
         st.start_router(
-            "gateway", st.gateway_config(self.prfaas), prefix_a, self._host("a"), self._access("a", self._host("a"))
+            "gateway",
+            st.make_gateway_config(self.prfaas),
+            prefix_a,
+            self._host("a"),
+            self._access("a", self._host("a")),
         )
         st.wait_ready("gateway")
-        config = st.router_config(self.pd[:1], self.pd[1:], "gateway", threshold_tokens)
+        config = st.make_router_config(self.pd[:1], self.pd[1:], "gateway", threshold_tokens)
         for endpoint in config["endpoints"]:  # decode instances prefill in place when no prefill one can
             endpoint["role"] = "both" if endpoint["role"] == "decode" else endpoint["role"]
         if self.netns is not None:
@@ -308,25 +313,6 @@ OUTPUT_TOKENS = 128
 """Output tokens per request unless ``--output-tokens`` says otherwise (the scenario's default is emulated-only)."""
 
 
-def register_options(p: argparse.ArgumentParser) -> None:
-    """``prfaas up``'s options for real engines."""
-    p.add_argument(
-        "--engines",
-        choices=("emulated", "vllm"),
-        default="emulated",
-        help="emulated engines (default) or real CPU vLLM engines with the tiny model (1 PrFaaS + 2 PD)",
-    )
-    p.add_argument(
-        "--netns", action="store_true", help="with --engines vllm: the two regions in network namespaces (root)"
-    )
-    p.add_argument("--netns-mbit", type=float, default=40.0, help="the veth's tbf rate in Mbit/s (default 40)")
-    p.add_argument(
-        "--pin-prefill",
-        type=int,
-        help="with --engines vllm: pin the PD prefill count (the loop drains and flips toward it)",
-    )
-
-
 def planned(args: argparse.Namespace, n_pd: int, duration: float) -> tuple[int, list[TraceRecord], PlanInputs]:
     """The planner's ``t`` over the real stack's lengths, the trace to replay and the loop's inputs (no engine
     needed)."""
@@ -342,6 +328,8 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
     n_prfaas = args.prfaas if args.prfaas is not None else 1
     n_pd = args.pd if args.pd is not None else 2
     duration = args.duration if args.duration is not None else 60.0
+    if args.load is None:
+        args.load = 0.5
     if n_prfaas != 1 or n_pd < 1 or duration <= 0 or args.load <= 0:
         print("error: --engines vllm runs --prfaas 1 and --pd >= 1 (positive --duration, --load)", file=sys.stderr)
         return 2

@@ -22,24 +22,27 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import httpx
 
 from prfaas_core import names
 from prfaas_core.api import PDCluster
 from prfaas_core.launch.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
+from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.launch.render import engine_specs, runs_engines_here
-from prfaas_router.legs import PREFILL_KV_PARAMS
 from prfaas_router.prom_text import sample_sum
 from prfaas_router.tokenizer import load_model_tokenizer
 
-from .engines_cmd import load_clusters
+from .manifests import load_clusters
 from .ports import free_port
+from .procs import spawn_process, stop_processes
+from .stack_configs import BLOCK_SIZE
+
+VLLM = engine_kind("vllm")
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "scripts" / "real-engines.sh"
-BLOCK_SIZE = 128
 """KV block size of CPU vLLM (the router's prefixBlockTokens on this tier)."""
 MAX_MODEL_LEN = 2048
 NIXL_PROGRESS_DELAY_US = "10000"
@@ -238,7 +241,7 @@ class EnginePool:
     ) -> RealEngine:
         """Start ``spec``'s engine (no wait; see :meth:`wait_ready`), inside network namespace ``netns`` if
         given: field references resolve to ``host`` (the namespace's address) and the harness reaches it through
-        ``access`` (a forwarder's URL, :meth:`prfaas_cli.netns.NetnsPair.expose`)."""
+        ``access`` (a forwarder's URL, :meth:`prfaas_local.netns.NetnsPair.expose`)."""
         if name in self.engines and self.engines[name].alive():
             raise ValueError(f"engine {name} is already running")
         launch = engine_launch(spec)
@@ -320,13 +323,12 @@ class EnginePool:
 
     def _exchange(self, prefill: RealEngine, decode: RealEngine, timeout_s: float) -> None:
         body = {"model": self.env.served_model_name, "prompt": "warm up " * 40, "max_tokens": 1}
-        leg = {**body, "kv_transfer_params": dict(PREFILL_KV_PARAMS), "stream": False}
-        r = httpx.post(f"{prefill.reach_url}/v1/completions", json=leg, timeout=timeout_s)
+        r = httpx.post(f"{prefill.reach_url}/v1/completions", json=VLLM.prefill_body(body), timeout=timeout_s)
         r.raise_for_status()
-        handle = r.json()["kv_transfer_params"]
-        r = httpx.post(
-            f"{decode.reach_url}/v1/completions", json={**body, "kv_transfer_params": handle}, timeout=timeout_s
-        )
+        handle = VLLM.kv_handle(r.json())
+        if handle is None:
+            raise RuntimeError(f"{prefill.name} answered a prefill leg with no KV handle")
+        r = httpx.post(f"{decode.reach_url}/v1/completions", json=VLLM.decode_body(body, handle), timeout=timeout_s)
         r.raise_for_status()
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
@@ -356,3 +358,29 @@ class EnginePool:
     def close(self) -> None:
         for name in list(self.engines):
             self.stop(name)
+
+
+def start_vllm_router(prefill: str, decode: str, log: Path, timeout_s: float = 60.0) -> tuple[str, Any]:
+    """vllm-router 0.1.17 in PD mode (NIXL) in front of one prefill and one decode engine, the peer we compare
+    with; returns its base URL and process once /health answers."""
+    port = free_port()
+    argv = [
+        str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation", "--prefill", prefill,
+        "--decode", decode, "--kv-connector", "nixl", "--host", "127.0.0.1", "--port", str(port),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
+    ]  # fmt: skip
+    proc = spawn_process(argv, log, env={"NO_PROXY": "*"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm-router exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return url, proc
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            stop_processes([proc])
+            raise RuntimeError(f"vllm-router did not start in {timeout_s} s")
+        time.sleep(0.2)

@@ -18,7 +18,8 @@ import httpx
 import yaml
 
 from .ports import free_port
-from .stack import LocalStack, spawn_process, stop_processes
+from .procs import spawn_process, stop_processes
+from .stack import LocalStack
 
 RULES = Path(__file__).resolve().parents[2] / "alerts" / "prfaas-rules.yaml"
 """The project's rules, where this is a source checkout (an installed wheel has none: no rules then)."""
