@@ -226,6 +226,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     "operator_api_calls": line.get("api_calls"),
                     "status_writes": line.get("status_writes"),
                     "status_writes_per_object": round((line.get("status_writes") or 0) / (3 * n), 4),
+                    "status_moved": line.get("status_moved"),
                     "emulator_requests": sum(requests.values()),
                     "emulator_requests_by_verb": dict(sorted(requests.items(), key=lambda kv: -kv[1])),
                     "operator_cpu_s": round(now["cpu_s"] - prev["cpu_s"], 2),
@@ -242,7 +243,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     f"calls ({cycle['status_writes']} status writes, {cycle['status_writes_per_object']} per object), "
                     f"operator CPU {cycle['operator_cpu_s']} s, "
                     f"harness CPU {cycle['harness_cpu_s']} s, RSS {cycle['rss_mib']} MiB "
-                    f"(peak {cycle['peak_rss_mib']} MiB)",
+                    f"(peak {cycle['peak_rss_mib']} MiB); writes moved by {cycle['status_moved']}",
                     flush=True,
                 )
                 break

@@ -6,7 +6,7 @@ a watch event are reconciled at the next tick (their spec-level status at once; 
 Only the Lease holder runs it. Time is read once per tick and passed down. Objects of a kind that are due
 soon join a run of that kind (see ``tick``), so that objects that arrived at different times fall into step
 and a cycle stays one collection. One ``cycle`` log line per cycle says what it covered and cost (objects,
-Prometheus queries, API calls, status writes, seconds per phase).
+Prometheus queries, API calls, status writes and the fields that moved them, seconds per phase).
 
 Profiling: with ``PRFAAS_OPERATOR_PROFILE=FILE`` set, the event loop's thread runs under cProfile from the
 first tick on and the cumulative stats are written to FILE after every cycle (``python -m pstats FILE``);
@@ -131,7 +131,7 @@ class Cycle:
         """One tick: what is due, one collection for it, the reconciles (each kind reads only what the others
         published, so their order matters for nothing but freshness), one ``cycle`` log line."""
         started = time.perf_counter()
-        calls, writes = self.api.calls, self.writer.writes
+        calls, writes, reasons = self.api.calls, self.writer.writes, self.writer.reasons.copy()
         phases: dict[str, float] = {}
         dirty, self.dirty = self.dirty, set()
         await self._each(
@@ -146,7 +146,8 @@ class Cycle:
             phases["collect_s"] = time.perf_counter() - t0
         await self._reconcile(now_s, due, dirty, snap, phases)
         if snap is not None:
-            self._report(due, snap, started, self.api.calls - calls, self.writer.writes - writes, phases)
+            moved = dict((self.writer.reasons - reasons).most_common(8))
+            self._report(due, snap, started, self.api.calls - calls, self.writer.writes - writes, moved, phases)
         return snap
 
     def _due(self, now_s: float) -> Due:
@@ -214,7 +215,14 @@ class Cycle:
         phases["links_s"] = time.perf_counter() - t0
 
     def _report(
-        self, due: Due, snap: Snapshot, started: float, api_calls: int, writes: int, phases: dict[str, float]
+        self,
+        due: Due,
+        snap: Snapshot,
+        started: float,
+        api_calls: int,
+        writes: int,
+        moved: dict[str, int],
+        phases: dict[str, float],
     ) -> None:
         """One line per cycle (not per object): what it covered and what it cost."""
         self.cycles += 1
@@ -228,6 +236,7 @@ class Cycle:
             queries=snap.queries,
             api_calls=api_calls,
             status_writes=writes,
+            status_moved=moved,
             seconds=round(time.perf_counter() - started, 3),
             **{k: round(v, 3) for k, v in phases.items()},
         )

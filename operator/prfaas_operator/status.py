@@ -212,14 +212,24 @@ def _field_changed(path: str, old: Any, new: Any, rule: QuietRule, heartbeat_s: 
     return bool(old != new)
 
 
+def changed_fields(
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any],
+    rule: QuietRule | None = None,
+    heartbeat_s: float = STATUS_HEARTBEAT_S,
+) -> list[str]:
+    """The keys of ``new`` whose change is worth a write (only the keys in ``new`` are compared; ``rule`` says
+    which fields alone are not worth one)."""
+    old = old or {}
+    rule = rule or QuietRule()
+    return [k for k, v in new.items() if _field_changed(k, old.get(k), v, rule, heartbeat_s)]
+
+
 def status_changed(
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any],
     rule: QuietRule | None = None,
     heartbeat_s: float = STATUS_HEARTBEAT_S,
 ) -> bool:
-    """Whether patching ``new`` would change anything worth a write (only the keys in ``new`` are compared;
-    ``rule`` says which fields alone are not worth one)."""
-    old = old or {}
-    rule = rule or QuietRule()
-    return any(_field_changed(k, old.get(k), v, rule, heartbeat_s) for k, v in new.items())
+    """Whether patching ``new`` would change anything worth a write."""
+    return bool(changed_fields(old, new, rule, heartbeat_s))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from prfaas_core.api import ApiModel, Condition
@@ -9,7 +10,7 @@ from prfaas_core.names import GROUP_VERSION
 
 from .kube import ApiError, KubeApi, api_path
 from .registry import PLURALS, Entry, World
-from .status import QUIET_RULES, STATUS_HEARTBEAT_S, set_condition, status_changed, status_patch
+from .status import QUIET_RULES, STATUS_HEARTBEAT_S, changed_fields, set_condition, status_patch
 
 
 class StatusWriter:
@@ -22,12 +23,15 @@ class StatusWriter:
         self.world = world
         self.heartbeat_s = heartbeat_s
         self.writes = 0
+        self.reasons: Counter[str] = Counter()
+        """Writes by what moved (``Kind.field``, each changed field of each write): where a busy status comes from."""
 
     async def write(self, entry: Entry, typed: ApiModel) -> bool:
         """Patch the fields set on ``typed`` (the kind's status model; they replace the old ones); False when
         nothing changed or the object is gone."""
         status = status_patch(typed)
-        if not status_changed(entry.status, status, QUIET_RULES.get(entry.kind), self.heartbeat_s):
+        moved = changed_fields(entry.status, status, QUIET_RULES.get(entry.kind), self.heartbeat_s)
+        if not moved:
             return False
         path = api_path(GROUP_VERSION, PLURALS[entry.kind], entry.namespace, entry.name, "status")
         try:
@@ -37,6 +41,7 @@ class StatusWriter:
                 return False
             raise
         self.writes += 1
+        self.reasons.update(f"{entry.kind}.{field}" for field in moved)
         merged = {**entry.status, **{k: v for k, v in status.items()}}
         entry.body = {**entry.body, "status": {k: v for k, v in merged.items() if v is not None}}
         self.world.update_status(entry.kind, entry.key, status)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from prfaas_core.names import KIND_INTER_DC_LINK, KIND_MODEL_PROFILE, KIND_PD_CLUSTER, KIND_PREFILL_CLUSTER
-from prfaas_operator.status import QUIET_RULES, iso, status_changed
+from prfaas_operator.status import QUIET_RULES, changed_fields, iso, status_changed
 
 T0 = 1_800_000_000.0
 LINK = {
@@ -62,3 +62,11 @@ def test_heartbeat_is_a_parameter() -> None:
     new = {**LINK, "lastMeasuredTime": iso(T0 + 5)}
     assert not status_changed(LINK, new, QUIET_RULES[KIND_INTER_DC_LINK], heartbeat_s=300)
     assert status_changed(LINK, new, QUIET_RULES[KIND_INTER_DC_LINK], heartbeat_s=5)
+
+
+def test_changed_fields_names_what_moved() -> None:
+    """The writer counts its writes by these (the operator's ``cycle`` line, ``status_moved``)."""
+    rule = QUIET_RULES[KIND_INTER_DC_LINK]
+    new = {**LINK, "state": "Scarce", "utilization": 0.5, "lastMeasuredTime": iso(T0 + 30)}
+    assert changed_fields(LINK, new, rule, heartbeat_s=300) == ["utilization", "state"]
+    assert changed_fields(LINK, LINK, rule, heartbeat_s=300) == []
