@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from prfaas_cli.load import Result
 from prfaas_core import names
 from prfaas_core.api import RouterConfig, SloSpec
 from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.sim.arrivals import SimRequest
 from prfaas_core.sim.results import RunResult
+from prfaas_local.load import Result
 from prfaas_router.metrics import RouterMetrics, judge_ttft
 from prfaas_router.prom_text import sample_sum
 
