@@ -15,7 +15,7 @@ FAILURE_KINDS: tuple[tuple[str, str], ...] = (
     ("answered 5", "remote-5xx"),
     ("answered 4", "remote-4xx"),
     ("Connect", "connect"),
-    ("kv_transfer_params", "no-kv-handle"),
+    ("KV handle", "no-kv-handle"),
 )
 FALLBACK_REASONS: tuple[str, ...] = (*(kind for _, kind in FAILURE_KINDS), "other", "decode-kv-pull")
 """Every ``reason`` of the fallbacks counter (the router exports each at 0 from its start, so a dashboard shows 0,

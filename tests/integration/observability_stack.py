@@ -23,7 +23,7 @@ import httpx
 import yaml
 from testbed_support import GATEWAY_AUTH, Processes, Stack, http, prompt, start_stack
 
-from prfaas_cli import dashboard_png
+from prfaas_local import dashboard_png
 from prfaas_testbed.operator_harness import Harness, OperatorProcess
 from prfaas_testbed.prom import free_port, wait_until
 

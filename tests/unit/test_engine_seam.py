@@ -26,6 +26,7 @@ ALLOWED = (
 EXCEPTIONS = {
     "scheduler/prfaas_core/names.py": "the one list of metric names (vLLM's too; launch/vllm.py's METRICS reads them)",
     "scripts/build_dashboard.py": "PromQL of the dashboard: it names vLLM's series (checked against names.py)",
+    "scripts/build_alerts.py": "PromQL of the alert rules: it names vLLM's series (checked on real engines)",
     "benchmarks/router_overhead.py": "a stand-in engine speaking vLLM's protocol, like the emulator",
     "benchmarks/parity.py": "the real-vs-emulator parity benchmark describes the series it compares",
 }

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from prfaas_cli import plots, up_view
 from prfaas_cli.main import main
 from prfaas_core.api import SloSpec
+from prfaas_local import plots, up_view
 
 
 def hide(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
