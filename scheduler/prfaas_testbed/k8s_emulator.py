@@ -335,7 +335,9 @@ class EmulatorThread:
     def stop(self) -> None:
         if self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        # the server's shutdown closes every open watch stream: on a loaded machine that takes more than a few
+        # seconds, and a loop left unclosed leaks its self-pipe (a ResourceWarning in whichever test runs next)
+        self._thread.join(60)
         if not self._thread.is_alive():
             self.loop.close()
 
