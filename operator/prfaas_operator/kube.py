@@ -39,17 +39,8 @@ class ApiError(Exception):
 
 
 @dataclass(frozen=True)
-class KubeCredentials:
-    """How to reach and authenticate to one API server."""
-
-    server: str
-    token: str | None = None
-    token_file: str | None = None
-    ca_path: str | None = None
-    insecure: bool = False
-    cert_path: str | None = None
-    key_path: str | None = None
-    default_namespace: str | None = None
+class KubeCredentials(kubeconfig_loader.Loaded):
+    """How to reach and authenticate to one API server (the fields :func:`~.kubeconfig.load` finds)."""
 
     def bearer(self) -> str | None:
         if self.token_file:  # projected service-account tokens rotate: read them fresh
