@@ -164,12 +164,12 @@ class OperatorProcess:
 
 
 class Harness:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, scrape_s: float = 1.0) -> None:
         self.tmp = tmp
         self.emu = EmulatorThread().start()
         self.kubeconfig = self.emu.write_kubeconfig(tmp / "kubeconfig")
         self.http = httpx.Client(base_url=self.emu.url, timeout=10)
-        self.prom = PrometheusStack(self.emu.url).start()
+        self.prom = PrometheusStack(self.emu.url, scrape_s).start()
         self.gateway = Gateway()
         self.operators: list[OperatorProcess] = []
 

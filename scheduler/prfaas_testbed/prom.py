@@ -107,9 +107,11 @@ class EngineExporter(Collector):
 
 
 class PrometheusStack:
-    """The exporter (in this process) and Prometheus (a child process) scraping it every second."""
+    """The exporter (in this process) and Prometheus (a child process) scraping it every ``scrape_s`` seconds
+    (1 s for tests; the scale benchmark scrapes less often at thousands of pods, as a real Prometheus does)."""
 
-    def __init__(self, k8s_url: str) -> None:
+    def __init__(self, k8s_url: str, scrape_s: float = 1.0) -> None:
+        self.scrape_s = scrape_s
         self.exporter = EngineExporter(k8s_url)
         self.registry = CollectorRegistry()
         self.registry.register(self.exporter)
@@ -150,7 +152,7 @@ class PrometheusStack:
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         exporter_port = self._server.server_port
         (self.dir / "prometheus.yml").write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"global: {{scrape_interval: {self.scrape_s:g}s, evaluation_interval: {self.scrape_s:g}s}}\n"
             "scrape_configs:\n- job_name: engines\n  honor_labels: true\n"
             f"  static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
         )
@@ -166,7 +168,7 @@ class PrometheusStack:
                 f"--config.file={self.dir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.dir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
-                "--query.lookback-delta=5s",
+                f"--query.lookback-delta={max(5.0, 3 * self.scrape_s):g}s",
                 "--log.level=warn",
             ],
             stdout=subprocess.DEVNULL,
