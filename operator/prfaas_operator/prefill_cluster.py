@@ -12,6 +12,7 @@ gateway turns the object ``Ready=False`` and ``Degraded``; PD clusters then plan
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
 from typing import Any
@@ -39,15 +40,33 @@ class GatewayError(Exception):
     pass
 
 
-async def _secret_value(api: KubeApi, namespace: str, name: str, key: str) -> str:
-    secret = await api.get(api_path("v1", "secrets", namespace, name))
-    if secret is None:
-        raise GatewayError(f"Secret {name!r} not found")
-    if key in (secret.get("data") or {}):
-        return base64.b64decode(secret["data"][key]).decode()
-    if key in (secret.get("stringData") or {}):
-        return str(secret["stringData"][key])
-    raise GatewayError(f"Secret {name!r} has no key {key!r}")
+class Secrets:
+    """Secret values for the gateway reads, each Secret read at most once per tick (``now_s``, read once per
+    tick and passed down): a fleet's Remote PrefillClusters share a token and a CA Secret or a few, and one GET
+    per PrefillCluster per Secret per cycle was most of the operator's API calls at a thousand of them. A
+    rotated Secret is seen at the next tick. Concurrent readers of one Secret in a tick share one request."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+        self._tick: float | None = None
+        self._reads: dict[tuple[str, str], asyncio.Task[JsonDict | None]] = {}
+
+    async def value(self, namespace: str, name: str, key: str, now_s: float) -> str:
+        if now_s != self._tick:
+            self._tick, self._reads = now_s, {}
+        read = self._reads.get((namespace, name))
+        if read is None:
+            read = self._reads[(namespace, name)] = asyncio.ensure_future(
+                self.api.get(api_path("v1", "secrets", namespace, name))
+            )
+        secret = await asyncio.shield(read)  # one reader cancelled does not cancel the others' read
+        if secret is None:
+            raise GatewayError(f"Secret {name!r} not found")
+        if key in (secret.get("data") or {}):
+            return base64.b64decode(secret["data"][key]).decode()
+        if key in (secret.get("stringData") or {}):
+            return str(secret["stringData"][key])
+        raise GatewayError(f"Secret {name!r} has no key {key!r}")
 
 
 class GatewayClients:
@@ -74,17 +93,19 @@ class GatewayClients:
             await client.aclose()
 
 
-async def fetch_gateway_status(api: KubeApi, pfc: PrefillCluster, clients: GatewayClients) -> GatewayStatus:
+async def fetch_gateway_status(
+    secrets: Secrets, pfc: PrefillCluster, clients: GatewayClients, now_s: float
+) -> GatewayStatus:
     ep = pfc.spec.endpoint
     assert ep is not None  # the spec's CEL rule for Remote
     namespace = pfc.metadata.namespace or "default"
     headers = {"Accept": "application/json"}
     ca_pem: str | None = None
     if ep.token_secret_ref is not None:
-        token = await _secret_value(api, namespace, ep.token_secret_ref.name, ep.token_secret_ref.key)
+        token = await secrets.value(namespace, ep.token_secret_ref.name, ep.token_secret_ref.key, now_s)
         headers["Authorization"] = f"Bearer {token.strip()}"
     if ep.tls_secret_ref is not None:
-        ca_pem = await _secret_value(api, namespace, ep.tls_secret_ref.name, "ca.crt")
+        ca_pem = await secrets.value(namespace, ep.tls_secret_ref.name, "ca.crt", now_s)
     url = ep.url.rstrip("/") + ep.status_path
     try:
         resp = await clients.get(ca_pem).get(url, headers=headers)
@@ -125,6 +146,7 @@ class PrefillClusterReconciler:
         self.publisher = publisher or RouterConfigPublisher(api)
         self.next_due: dict[tuple[str | None, str], float] = {}
         self.gateways = GatewayClients()
+        self.secrets = Secrets(api)
         self._remote_seen: set[tuple[str | None, str]] = set()
         """Remote PrefillClusters whose (possible) Managed-mode gateway ConfigMap was removed since start."""
 
@@ -170,7 +192,7 @@ class PrefillClusterReconciler:
         status: dict[str, Any] = {"observed_generation": gen}
         if pfc.spec.mode == "Remote":
             try:
-                gw = await fetch_gateway_status(self.api, pfc, self.gateways)
+                gw = await fetch_gateway_status(self.secrets, pfc, self.gateways, now_s)
             except (GatewayError, ApiError) as exc:
                 message = str(exc)
                 conds = set_condition(conds, "Ready", False, "GatewayUnreachable", message, now_s, gen)

@@ -46,13 +46,14 @@ class Gateway:
     def __init__(self) -> None:
         self.hits = 0
         self.auth: list[str] = []
+        self.token = GATEWAY_TOKEN  # the bearer token it accepts (a test rotates it)
         gw = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 gw.hits += 1
                 gw.auth.append(self.headers.get("Authorization", ""))
-                if self.headers.get("Authorization") != f"Bearer {GATEWAY_TOKEN}":
+                if self.headers.get("Authorization") != f"Bearer {gw.token}":
                     self.send_response(401)
                     self.end_headers()
                     return

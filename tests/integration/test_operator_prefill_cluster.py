@@ -5,6 +5,7 @@ PrefillCluster owns nothing and carries no finalizer."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -143,6 +144,28 @@ def test_remote_prefill_cluster_owns_nothing_and_has_no_finalizer(h: Harness) ->
     assert "no pods labelled prfaas.io/prefill-cluster=local-prefill" in cond["message"]
     cm = wait_until(lambda: h.get("ConfigMap", ns, gateway_configmap_name("local-prefill")), 20, "its gateway config")
     assert json.loads(cm["data"][CONFIG_KEY])["endpoints"] == []  # published all the same: pods may come later
+    op.stop()
+
+
+def test_a_rotated_gateway_token_secret_is_read_again(h: Harness) -> None:
+    """The operator reads each Secret once per tick, not once per start: a rotated token reaches the gateway."""
+    ns = h.namespace()
+    op = h.start_operator(ns)
+    h.setup(ns, except_kinds=("PDCluster",))
+    remote = next(d for d in h.manifests(ns) if d["kind"] == "PrefillCluster")
+    name = remote["metadata"]["name"]
+    secret = remote["spec"]["endpoint"]["tokenSecretRef"]
+    wait_until(lambda: h.condition(ns, "Ready", name, "PrefillCluster").get("status") == "True", 30, "remote synced")
+    h.gateway.token = "rotated-token"  # the gateway rotates first: the old token is refused
+    cond = wait_until(
+        lambda: (c := h.condition(ns, "Ready", name, "PrefillCluster")).get("reason") == "GatewayUnreachable" and c,
+        30,
+        "the old token refused",
+    )
+    assert "HTTP 401" in cond["message"]
+    h.patch("Secret", ns, secret["name"], {"data": {secret["key"]: base64.b64encode(b"rotated-token").decode()}})
+    wait_until(lambda: h.condition(ns, "Ready", name, "PrefillCluster").get("status") == "True", 30, "synced again")
+    assert h.gateway.auth[-1] == "Bearer rotated-token"
     op.stop()
 
 
