@@ -33,7 +33,7 @@ def fail(exc: Exception) -> int:
 def add_output_arg(p: argparse.ArgumentParser, human: str | None = "table", extra: tuple[str, ...] = ()) -> None:
     """``--output/-o``: ``human`` (the default, when the command has a human form), json, yaml, then ``extra``."""
     choices = (*((human,) if human else ()), *STRUCTURED, *extra)
-    p.add_argument("--output", "-o", choices=choices, default=choices[0], help="output format (default %(default)s)")
+    p.add_argument("--output", "-o", choices=choices, default=choices[0], help="output format: " + ", ".join(choices))
 
 
 def emit(data: Any, fmt: str, stream: TextIO | None = None) -> None:
