@@ -56,6 +56,12 @@ class OperatorConfig(BaseModel):
         description="A status written only to say 'still fresh' (lastMeasuredTime, lastSyncTime, a repeated "
         "Hold's time) is rewritten alone at most this often; any other change writes it at once.",
     )
+    liveness_stall_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="/healthz fails when the reconcile loop has made no progress (gone round, or finished an "
+        "object's reconcile) for this long.",
+    )
     api_retries: int = Field(default=5, ge=0, description="Retries of a Kubernetes API call on 409/429/5xx.")
     api_backoff_s: float = Field(default=0.2, gt=0, description="First retry delay (doubles each retry).")
     log_level: str = Field(default="INFO", description="Log level of the operator's JSON logs.")

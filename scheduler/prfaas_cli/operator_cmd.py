@@ -48,6 +48,12 @@ def register(sub: Any) -> None:
         "rewritten alone at most this often; any other change is written at once (default 300)",
     )
     p.add_argument(
+        "--liveness-stall-seconds",
+        type=float,
+        default=120.0,
+        help="/healthz answers 503 when the reconcile loop has made no progress for this long (default 120)",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         type=str.lower,
@@ -74,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "gateway_period_s": args.gateway_period_seconds,
         "status_heartbeat_s": args.status_heartbeat_seconds,
         "log_level": args.log_level.upper(),
+        "liveness_stall_s": args.liveness_stall_seconds,
     }
     if args.resync_seconds is not None:
         values["resync_s"] = args.resync_seconds
