@@ -74,6 +74,8 @@ class OperatorConfig(BaseModel):
             raise ValueError("give at least one namespace, or all_namespaces")
         if self.lease_renew_s >= self.lease_duration_s:
             raise ValueError("lease_renew_s must be below lease_duration_s")
+        if self.liveness_stall_s <= 2 * self.tick_s:
+            raise ValueError("liveness_stall_s must be above two ticks (the idle loop goes round every tick_s)")
         return self
 
     @property
