@@ -142,7 +142,7 @@ def test_list_hardware(capsys: pytest.CaptureFixture[str]) -> None:
     assert "H200" in capsys.readouterr().out
 
 
-# --- Bad input: exit 1 (2 for a usage error), a message naming the file and field, nothing written ---------------------------------
+# --- Bad input: exit 1 (2: a usage error), a message naming the file and field, nothing written -----------------
 
 
 def _fails(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str, code: int = 1) -> str:
