@@ -85,7 +85,8 @@ class OperatorConfig(BaseModel):
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
         """For ``kopf run``: PRFAAS_NAMESPACES (comma-separated; unset: all), PRFAAS_PROMETHEUS_URL,
-        PRFAAS_METRICS_PORT, PRFAAS_LEASE_NAME, PRFAAS_LEASE_NAMESPACE, PRFAAS_RESYNC_SECONDS, KUBECONFIG."""
+        PRFAAS_METRICS_PORT, PRFAAS_LEASE_NAME, PRFAAS_LEASE_NAMESPACE, PRFAAS_RESYNC_SECONDS,
+        PRFAAS_LIVENESS_STALL_SECONDS, KUBECONFIG."""
         e = dict(os.environ if env is None else env)
         namespaces = tuple(n for n in e.get("PRFAAS_NAMESPACES", "").split(",") if n)
         kwargs: dict[str, object] = {"namespaces": namespaces, "all_namespaces": not namespaces}
@@ -99,6 +100,8 @@ class OperatorConfig(BaseModel):
             kwargs["lease_namespace"] = e["PRFAAS_LEASE_NAMESPACE"]
         if e.get(RESYNC_ENV):
             kwargs["resync_s"] = float(e[RESYNC_ENV])
+        if e.get("PRFAAS_LIVENESS_STALL_SECONDS"):
+            kwargs["liveness_stall_s"] = float(e["PRFAAS_LIVENESS_STALL_SECONDS"])
         if e.get("KUBECONFIG"):
             kwargs["kubeconfig"] = e["KUBECONFIG"].split(os.pathsep)[0]
         return cls.model_validate(kwargs)
