@@ -135,7 +135,7 @@ class OperatorMetrics:
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             path = environ.get("PATH_INFO", "")
-            if health is not None and path in ("/healthz", "/readyz", "/livez"):
+            if health is not None and path in ("/healthz", "/readyz"):
                 ok, why = health.ready() if path == "/readyz" else health.live()
                 body = f"{'ok' if ok else 'failed'}: {why}\n".encode()
                 start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
