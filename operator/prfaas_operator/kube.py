@@ -69,9 +69,12 @@ class KubeCredentials(kubeconfig_loader.Loaded):
             self.exec_plugin.invalidate()
 
     def expires(self) -> dt.datetime | None:
-        """When the current token expires (an exec plugin's expirationTimestamp), for kopf's re-login."""
+        """When kopf should log in again: ahead of the exec plugin's expirationTimestamp by the margin the
+        operator's own client renews at (so kopf's next login runs the plugin and gets a fresh token)."""
         when = self.exec_plugin.expires if self.exec_plugin is not None else None
-        return dt.datetime.fromtimestamp(when, dt.UTC) if when is not None else None
+        if when is None:
+            return None
+        return dt.datetime.fromtimestamp(when - kubeconfig_loader.REFRESH_EARLY_S, dt.UTC)
 
     @classmethod
     def load(cls, kubeconfig: str | None = None) -> KubeCredentials:
