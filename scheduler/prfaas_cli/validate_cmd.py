@@ -4,8 +4,8 @@ across files (duplicates, references). ``-`` reads standard input; directories a
 Each file can be checked alone (a GitOps pipeline checking one manifest at a time): a reference to an object
 that is not among the given files is reported as unresolved and does not fail the check; with
 ``--strict-references`` (a whole-tree check) it is an error. YAML that is not a Kubernetes manifest (no kind:
-a Helm values file) is skipped, saying so; other API groups' objects are skipped too. No objects at all is an
-error. Exit 0 when every object is valid, 1 otherwise, 2 on a usage error.
+a Helm values file) is skipped, saying so; other API groups' objects are skipped too (a pipeline may pass every
+YAML file of a repository). An input with no YAML document at all is an error. Exit 0 when every object is valid, 1 otherwise, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -89,8 +89,6 @@ def run(args: argparse.Namespace) -> int:
     except InputError as exc:
         return error(str(exc))
     checked = validate_documents(docs, default_namespace=args.namespace, strict_references=args.strict_references)
-    if all(c.skipped for c in checked):
-        return error(f"{', '.join(args.files)}: no Kubernetes objects to check (every document was skipped)")
     if args.output == "text":
         print_text(checked)
     else:

@@ -72,10 +72,13 @@ def test_helm_values_files_are_skipped_saying_so(capsys: pytest.CaptureFixture[s
 def test_empty_input_is_an_error(capsys: pytest.CaptureFixture[str], monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     code, _, err = run(capsys, "validate", "-", stdin="", monkeypatch=monkeypatch)
     assert code == 1 and err.startswith("error: <stdin>: no YAML documents"), err
-    values = tmp_path / "values.yaml"
-    values.write_text("router:\n  replicas: 2\n")
-    code, _, err = run(capsys, "validate", str(values))
-    assert code == 1 and "no Kubernetes objects to check" in err
+    (tmp_path / "empty.yaml").write_text("# nothing here\n---\n")
+    code, _, err = run(capsys, "validate", str(tmp_path / "empty.yaml"))
+    assert code == 1 and "empty.yaml: no YAML documents" in err, err
+    # a values file alone is not empty: skipped, saying so (a pipeline may pass every YAML file it has)
+    (tmp_path / "values.yaml").write_text("router:\n  replicas: 2\n")
+    code, out, _ = run(capsys, "validate", str(tmp_path / "values.yaml"))
+    assert code == 0 and "skip  " in out and "not a Kubernetes manifest" in out
 
 
 def test_a_schema_error_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
