@@ -5,7 +5,8 @@ Each file can be checked alone (a GitOps pipeline checking one manifest at a tim
 that is not among the given files is reported as unresolved and does not fail the check; with
 ``--strict-references`` (a whole-tree check) it is an error. YAML that is not a Kubernetes manifest (no kind:
 a Helm values file) is skipped, saying so; other API groups' objects are skipped too (a pipeline may pass every
-YAML file of a repository). An input with no YAML document at all is an error. Exit 0 when every object is valid, 1 otherwise, 2 on a usage error.
+YAML file of a repository). An input with no YAML document at all is an error. Exit 0 when every object is
+valid, 1 otherwise, 2 on a usage error.
 """
 
 from __future__ import annotations
