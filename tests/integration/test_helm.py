@@ -184,7 +184,9 @@ def test_example_resources_validate() -> None:
         [REPO / "examples/03-helm/demo/resources.yaml"],
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "prfaas_cli.main", "validate", *map(str, files)], capture_output=True, text=True
+            [sys.executable, "-m", "prfaas_cli.main", "validate", "--strict-references", *map(str, files)],
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
