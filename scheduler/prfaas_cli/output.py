@@ -14,6 +14,7 @@ import sys
 from typing import Any, TextIO
 
 from prfaas_local.formats import STRUCTURED as STRUCTURED
+from prfaas_local.formats import os_error as os_error
 from prfaas_local.formats import render
 
 EXIT_OK = 0
@@ -46,13 +47,6 @@ def error(message: str, code: int = EXIT_ERROR) -> int:
         if line.strip():
             print(f"error: {line.strip()}", file=sys.stderr)
     return code
-
-
-def os_error(what: str, exc: OSError) -> str:
-    """``what: reason`` for an OSError, without Python's ``[Errno N]`` prefix."""
-    reason = exc.strerror or str(exc)
-    name = exc.filename if exc.filename is not None and str(exc.filename) not in what else None
-    return f"{what}: {reason}" + (f": {name}" if name else "")
 
 
 def is_terminal(stream: Any) -> bool:

@@ -35,7 +35,8 @@ from prfaas_core.capacity.workload import WorkloadSpec, mean, workload_from_trac
 from prfaas_core.names import K_TOKENS
 from prfaas_core.request.trace import TraceError, parse_trace
 from prfaas_core.schema.validation import validate_documents, validation_message
-from prfaas_local.manifests import STDIN, InputError, load_documents, read_input, yaml_error
+from prfaas_local.formats import yaml_error
+from prfaas_local.manifests import STDIN, InputError, load_documents, read_input
 from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
 from .output import EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, fail

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 import yaml
 
-from prfaas_local.manifests import yaml_error
+from prfaas_local.formats import yaml_error
 
 from .output import EXIT_OK, UsageError, error, fail, os_error
 

@@ -41,7 +41,8 @@ from prfaas_core.sim.search import (
     quick,
     static_split_report,
 )
-from prfaas_local.manifests import STDIN, InputError, read_input, yaml_error
+from prfaas_local.formats import yaml_error
+from prfaas_local.manifests import STDIN, InputError, read_input
 from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
 from .output import EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, error, fail, is_terminal, os_error

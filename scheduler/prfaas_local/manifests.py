@@ -14,6 +14,8 @@ from prfaas_core.api import ModelProfile, PDCluster, PrefillCluster
 from prfaas_core.launch.render import Cluster
 from prfaas_core.schema.validation import Document, validate_documents
 
+from .formats import yaml_error
+
 STDIN = "-"
 """The file name that reads standard input (as kubectl's ``-f -``)."""
 
@@ -45,14 +47,6 @@ def read_input(raw: str, what: str = "file") -> tuple[str, str]:
         raise InputError(f"{raw}: cannot read the {what}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise InputError(f"{raw}: cannot read the {what}: not UTF-8 text") from None
-
-
-def yaml_error(source: str, exc: yaml.YAMLError) -> str:
-    """One line for a YAML syntax error: ``file:line:column: invalid YAML: problem``."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
-    return f"{source}{where}: invalid YAML: {problem}"
 
 
 def expand_paths(paths: Sequence[str]) -> list[Path]:

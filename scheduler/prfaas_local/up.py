@@ -29,7 +29,7 @@ from prfaas_router.prom_text import sums_by_labels
 from . import real_up
 from .dashboard_png import DASHBOARD, without_exporter
 from .dashboard_png import render as render_dashboard
-from .formats import STRUCTURED, render
+from .formats import STRUCTURED, os_error, render
 from .plots import PlotDirError, check_plot_dir, write_plots
 from .scenario import (
     DEFAULT_SCENARIO,
@@ -169,7 +169,11 @@ def make_plan(args: argparse.Namespace, spec: ScenarioSpec) -> UpPlan:
 def records_of(args: argparse.Namespace, up: UpPlan) -> list[TraceRecord]:
     """The trace to replay: ``--trace``, or the scenario's (raises ValueError/OSError)."""
     if args.trace:
-        return list(parse_trace(Path(args.trace).read_text().splitlines(), args.trace))
+        try:
+            text = Path(args.trace).read_text()
+        except OSError as exc:
+            raise ValueError(os_error(f"--trace {args.trace}", exc)) from None
+        return list(parse_trace(text.splitlines(), args.trace))
     return scenario_trace(up.phases, up.lambda_max_rps, up.scenario.output_tokens, args.seed)
 
 
