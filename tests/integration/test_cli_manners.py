@@ -105,6 +105,13 @@ def test_exit_codes_0_1_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert code == 1 and len(err.splitlines()) == 1 and ":2:1: invalid YAML" in err, err
 
 
+def test_a_folder_that_cannot_be_written_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    code, _, err = run(capsys, "crds", "--out", str(tmp_path / "file" / "crds"))
+    assert code == 1 and err.startswith(f"error: --out {tmp_path / 'file' / 'crds'}: ") and len(err.splitlines()) == 1
+    assert "Traceback" not in err and "[Errno" not in err
+
+
 def test_router_config_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run(capsys, "router", "--config", str(tmp_path / "nope.yaml"))
     assert code == 1 and err == f"error: {tmp_path / 'nope.yaml'}: cannot read: No such file or directory\n"
