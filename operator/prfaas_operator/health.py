@@ -8,9 +8,10 @@ operator is not live (HTTP 503 with the reason; the kubelet restarts the pod). T
 cycle, re-list) must be running: one that ended is not live either. The checks run on the metrics server's
 thread, so a blocked event loop cannot stop them from answering.
 
-A slow or unreachable API server or Prometheus does not fail liveness (a restart would not help; the calls time
-out, and the cycle goes on); kopf's watches end the process if they fail for good, and a watch that silently
-misses events is repaired by the periodic re-list.
+A slow or unreachable API server or Prometheus does not by itself fail liveness (a restart would not help): each
+call is bounded by its timeout and retries (an API call about a minute at worst, a Prometheus query 5 s), objects
+finish, and the loop goes on. Only calls that hang past their bounds for longer than ``stall_s`` would. A watch
+that silently misses events is repaired by the periodic re-list.
 
 Ready means the operator has started and its cycle loop has gone round once (its cache is being served).
 """
