@@ -27,7 +27,7 @@ class InputError(Exception):
 def add_manifest_args(p: Any) -> None:
     """The arguments of a command that reads manifests: FILE... and ``--namespace``."""
     p.add_argument("files", nargs="+", metavar="FILE", help="manifest files or directories (YAML); - reads stdin")
-    p.add_argument("--namespace", default="default", help="namespace of objects that name none")
+    p.add_argument("--namespace", "-n", default="default", help="namespace of objects that name none")
 
 
 def read_input(raw: str, what: str = "file") -> tuple[str, str]:
