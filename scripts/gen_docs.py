@@ -167,8 +167,13 @@ def cli_page() -> str:
     parser = build_parser()
     out = [HEADER.format(source="the `prfaas` argument parser (prfaas_cli)"), "# CLI reference\n\n"]
     out.append(
-        f"{cell(parser.description)} Exit codes: 0 ok, 1 runtime failure, 2 bad input (usage, invalid "
-        "manifests). `prfaas COMMAND --help` prints the same.\n\n"
+        f"{cell(parser.description)} `prfaas COMMAND --help` prints the same.\n\n"
+        "**Exit codes** (as kubectl and helm): `0` ok; `1` an error: invalid input (a manifest, a scenario, a "
+        "config file), a file that cannot be read, a failure at run time; `2` a usage error: an unknown option, a "
+        "missing argument, an option value out of range. Errors are one `error: WHAT: WHY` line each on stderr.\n\n"
+        "**Output**: every command that prints objects or reports takes `-o json` and `-o yaml` (the same "
+        "document); a FILE argument of `-` reads standard input; progress is drawn only when stderr is a "
+        "terminal.\n\n"
     )
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help for choice in sub._choices_actions}

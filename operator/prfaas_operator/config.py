@@ -56,6 +56,12 @@ class OperatorConfig(BaseModel):
         description="A status written only to say 'still fresh' (lastMeasuredTime, lastSyncTime, a repeated "
         "Hold's time) is rewritten alone at most this often; any other change writes it at once.",
     )
+    liveness_stall_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="/healthz fails when the reconcile loop has made no progress (gone round, or finished an "
+        "object's reconcile) for this long.",
+    )
     api_retries: int = Field(default=5, ge=0, description="Retries of a Kubernetes API call on 409/429/5xx.")
     api_backoff_s: float = Field(default=0.2, gt=0, description="First retry delay (doubles each retry).")
     log_level: str = Field(default="INFO", description="Log level of the operator's JSON logs.")
@@ -68,6 +74,8 @@ class OperatorConfig(BaseModel):
             raise ValueError("give at least one namespace, or all_namespaces")
         if self.lease_renew_s >= self.lease_duration_s:
             raise ValueError("lease_renew_s must be below lease_duration_s")
+        if self.liveness_stall_s <= 2 * self.tick_s:
+            raise ValueError("liveness_stall_s must be above two ticks (the idle loop goes round every tick_s)")
         return self
 
     @property
@@ -77,7 +85,8 @@ class OperatorConfig(BaseModel):
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
         """For ``kopf run``: PRFAAS_NAMESPACES (comma-separated; unset: all), PRFAAS_PROMETHEUS_URL,
-        PRFAAS_METRICS_PORT, PRFAAS_LEASE_NAME, PRFAAS_LEASE_NAMESPACE, PRFAAS_RESYNC_SECONDS, KUBECONFIG."""
+        PRFAAS_METRICS_PORT, PRFAAS_LEASE_NAME, PRFAAS_LEASE_NAMESPACE, PRFAAS_RESYNC_SECONDS,
+        PRFAAS_LIVENESS_STALL_SECONDS, KUBECONFIG."""
         e = dict(os.environ if env is None else env)
         namespaces = tuple(n for n in e.get("PRFAAS_NAMESPACES", "").split(",") if n)
         kwargs: dict[str, object] = {"namespaces": namespaces, "all_namespaces": not namespaces}
@@ -91,6 +100,8 @@ class OperatorConfig(BaseModel):
             kwargs["lease_namespace"] = e["PRFAAS_LEASE_NAMESPACE"]
         if e.get(RESYNC_ENV):
             kwargs["resync_s"] = float(e[RESYNC_ENV])
+        if e.get("PRFAAS_LIVENESS_STALL_SECONDS"):
+            kwargs["liveness_stall_s"] = float(e["PRFAAS_LIVENESS_STALL_SECONDS"])
         if e.get("KUBECONFIG"):
             kwargs["kubeconfig"] = e["KUBECONFIG"].split(os.pathsep)[0]
         return cls.model_validate(kwargs)

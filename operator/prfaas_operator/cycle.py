@@ -27,6 +27,7 @@ from prfaas_core.names import KIND_INTER_DC_LINK, KIND_MODEL_PROFILE, KIND_PD_CL
 
 from . import model_profile
 from .config import OperatorConfig
+from .health import Health
 from .kube import KubeApi
 from .leader import LeaderElector
 from .link import LinkReconciler
@@ -71,6 +72,7 @@ class Cycle:
         clock: Callable[[], float] = time.time,
         concurrency: int = 16,
         coalesce: float = 0.5,
+        health: Health | None = None,
     ) -> None:
         self.config, self.api, self.world, self.writer = config, api, world, writer
         self.leader, self.collector, self.metrics, self.clock = leader, collector, metrics, clock
@@ -79,6 +81,7 @@ class Cycle:
         self.wake = asyncio.Event()
         self._sem = asyncio.Semaphore(concurrency)
         self.coalesce = coalesce
+        self.health = health or Health(config.liveness_stall_s)
         self.cycles = 0
         self.last_snapshot: Snapshot | None = None
         self.log = logger("Operator", None, "cycle")
@@ -99,6 +102,7 @@ class Cycle:
         if profiler is not None:
             profiler.enable()
         while not stop.is_set():
+            self.health.beat()  # went round: liveness (a tick that never returns stops the beats)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_s)
             self.wake.clear()
@@ -124,6 +128,7 @@ class Cycle:
                 except Exception as exc:
                     logger(entry.kind, entry.namespace, entry.name).exception("reconcile failed", error=str(exc))
                     self.dirty.add((entry.kind, entry.key))
+                self.health.beat()  # a long tick that finishes objects is making progress
 
         await asyncio.gather(*(one(e) for e in entries))
 

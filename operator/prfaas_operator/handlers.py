@@ -53,8 +53,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.login(registry=registry)
     def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+        # kopf logs in again only when the last credentials expired or were refused (401): the operator's exec
+        # plugin then runs again rather than handing back the same token
         if "operator" in memo:
-            return _op(memo).connection_info()
+            return _op(memo).connection_info(relogin=True)
         config = memo.get("config") or OperatorConfig.from_env()
         return connection_info(KubeCredentials.load(config.kubeconfig))
 

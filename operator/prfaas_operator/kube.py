@@ -4,14 +4,17 @@ Why not the official client: it is synchronous, and the operator's few verbs (ge
 delete, the scale subresource, Leases, Events) fit in one class whose retry rules are explicit: a 409 on an
 unconditional merge patch, a 429, a 5xx and a dropped connection are retried with exponential backoff; a 409
 on a conditional write (``metadata.resourceVersion`` in the patch, as Lease renewals use) is returned to the
-caller, who owns the conflict. Credentials come from a kubeconfig (:mod:`~prfaas_operator.kubeconfig`: tokens,
-client certificates, exec plugins) or the in-cluster service account; kopf logs in with the same credentials.
+caller, who owns the conflict. A 401 refreshes the credentials once and retries (an expired exec-plugin token;
+a rotated service-account token is read afresh for every request anyway). Credentials come from a kubeconfig
+(:mod:`~prfaas_operator.kubeconfig`: tokens, client certificates, exec plugins) or the in-cluster service account;
+kopf logs in with the same credentials, and again when its token expires or is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,15 +46,41 @@ class KubeCredentials(kubeconfig_loader.Loaded):
     """How to reach and authenticate to one API server (the fields :func:`~.kubeconfig.load` finds)."""
 
     def bearer(self) -> str | None:
-        if self.token_file:  # projected service-account tokens rotate: read them fresh
+        """The token to send now: a token file read afresh (projected service-account tokens rotate), an exec
+        plugin's current token (run again when it is about to expire), else the static token."""
+        if self.token_file:
             return Path(self.token_file).read_text().strip()
+        if self.exec_plugin is not None:
+            return self.exec_plugin.token()
         return self.token
+
+    @property
+    def refreshable(self) -> bool:
+        """Whether asking again can give another token (a token file, an exec plugin)."""
+        return bool(self.token_file) or self.exec_plugin is not None
+
+    def needs_refresh(self) -> bool:
+        """Whether :meth:`bearer` will run the exec plugin (then call it off the event loop)."""
+        return self.exec_plugin is not None and self.exec_plugin.stale()
+
+    def refused(self) -> None:
+        """The API server answered 401: the next :meth:`bearer` runs the exec plugin again."""
+        if self.exec_plugin is not None:
+            self.exec_plugin.invalidate()
+
+    def expires(self) -> dt.datetime | None:
+        """When kopf should log in again: ahead of the exec plugin's expirationTimestamp by the margin the
+        operator's own client renews at (so kopf's next login runs the plugin and gets a fresh token)."""
+        when = self.exec_plugin.expires if self.exec_plugin is not None else None
+        if when is None:
+            return None
+        return dt.datetime.fromtimestamp(when - kubeconfig_loader.REFRESH_EARLY_S, dt.UTC)
 
     @classmethod
     def load(cls, kubeconfig: str | None = None) -> KubeCredentials:
         """From ``kubeconfig`` (or $KUBECONFIG, ~/.kube/config), else the in-cluster service account."""
         found = kubeconfig_loader.load(kubeconfig)
-        return cls(**dataclasses.asdict(found))
+        return cls(**{f.name: getattr(found, f.name) for f in dataclasses.fields(found)})
 
 
 def api_path(
@@ -100,9 +129,21 @@ class KubeApi:
         self.backoff_s = backoff_s
         self._on_retry = on_retry
         self.calls = 0
+        self.reauthentications = 0
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def _authorize(self, headers: dict[str, str]) -> None:
+        """Set the Authorization header from the current token; an exec plugin due to run runs in a thread."""
+        if self._creds.needs_refresh():
+            token = await asyncio.to_thread(self._creds.bearer)
+        else:
+            token = self._creds.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        else:
+            headers.pop("Authorization", None)
 
     async def request(
         self,
@@ -115,13 +156,12 @@ class KubeApi:
         retry_conflicts: bool = True,
     ) -> JsonDict:
         headers = {"Accept": "application/json"}
-        token = self._creds.bearer()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         if body is not None:
             headers["Content-Type"] = content_type
         attempt = 0
+        reauthenticated = False
         while True:
+            await self._authorize(headers)
             self.calls += 1
             try:
                 resp = await self._client.request(method, path, json=body, params=params, headers=headers)
@@ -133,6 +173,11 @@ class KubeApi:
                 status = resp.status_code
                 if status < 400:
                     return resp.json() if resp.content else {}
+                if status == 401 and self._creds.refreshable and not reauthenticated:
+                    self._creds.refused()  # an expired token: ask the plugin (or the file) again, once
+                    reauthenticated = True
+                    self.reauthentications += 1
+                    continue
                 retryable = status in RETRYABLE and (status != 409 or retry_conflicts)
                 if not retryable or attempt >= self.retries:
                     raise _error(resp)

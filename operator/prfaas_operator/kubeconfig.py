@@ -4,20 +4,31 @@ The operator needs only a server, a CA, and a bearer token or a client certifica
 itself (PyYAML) rather than pulling in the official client (126 MB installed) for its loader. Covered: the
 current context's cluster (``server``, ``certificate-authority[-data]``, ``insecure-skip-tls-verify``) and user
 (``token``, ``tokenFile``, ``client-certificate[-data]``, ``client-key[-data]``, an ``exec`` credential plugin
-such as ``aws eks get-token`` or ``gke-gcloud-auth-plugin``, run once at start, and an ``auth-provider``'s
-stored ``id-token``/``access-token``), and the context's namespace. Relative paths are relative to the
-kubeconfig's folder, as kubectl reads them; inline ``*-data`` is written to private temporary files, because
-TLS libraries load certificates from files. Anything else (basic auth) is refused with the field named.
+such as ``aws eks get-token`` or ``gke-gcloud-auth-plugin``, and an ``auth-provider``'s stored
+``id-token``/``access-token``), and the context's namespace.
+
+Credentials that expire are refreshed, as kubectl does: an exec plugin is run again before its
+``status.expirationTimestamp`` (EKS tokens live 15 minutes) and whenever the API server answers 401
+(:meth:`ExecPlugin.invalidate`); a ``tokenFile`` (and the in-cluster projected service-account token, which
+the kubelet rotates) is read afresh for every request. A certificate from an exec plugin is read once.
+
+Relative paths are relative to the kubeconfig's folder, as kubectl reads them; inline ``*-data`` is written to
+private temporary files, because TLS libraries load certificates from files. Anything else (basic auth) is
+refused with the field named.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +39,63 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 class KubeconfigError(ValueError):
     """The kubeconfig cannot give credentials (names the field and why)."""
+
+
+REFRESH_EARLY_S = 60.0
+"""An exec plugin's token is renewed this long before its expirationTimestamp (a request in flight, clock skew)."""
+
+
+class ExecPlugin:
+    """An exec credential plugin and its last token: run again when the token is about to expire, or after the
+    API server refused it (:meth:`invalidate`). Thread-safe (kopf's login handler runs in a worker thread)."""
+
+    def __init__(self, spec: dict[str, Any], base: Path, clock: Callable[[], float] = time.time) -> None:
+        self.spec, self.base, self.clock = spec, base, clock
+        self.runs = 0
+        self._lock = threading.Lock()
+        self._status: dict[str, Any] | None = None
+        self._expires: float | None = None
+
+    def status(self) -> dict[str, Any]:
+        """The ExecCredential's ``status``, from the last run while it is fresh, else from a new run."""
+        with self._lock:
+            if self._status is None or self.stale():
+                self._status = _exec(self.spec, self.base)
+                self._expires = _expiry(self._status.get("expirationTimestamp"))
+                self.runs += 1
+            return self._status
+
+    def token(self) -> str | None:
+        token = self.status().get("token")
+        return str(token) if token else None
+
+    def stale(self) -> bool:
+        """Whether the next :meth:`status` runs the plugin (never run, refused, or about to expire)."""
+        if self._status is None:
+            return True
+        return self._expires is not None and self.clock() >= self._expires - REFRESH_EARLY_S
+
+    @property
+    def expires(self) -> float | None:
+        """When the current token expires (Unix seconds), if the plugin said."""
+        return self._expires
+
+    def invalidate(self) -> None:
+        """The API server refused the token (401): the next :meth:`status` runs the plugin again."""
+        with self._lock:
+            self._status = None
+
+
+def _expiry(value: Any) -> float | None:
+    """``status.expirationTimestamp`` (RFC 3339) as Unix seconds; None when absent or unreadable (the token is
+    then used until the API server refuses it)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 @dataclass(frozen=True)
@@ -42,6 +110,8 @@ class Loaded:
     cert_path: str | None = None
     key_path: str | None = None
     default_namespace: str | None = None
+    exec_plugin: ExecPlugin | None = field(default=None, compare=False, repr=False)
+    """The exec credential plugin the token comes from, when it does (it refreshes the token)."""
 
 
 def load(kubeconfig: str | None = None) -> Loaded:
@@ -94,9 +164,13 @@ def from_config(doc: dict[str, Any], base: Path) -> Loaded:
     key = _file(user, "client-key", base)
     if "username" in user or "password" in user:
         raise KubeconfigError("users[].user.username/password: basic auth is not supported; use a token")
+    plugin = None
     if "exec" in user:
-        status = _exec(user["exec"], base)
+        plugin = ExecPlugin(user["exec"], base)
+        status = plugin.status()  # run once now: a plugin that cannot run is a start-up error
         token = status.get("token") or token
+        if not status.get("token"):
+            plugin = None  # a client certificate only: read once
         if status.get("clientCertificateData"):
             cert = _temp(status["clientCertificateData"].encode(), "client.crt")
             key = _temp(str(status.get("clientKeyData", "")).encode(), "client.key")
@@ -114,6 +188,7 @@ def from_config(doc: dict[str, Any], base: Path) -> Loaded:
         cert_path=cert,
         key_path=key,
         default_namespace=context.get("namespace"),
+        exec_plugin=plugin,
     )
 
 
@@ -146,7 +221,7 @@ def _temp(data: bytes, name: str) -> str:
 
 
 def _exec(spec: dict[str, Any], base: Path) -> dict[str, Any]:
-    """Run an exec credential plugin once; its ExecCredential's ``status``."""
+    """Run an exec credential plugin; its ExecCredential's ``status``."""
     command = spec.get("command")
     if not command:
         raise KubeconfigError("users[].user.exec.command is not set")

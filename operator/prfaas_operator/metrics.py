@@ -3,18 +3,22 @@
 Decisions are counted by action, a *reason kind* (a short, bounded label derived from the decision's reason;
 the full reason goes to status, events and logs, never into a label) and the PD cluster (``namespace``,
 ``pd_cluster``, as on ``prfaas_operator_role_instances``).
+
+The same HTTP server answers the kubelet's probes: ``/healthz`` and ``/readyz`` (:mod:`.health`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from prfaas_core.names import (
     METRIC_OPERATOR_API_RETRIES,
@@ -28,6 +32,8 @@ from prfaas_core.names import (
     METRIC_OPERATOR_RESYNCS,
     METRIC_OPERATOR_ROLE_INSTANCES,
 )
+
+from .health import Health
 
 _KINDS = (
     ("dry-run", "dry-run"),
@@ -122,11 +128,34 @@ class OperatorMetrics:
         finally:
             self.reconcile_seconds.labels(kind=kind).observe(time.perf_counter() - started)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        self._server, self._thread = start_http_server(port, host, registry=self.registry)
+    def serve(self, port: int, host: str = "0.0.0.0", health: Health | None = None) -> None:
+        """``/metrics`` (any other path too, as prometheus_client answers), ``/healthz`` and ``/readyz``, from a
+        daemon thread (so a blocked event loop cannot keep the probes from being answered)."""
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if health is not None and path in ("/healthz", "/readyz"):
+                ok, why = health.ready() if path == "/readyz" else health.live()
+                body = f"{'ok' if ok else 'failed'}: {why}\n".encode()
+                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [body]
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+
+        server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Quiet)
+        self._thread = threading.Thread(target=server.serve_forever, name="prfaas-metrics", daemon=True)
+        self._thread.start()
+        self._server = server
 
     def stop(self) -> None:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log line per scrape or probe."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return

@@ -63,7 +63,10 @@ class Operator:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def connection_info(self) -> kopf.ConnectionInfo:
+    def connection_info(self, relogin: bool = False) -> kopf.ConnectionInfo:
+        """kopf's credentials; ``relogin``: kopf's last ones expired or were refused, so refresh them."""
+        if relogin:
+            self.creds.refused()
         return connection_info(self.creds)
 
     def serves(self, namespace: str | None) -> bool:
@@ -238,14 +241,16 @@ class Operator:
 
     async def start(self) -> None:
         if self.config.metrics_port:
-            self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+            self.metrics.serve(self.config.metrics_port, self.config.metrics_host, self.cycle.health)
         self.tasks = [
             asyncio.create_task(self.leader.run(self.stop), name="prfaas-lease"),
             asyncio.create_task(self.cycle.run(self.stop), name="prfaas-cycle"),
             asyncio.create_task(self.run_resync(self.stop), name="prfaas-resync"),
         ]
+        self.cycle.health.watch(self.tasks)
 
     async def shutdown(self) -> None:
+        self.cycle.health.stopping()
         self.stop.set()
         self.cycle.wake.set()
         for task in self.tasks:
@@ -258,15 +263,18 @@ class Operator:
 
 
 def connection_info(creds: KubeCredentials) -> kopf.ConnectionInfo:
+    """kopf's login: the current token, with its expiry (kopf logs in again before it, and after a 401)."""
+    token = creds.bearer()
     return kopf.ConnectionInfo(
         server=creds.server,
         ca_path=creds.ca_path,
         insecure=creds.insecure,
-        token=creds.bearer(),
-        scheme="Bearer" if creds.bearer() else None,
+        token=token,
+        scheme="Bearer" if token else None,
         certificate_path=creds.cert_path,
         private_key_path=creds.key_path,
         default_namespace=creds.default_namespace,
+        expiration=creds.expires(),
     )
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import Any
 
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.emulation import DEFAULT_BYTE_SCALE, DEFAULT_TIME_SCALE, ScaleSettings
 from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
+
+from .output import EXIT_OK, EXIT_USAGE, error, os_error
 
 
 def add_scale_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,11 +111,9 @@ def run(args: argparse.Namespace) -> int:
             **extra,
         )
     except (ConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc), EXIT_USAGE)  # the config is built from the flags alone
     try:
         asyncio.run(serve(config))
-    except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    except OSError as exc:  # the port is taken, the address is not ours
+        return error(os_error("cannot serve", exc))
+    return EXIT_OK

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +20,8 @@ from prfaas_core.launch.engines import EngineSpec
 from prfaas_core.launch.render import RenderError, engine_specs, render_all
 from prfaas_core.launch.vllm import DEFAULT_MOONCAKE_BOOTSTRAP_PORT, DEFAULT_SIDE_CHANNEL_PORT
 from prfaas_local.manifests import InputError, add_manifest_args, load_clusters
+
+from .output import EXIT_OK, add_output_arg, emit, error
 
 
 def register(sub: Any) -> None:
@@ -30,7 +31,7 @@ def register(sub: Any) -> None:
         description=__doc__,
     )
     add_manifest_args(p)
-    p.add_argument("--output", "-o", choices=("json", "helm-values"), default="json", help="output format")
+    add_output_arg(p, human=None, extra=("helm-values",))
     p.set_defaults(handler=run)
 
 
@@ -80,12 +81,14 @@ def helm_values(files: Sequence[str], namespace: str = "default") -> dict[str, A
 def run(args: argparse.Namespace) -> int:
     try:
         out = (
-            render_files(args.files, args.namespace)
-            if args.output == "json"
-            else helm_values(args.files, args.namespace)
+            helm_values(args.files, args.namespace)
+            if args.output == "helm-values"
+            else render_files(args.files, args.namespace)
         )
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(out, indent=2, sort_keys=True))
-    return 0
+        return error(str(exc))
+    if args.output == "yaml":
+        emit(out, "yaml")
+    else:  # the chart reads helm-values as JSON (sorted keys: stable diffs of the generated file)
+        print(json.dumps(out, indent=2, sort_keys=True))
+    return EXIT_OK

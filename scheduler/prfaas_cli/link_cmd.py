@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import Any
 
 from .engine_cmd import add_scale_arguments, scale_from
+from .output import EXIT_OK, EXIT_USAGE, error, os_error
 
 
 def register(sub: Any) -> None:
@@ -49,11 +49,9 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     except (LinkConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc), EXIT_USAGE)  # the config is built from the flags alone
     try:
         asyncio.run(serve(config))
-    except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    except OSError as exc:  # the port is taken, the address is not ours
+        return error(os_error("cannot serve", exc))
+    return EXIT_OK

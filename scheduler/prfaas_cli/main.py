@@ -1,7 +1,8 @@
 """Entry point of the ``prfaas`` console script.
 
 Each subcommand lives in its own module exposing ``register(subparsers)``; the module's handler returns the
-process exit code. Exit codes: 0 ok, 1 runtime failure, 2 bad input (usage, invalid manifests).
+process exit code. Exit codes (as kubectl and helm, :mod:`.output`): 0 ok, 1 an error (invalid input, a failure
+at run time), 2 a usage error (argparse's, and option values the command line gets wrong).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from . import (
     up_cmd,
     validate_cmd,
 )
+from .output import EXIT_OK, plain_help
 
 COMMANDS = (
     validate_cmd,
@@ -38,10 +40,6 @@ COMMANDS = (
     up_cmd,
 )
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_BAD_INPUT = 2
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -52,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.register(sub)
+    plain_help(parser)
     return parser
 
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import Any
+
+from prfaas_core.schema.validation import validation_message
+
+from .output import EXIT_OK, EXIT_USAGE, error
+from .router_cmd import LOG_LEVELS
 
 
 def register(sub: Any) -> None:
@@ -43,7 +47,19 @@ def register(sub: Any) -> None:
         help="a status that only says 'still fresh' (lastMeasuredTime, lastSyncTime, a repeated Hold) is "
         "rewritten alone at most this often; any other change is written at once (default 300)",
     )
-    p.add_argument("--log-level", default="INFO", help="log level (JSON logs on stderr)")
+    p.add_argument(
+        "--liveness-stall-seconds",
+        type=float,
+        default=120.0,
+        help="/healthz answers 503 when the reconcile loop has made no progress for this long (default 120)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="log level of the JSON logs on stderr (default %(default)s)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -63,7 +79,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "link_period_s": args.link_period_seconds,
         "gateway_period_s": args.gateway_period_seconds,
         "status_heartbeat_s": args.status_heartbeat_seconds,
-        "log_level": args.log_level,
+        "log_level": args.log_level.upper(),
+        "liveness_stall_s": args.liveness_stall_seconds,
     }
     if args.resync_seconds is not None:
         values["resync_s"] = args.resync_seconds
@@ -80,13 +97,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
-    except ValidationError as exc:
-        print(f"error: {exc}")
-        return 2
-    try:  # an unreadable kubeconfig or an unreachable API server: one line, exit 2 (not kopf's retry loop)
+    except ValidationError as exc:  # a combination of flags the config refuses
+        return error(validation_message("prfaas operator", exc), EXIT_USAGE)
+    try:  # an unreadable kubeconfig or an unreachable API server: one line, exit 1 (not kopf's retry loop)
         asyncio.run(preflight(config.kubeconfig))
     except PreflightError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc))
     asyncio.run(run_operator(config))
-    return 0
+    return EXIT_OK

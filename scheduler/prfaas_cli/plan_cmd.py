@@ -4,15 +4,14 @@ the paper's throughput model (Eqs. 1–8), and compare it with homogeneous PD an
 With no FILES it plans the paper's case study (4×H200 PrFaaS, 8×H20 PD, 100 Gbps, the internal 1T model).
 With FILES (YAML manifests or directories) it validates them like ``prfaas validate`` and plans the one
 ModelProfile, PrefillCluster, PDCluster and InterDCLink they hold. ``--workload`` takes a WorkloadSpec
-(YAML) or a trace (JSONL, see ``prfaas_core.request.trace``). Exit 0 ok, 2 bad input (nothing written).
+(YAML) or a trace (JSONL, see ``prfaas_core.request.trace``); ``-`` reads either from standard input. Exit 0 ok,
+1 invalid input or a failure (nothing written on invalid input), 2 usage.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,14 +35,17 @@ from prfaas_core.capacity.workload import WorkloadSpec, mean, workload_from_trac
 from prfaas_core.names import K_TOKENS
 from prfaas_core.request.trace import TraceError, parse_trace
 from prfaas_core.schema.validation import validate_documents, validation_message
-from prfaas_local.manifests import InputError, load_documents
+from prfaas_local.formats import yaml_error
+from prfaas_local.manifests import STDIN, InputError, load_documents, read_input
 from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
+
+from .output import EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, fail
 
 KINDS_NEEDED = ("ModelProfile", "PrefillCluster", "PDCluster", "InterDCLink")
 
 
 class PlanCliError(Exception):
-    """Bad input: the message names the file and the field. Exit code 2."""
+    """Bad input: the message names the file and the field. Exit code 1."""
 
 
 def register(sub: Any) -> None:
@@ -59,7 +61,7 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="workload: a WorkloadSpec (.yaml/.yml) or a trace (.jsonl); default: the paper's case-study workload",
     )
-    p.add_argument("--output", "-o", choices=("table", "json"), default="table", help="report format")
+    add_output_arg(p, "table")
     p.add_argument("--plot-dir", metavar="DIR", help="write Fig. 5-style PNGs (Λ_max vs N_p, Λ_max vs t) here")
     p.add_argument("--link-gbps", type=float, metavar="X", help="override the link capacity, Gbps")
     p.add_argument(
@@ -78,20 +80,18 @@ def run(args: argparse.Namespace) -> int:
         result = plan(inputs)
         plot_dir = check_plot_dir(args.plot_dir, create=True) if args.plot_dir else None
         images = render_plots(inputs, result) if plot_dir is not None else {}
-    except (PlanCliError, InputError, PlotDirError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.output == "json":
-        print(json.dumps(plan_to_dict(inputs, result), indent=2))
+    except (PlanCliError, InputError, PlotDirError, UsageError) as exc:
+        return fail(exc)
+    if args.output in STRUCTURED:
+        emit(plan_to_dict(inputs, result), args.output)
     else:
         print(render_table(inputs, result))
     if plot_dir is not None:
         try:
             write_plots(plot_dir, images)
         except PlotDirError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    return 0
+            return fail(exc)
+    return EXIT_OK
 
 
 # --- Inputs ------------------------------------------------------------------------------------------------
@@ -99,24 +99,24 @@ def run(args: argparse.Namespace) -> int:
 
 def load_workload(path_text: str) -> WorkloadSpec:
     """A WorkloadSpec from YAML, or one derived from a JSONL trace."""
-    path = Path(path_text)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanCliError(f"{path}: cannot read the workload: {exc}") from None
-    if path.suffix == ".jsonl":
+        source, text = read_input(path_text, "workload file")
+    except InputError as exc:
+        raise PlanCliError(str(exc)) from None
+    first = text.lstrip()[:1]
+    if Path(path_text).suffix == ".jsonl" or (path_text == STDIN and first == "{"):
         try:
-            return workload_from_trace(parse_trace(text.splitlines(), source=str(path)))
+            return workload_from_trace(parse_trace(text.splitlines(), source=source))
         except TraceError as exc:
             raise PlanCliError(str(exc)) from None
     try:
         body = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise PlanCliError(f"{path}: invalid YAML: {exc}") from None
+        raise PlanCliError(yaml_error(source, exc)) from None
     try:
         return WorkloadSpec.model_validate(body if body is not None else {})
     except ValidationError as exc:
-        raise PlanCliError(validation_message(str(path), exc)) from None
+        raise PlanCliError(validation_message(source, exc)) from None
 
 
 def _specs_from_files(files: list[str]) -> tuple[ModelProfileSpec, PrefillClusterSpec, PDClusterSpec, InterDCLinkSpec]:
@@ -160,7 +160,7 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
     if args.workload:
         workload = load_workload(args.workload)
     if args.link_gbps is not None and not (args.link_gbps > 0 and math.isfinite(args.link_gbps)):
-        raise PlanCliError(f"--link-gbps: must be a positive number of Gbps, got {args.link_gbps}")
+        raise UsageError(f"--link-gbps: must be a positive number of Gbps, got {args.link_gbps}")
     try:
         inputs = plan_inputs_from_specs(profile, prefill, pd, link, workload, args.homogeneous_instances)
     except ValueError as exc:
@@ -327,8 +327,8 @@ def _print_hardware(output: str) -> None:
         }
 
     rows = [row(p) for p in profiles]
-    if output == "json":
-        print(json.dumps(rows, indent=2))
+    if output in STRUCTURED:
+        emit(rows, output)
         return
     for r in rows:
         times = ", ".join(f"{k} {v:.2f} s" for k, v in r["prefill_seconds"].items())

@@ -1,6 +1,7 @@
 """``prfaas router --config FILE``: the sidecar router in front of a PD cluster, or (``mode: gateway`` in the
 file) the prefill gateway in front of a PrFaaS cluster. The file is a RouterConfig (JSON or YAML; schema in
-``crds/router-config.schema.json``), reloaded when it changes."""
+``crds/router-config.schema.json``), reloaded when it changes. Exit 1 when the file is unreadable or invalid, 2
+on a usage error (a malformed ``--peers``, peers without ``--peers-token-file``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+import yaml
+
+from prfaas_local.formats import yaml_error
+
+from .output import EXIT_OK, UsageError, error, fail, os_error
 
 
 def configure_logging(level: str = "info") -> None:
@@ -31,6 +37,10 @@ def configure_logging(level: str = "info") -> None:
     )
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""The ``--log-level`` choices of every long-running command (router, operator); case-insensitive."""
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("router", help="run the router (or, by its config, the prefill gateway)", description=__doc__)
     p.add_argument("--config", required=True, metavar="FILE", help="RouterConfig file (JSON or YAML)")
@@ -42,7 +52,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log level (default %(default)s)")
     p.add_argument(
         "--allow-insecure-gateway",
         action="store_true",
@@ -86,38 +96,55 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from prfaas_router.app import check_secure
     from prfaas_router.app import run as run_router
-    from prfaas_router.config import load_config
+    from prfaas_router.config import ConfigError, load_config
     from prfaas_router.replica_sync import ReplicaPeers, parse_peers_dns
     from prfaas_router.security import read_token
 
     configure_logging(args.log_level)
     peers = [u.strip() for arg in args.peers for u in arg.split(",") if u.strip()]
     try:
-        config, _ = load_config(args.config, args.settings)
+        try:
+            config, _ = load_config(args.config, args.settings)
+        except ConfigError as exc:
+            return error(config_error(exc))
         check_secure(config, args.allow_insecure_gateway)
         gw_token = config.gateway.token_file if config.mode == "gateway" and config.gateway else None
         if gw_token and read_token(gw_token) is None:  # else the app raises it, as a traceback
             raise ValueError(f"gateway.tokenFile {gw_token}: unreadable or empty (a bearer token, one line)")
-        peers_dns = parse_peers_dns(args.peers_dns)
+        try:
+            peers_dns = parse_peers_dns(args.peers_dns)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         for url in peers:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"--peers wants base URLs (http://host:port), got {url!r}")
+                raise UsageError(f"--peers wants base URLs (http://host:port), got {url!r}")
         token_file = args.peers_token_file or None
         if token_file is not None and read_token(token_file) is None:
             raise ValueError(f"--peers-token-file {token_file}: unreadable or empty")
         if (peers or peers_dns) and token_file is None:
-            raise ValueError(
+            raise UsageError(
                 "--peers / --peers-dns need --peers-token-file: the replicas' books steer routing and share the "
                 "clients' port (chart: router.replicaSync.tokenSecret, generated when empty)"
             )
-    except ValueError as exc:  # ConfigError, InsecureGatewayError, a malformed peer
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, UsageError) as exc:  # InsecureGatewayError, an unreadable token file, a malformed peer
+        return fail(exc)
     try:
         settings = Path(args.settings) if args.settings else None
         models = frozenset(args.model) if args.model else None
         replicas = ReplicaPeers(tuple(peers), peers_dns, token_file)
         run_router(Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway, models, replicas)
     except KeyboardInterrupt:
-        return 0
-    return 0
+        return EXIT_OK
+    return EXIT_OK
+
+
+def config_error(exc: Exception) -> str:
+    """A RouterConfig loading error on one line: the OS's reason without ``[Errno N]``, a YAML error's line and
+    column instead of PyYAML's multi-line dump."""
+    source = str(exc).split(": ", 1)[0]
+    cause = exc.__cause__
+    if isinstance(cause, OSError):
+        return os_error(f"{source}: cannot read", cause)
+    if isinstance(cause, yaml.YAMLError):
+        return yaml_error(source, cause)
+    return " ".join(str(exc).split())

@@ -6,14 +6,14 @@ Reports throughput (highest rate without unbounded queues) and goodput (highest 
 requests meet the TTFT and decode SLOs), both found by search; TTFT percentiles, TPOT, egress (mean and
 peak over 1-s windows) against the link's cap, offload fraction, role flips and utilisation per stage at
 the scenario's own rates. ``--plot-dir`` writes PNGs (TTFT CDF, egress vs cap, roles and ``t`` over time).
-``--write-trace FILE`` writes the scenario's request sequence as a JSONL trace and exits. Exit 0 ok,
-2 bad input (nothing written).
+``--write-trace FILE`` writes the scenario's request sequence as a JSONL trace and exits. ``-`` reads the
+scenario from standard input. A progress bar is drawn on stderr only when it is a terminal. Exit 0 ok, 1 invalid
+input or a failure (nothing written on invalid input), 2 usage.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import queue
@@ -41,11 +41,15 @@ from prfaas_core.sim.search import (
     quick,
     static_split_report,
 )
+from prfaas_local.formats import yaml_error
+from prfaas_local.manifests import STDIN, InputError, read_input
 from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
+
+from .output import EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, error, fail, is_terminal, os_error
 
 
 class SimulateCliError(Exception):
-    """Bad input: the message names the file and the field. Exit code 2."""
+    """Bad input: the message names the file and the field. Exit code 1."""
 
 
 def register(sub: Any) -> None:
@@ -56,7 +60,7 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("scenario", nargs="?", metavar="SCENARIO", help="scenario file (YAML); default: case study")
-    p.add_argument("--output", "-o", choices=("table", "json"), default="table", help="report format")
+    add_output_arg(p, "table")
     p.add_argument("--plot-dir", metavar="DIR", help="write PNG plots here")
     p.add_argument("--seed", type=int, metavar="N", help="override the scenario's seed")
     p.add_argument("--quick", action="store_true", help="shorter runs and a coarser search")
@@ -72,21 +76,21 @@ def register(sub: Any) -> None:
 def load_scenario(path_text: str | None) -> tuple[Scenario, Path | None]:
     if path_text is None:
         return default_scenario(), None
-    path = Path(path_text)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimulateCliError(f"{path}: cannot read the scenario: {exc}") from None
+        source, text = read_input(path_text, "scenario file")
+    except InputError as exc:
+        raise SimulateCliError(str(exc)) from None
+    path = Path(path_text) if path_text != STDIN else None
     try:
         body = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SimulateCliError(f"{path}: invalid YAML: {exc}") from None
+        raise SimulateCliError(yaml_error(source, exc)) from None
     if body is not None and not isinstance(body, dict):
-        raise SimulateCliError(f"{path}: a scenario is a YAML mapping")
+        raise SimulateCliError(f"{source}: a scenario is a YAML mapping")
     try:
         return Scenario.model_validate(body or {}), path
     except ValidationError as exc:
-        raise SimulateCliError(validation_message(str(path), exc)) from None
+        raise SimulateCliError(validation_message(source, exc)) from None
 
 
 def load_trace(scenario: Scenario, scenario_path: Path | None) -> tuple[TraceRecord, ...] | None:
@@ -97,8 +101,12 @@ def load_trace(scenario: Scenario, scenario_path: Path | None) -> tuple[TraceRec
     path = Path(ref) if Path(ref).is_absolute() else base / ref
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimulateCliError(f"{scenario_path}: arrivals.traceFile: cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise SimulateCliError(
+            os_error(f"{scenario_path or '<stdin>'}: arrivals.traceFile: cannot read {path}", exc)
+        ) from None
+    except UnicodeDecodeError:
+        raise SimulateCliError(f"{scenario_path or '<stdin>'}: arrivals.traceFile: {path} is not UTF-8 text") from None
     try:
         return parse_trace(text.splitlines(), source=str(path))
     except TraceError as exc:
@@ -295,12 +303,12 @@ def run(args: argparse.Namespace) -> int:
         scenario, path = load_scenario(args.scenario)
         if args.seed is not None:
             if args.seed < 0:
-                raise SimulateCliError(f"--seed: must be ≥ 0, got {args.seed}")
+                raise UsageError(f"--seed: must be ≥ 0, got {args.seed}")
             scenario = scenario.model_copy(update={"seed": args.seed})
         if args.quick:
             scenario = quick(scenario)
         if args.jobs is not None and args.jobs < 1:
-            raise SimulateCliError(f"--jobs: must be ≥ 1, got {args.jobs}")
+            raise UsageError(f"--jobs: must be ≥ 1, got {args.jobs}")
         plot_dir = check_plot_dir(args.plot_dir) if args.plot_dir else None
         trace = load_trace(scenario, path)
         source = str(path) if path is not None else "case study"
@@ -308,32 +316,30 @@ def run(args: argparse.Namespace) -> int:
             prepared = prepare(scenario, trace)
         except ScenarioError as exc:
             raise SimulateCliError(f"{source}: {exc}") from None
-    except (SimulateCliError, PlotDirError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (SimulateCliError, PlotDirError, UsageError) as exc:
+        return fail(exc)
     if args.write_trace:
         try:
             Path(args.write_trace).write_text(dump_trace(to_trace_records(prepared.requests)), encoding="utf-8")
         except OSError as exc:
-            print(f"error: --write-trace {args.write_trace}: {exc}", file=sys.stderr)
-            return 2
+            return error(os_error(f"--write-trace {args.write_trace}", exc))
         print(f"wrote {len(prepared.requests)} requests to {args.write_trace}", file=sys.stderr)
         return 0
     search = not args.no_search and scenario.search.enabled
     n_tasks = len(scenario.deployments) + (8 if scenario.search.compare_static_splits else 0)
     jobs = args.jobs if args.jobs is not None else max(1, min(os.cpu_count() or 1, n_tasks))
-    bar = ProgressBar(f"simulate {scenario.name}")
+    bar = ProgressBar(f"simulate {scenario.name}") if is_terminal(sys.stderr) else None
     comparison = run_comparison(prepared, trace, search, jobs, bar)
-    bar.close()
+    if bar is not None:
+        bar.close()
     images = render_plots(comparison) if plot_dir is not None else {}
-    if args.output == "json":
-        print(json.dumps(comparison_to_dict(comparison), indent=2, allow_nan=False))
+    if args.output in STRUCTURED:
+        emit(comparison_to_dict(comparison), args.output)
     else:
         print(render_table(comparison))
     if plot_dir is not None:
         try:
             write_plots(plot_dir, images)
         except PlotDirError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    return 0
+            return fail(exc)
+    return EXIT_OK

@@ -14,6 +14,8 @@ from typing import Any
 
 from prfaas_local.up import DEFAULT_SCENARIO, run
 
+from .output import add_output_arg
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -58,7 +60,7 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", help="replay this trace (JSONL, prfaas_core.request.trace) instead of generating one")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="where configs, logs and summary.json go (default: a temp dir)")
-    p.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    add_output_arg(p, "table")
     p.add_argument(
         "--plot-dir",
         metavar="DIR",

@@ -1,15 +1,24 @@
-"""``prfaas validate FILES...``: check manifests against the CRDs (schema + CEL) and the typed models, and
-across files (dangling references, duplicates). Exit 0 when all is well, 2 on any error."""
+"""``prfaas validate FILE...``: check manifests against the CRDs (schema + CEL) and the typed models, and
+across files (duplicates, references). ``-`` reads standard input; directories are searched for .yaml/.yml.
+
+Each file can be checked alone (a GitOps pipeline checking one manifest at a time): a reference to an object
+that is not among the given files is reported as unresolved and does not fail the check; with
+``--strict-references`` (a whole-tree check) it is an error. YAML that is not a Kubernetes manifest (no kind:
+a Helm values file) is skipped, saying so; other API groups' objects are skipped too (a pipeline may pass every
+YAML file of a repository). An input with no YAML document at all is an error. Exit 0 when every object is
+valid, 1 otherwise, 2 on a usage error.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
+from prfaas_core.schema.check import Issue
 from prfaas_core.schema.validation import Checked, validate_documents
 from prfaas_local.manifests import InputError, add_manifest_args, load_documents
+
+from .output import EXIT_ERROR, EXIT_OK, add_output_arg, emit, error
 
 
 def register(sub: Any) -> None:
@@ -19,8 +28,17 @@ def register(sub: Any) -> None:
         description=__doc__,
     )
     add_manifest_args(p)
-    p.add_argument("--output", "-o", choices=("text", "json"), default="text", help="report format")
+    p.add_argument(
+        "--strict-references",
+        action="store_true",
+        help="a reference to an object not among the given files is an error (check a whole tree at once)",
+    )
+    add_output_arg(p, human="text")
     p.set_defaults(handler=run)
+
+
+def _issues(issues: list[Issue]) -> list[dict[str, str]]:
+    return [{"path": i.path, "message": i.message, "source": i.source} for i in issues]
 
 
 def report_json(checked: list[Checked]) -> dict[str, Any]:
@@ -32,38 +50,48 @@ def report_json(checked: list[Checked]) -> dict[str, Any]:
                 "document": c.document.index,
                 "kind": c.document.kind,
                 "name": c.document.name,
+                "valid": c.ok,
                 "skipped": c.skipped,
-                "issues": [{"path": i.path, "message": i.message, "source": i.source} for i in c.issues],
-                "warnings": [{"path": i.path, "message": i.message, "source": i.source} for i in c.warnings],
+                "issues": _issues(c.issues),
+                "warnings": _issues(c.warnings),
+                "unresolved": _issues(c.unresolved),
             }
             for c in checked
         ],
     }
 
 
+def print_text(checked: list[Checked]) -> None:
+    for c in checked:
+        if c.skipped:
+            print(f"skip  {c.document.label}: {c.skipped}")
+        elif c.ok:
+            print(f"ok    {c.document.label}")
+        else:
+            print(f"FAIL  {c.document.label}")
+            for issue in c.issues:
+                print(f"        {issue}")
+        for ref in c.unresolved:
+            print(f"        unresolved: {ref.path}: {ref.message}")
+        for warning in c.warnings:
+            print(f"warn  {c.document.label}: {warning}")
+    bad = sum(1 for c in checked if not c.ok)
+    total = sum(1 for c in checked if c.skipped is None)
+    refs = sum(len(c.unresolved) for c in checked)
+    summary = f"{total - bad} of {total} objects valid" + (f"; {bad} invalid" if bad else "")
+    if refs:
+        summary += f"; {refs} reference(s) unresolved (not in the given files; --strict-references makes them errors)"
+    print(summary)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         docs = load_documents(args.files)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    checked = validate_documents(docs, default_namespace=args.namespace)
-    if args.output == "json":
-        print(json.dumps(report_json(checked), indent=2))
+        return error(str(exc))
+    checked = validate_documents(docs, default_namespace=args.namespace, strict_references=args.strict_references)
+    if args.output == "text":
+        print_text(checked)
     else:
-        for c in checked:
-            if c.skipped:
-                print(f"skip  {c.document.label}: {c.skipped}")
-            elif c.ok:
-                print(f"ok    {c.document.label}")
-            else:
-                print(f"FAIL  {c.document.label}")
-                for issue in c.issues:
-                    print(f"        {issue}")
-            for warning in c.warnings:
-                print(f"warn  {c.document.label}: {warning}")
-        bad = sum(1 for c in checked if not c.ok)
-        total = sum(1 for c in checked if c.skipped is None)
-        summary = f"{total - bad} of {total} objects valid"
-        print(summary if not bad else f"{summary}; {bad} invalid", file=sys.stderr if bad else sys.stdout)
-    return 0 if all(c.ok for c in checked) else 2
+        emit(report_json(checked), args.output)
+    return EXIT_OK if all(c.ok for c in checked) else EXIT_ERROR

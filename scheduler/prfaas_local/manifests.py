@@ -1,7 +1,9 @@
-"""Reading manifest files: YAML (multi-document) from files or directories, with errors a person can act on."""
+"""Reading manifest files: YAML (multi-document) from files, directories or standard input (``-``), with errors a
+person can act on."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,23 +14,49 @@ from prfaas_core.api import ModelProfile, PDCluster, PrefillCluster
 from prfaas_core.launch.render import Cluster
 from prfaas_core.schema.validation import Document, validate_documents
 
+from .formats import yaml_error
+
+STDIN = "-"
+"""The file name that reads standard input (as kubectl's ``-f -``)."""
+
 
 class InputError(Exception):
-    """Bad input on the command line: a missing file, unreadable YAML. Exit code 2."""
+    """Bad input: a missing file, unreadable YAML, no objects at all. Exit code 1."""
 
 
 def add_manifest_args(p: Any) -> None:
     """The arguments of a command that reads manifests: FILE... and ``--namespace``."""
-    p.add_argument("files", nargs="+", metavar="FILE", help="manifest files or directories (YAML)")
-    p.add_argument("--namespace", default="default", help="namespace of objects that name none")
+    p.add_argument("files", nargs="+", metavar="FILE", help="manifest files or directories (YAML); - reads stdin")
+    p.add_argument("--namespace", "-n", default="default", help="namespace of objects that name none")
+
+
+def read_input(raw: str, what: str = "file") -> tuple[str, str]:
+    """(source name, text) of a file, or of standard input for ``-``; InputError names the file and why."""
+    if raw == STDIN:
+        try:
+            return "<stdin>", sys.stdin.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"<stdin>: cannot read: {exc}") from None
+    try:
+        return raw, Path(raw).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{raw}: no such {what}") from None
+    except IsADirectoryError:
+        raise InputError(f"{raw}: is a directory, not a {what}") from None
+    except OSError as exc:
+        raise InputError(f"{raw}: cannot read the {what}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{raw}: cannot read the {what}: not UTF-8 text") from None
 
 
 def expand_paths(paths: Sequence[str]) -> list[Path]:
-    """Files as given; directories expanded to their *.yaml / *.yml files (sorted, recursive)."""
+    """Files as given; directories expanded to their *.yaml / *.yml files (sorted, recursive); ``-`` as is."""
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        if raw == STDIN:
+            out.append(p)
+        elif p.is_dir():
             found = sorted(x for x in p.rglob("*") if x.suffix in (".yaml", ".yml") and x.is_file())
             if not found:
                 raise InputError(f"{raw}: directory holds no .yaml or .yml files")
@@ -41,21 +69,18 @@ def expand_paths(paths: Sequence[str]) -> list[Path]:
 
 
 def load_documents(paths: Sequence[str]) -> list[Document]:
-    """Every non-empty YAML document in the given files, in order."""
+    """Every non-empty YAML document in the given files, in order; InputError when there is none at all."""
     docs: list[Document] = []
     for path in expand_paths(paths):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot read: {exc}") from exc
+        source, text = read_input(str(path))
         try:
             bodies = list(yaml.safe_load_all(text))
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise InputError(f"{path}{where}: invalid YAML: {problem}") from exc
-        docs += [Document(str(path), i, body) for i, body in enumerate(bodies) if body is not None]
+            raise InputError(yaml_error(source, exc)) from None
+        docs += [Document(source, i, body) for i, body in enumerate(bodies) if body is not None]
+    if not docs:
+        names = ", ".join("<stdin>" if x == STDIN else x for x in paths)
+        raise InputError(f"{names}: no YAML documents (an empty input is not a manifest)")
     return docs
 
 

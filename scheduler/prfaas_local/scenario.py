@@ -24,6 +24,8 @@ from prfaas_core.api.base import ApiModel
 from prfaas_core.capacity.workload import InputLengthSpec, LengthDistribution, distribution_from_spec
 from prfaas_core.request.trace import TraceRecord
 
+from .formats import os_error, yaml_error
+
 DEFAULT_SCENARIO = Path(__file__).parent / "data" / "up-phases.yaml"
 
 
@@ -79,8 +81,10 @@ class ScenarioError(ValueError):
 def load_scenario(path: Path) -> ScenarioSpec:
     try:
         raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ScenarioError(f"--scenario {path}: {exc}") from None
+    except OSError as exc:
+        raise ScenarioError(os_error(f"--scenario {path}", exc)) from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(yaml_error(f"--scenario {path}", exc)) from None
     try:
         return ScenarioSpec.model_validate(raw)
     except ValidationError as exc:

@@ -29,6 +29,7 @@ from prfaas_router.prom_text import sums_by_labels
 from . import real_up
 from .dashboard_png import DASHBOARD, without_exporter
 from .dashboard_png import render as render_dashboard
+from .formats import STRUCTURED, os_error, render
 from .plots import PlotDirError, check_plot_dir, write_plots
 from .scenario import (
     DEFAULT_SCENARIO,
@@ -168,7 +169,11 @@ def make_plan(args: argparse.Namespace, spec: ScenarioSpec) -> UpPlan:
 def records_of(args: argparse.Namespace, up: UpPlan) -> list[TraceRecord]:
     """The trace to replay: ``--trace``, or the scenario's (raises ValueError/OSError)."""
     if args.trace:
-        return list(parse_trace(Path(args.trace).read_text().splitlines(), args.trace))
+        try:
+            text = Path(args.trace).read_text()
+        except OSError as exc:
+            raise ValueError(os_error(f"--trace {args.trace}", exc)) from None
+        return list(parse_trace(text.splitlines(), args.trace))
     return scenario_trace(up.phases, up.lambda_max_rps, up.scenario.output_tokens, args.seed)
 
 
@@ -257,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         plot_dir = check_plot_dir(args.plot_dir) if args.plot_dir else None
     except (OSError, ValueError) as exc:  # ScenarioError and PlotDirError are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-up-"))
     work.mkdir(parents=True, exist_ok=True)
     announce(args, up, records, work)
@@ -326,8 +331,8 @@ def report(args: argparse.Namespace, out: dict[str, Any], work: Path, plot_dir: 
     dashboard = out.pop("_dashboard", None)
     out.pop("_started_unix", None)
     (work / "summary.json").write_text(json.dumps(out, indent=2))
-    if args.output == "json":
-        print(json.dumps(out, indent=2))
+    if args.output in STRUCTURED:
+        print(render(out, args.output), end="")
     else:
         print_summary(out)
         print(f"summary: {work / 'summary.json'}")

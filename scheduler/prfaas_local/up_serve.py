@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .formats import STRUCTURED, render
 from .stack import LocalStack
 from .up_prom import LocalPrometheus, running_stack, start_prometheus
 from .up_report import loop_summary, render_plot, summary
@@ -87,8 +88,8 @@ def serve(args: argparse.Namespace, up: Any, stack: LocalStack, work: Path) -> i
     if args.plot_dir:
         Path(args.plot_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.plot_dir) / "up.png").write_bytes(png)
-    if args.output == "json":
-        print(json.dumps(out, indent=2))
+    if args.output in STRUCTURED:
+        print(render(out, args.output), end="")
     print(f"stopped; summary: {work / 'summary.json'}", file=sys.stderr)
     return 0
 

@@ -9,6 +9,9 @@ optimistic concurrency (a merge patch carrying ``metadata.resourceVersion`` that
 real API server does; a failed JSON-patch ``test`` gets 422); the core group's discovery as kubectl reads it;
 fault injection (N answers of a status for requests matching a method and path); and counts of WATCH requests
 per resource and of all requests by verb and resource (``requests``; benchmarks read API calls per cycle from it).
+Authentication as a test needs it: the bearer token of every request is counted (``bearers``, as the API server
+sees it), and with ``accepted_tokens`` set any other token (or none) is answered 401 Unauthorized, as a real API
+server answers an expired or rotated-away token.
 
 Scale: kmock matches every request to a reaction by running its whole request log through each reaction's
 filters (``request in reaction``, an identity search: O(log) per request, ~50-300 ms with a 2,000-entry log),
@@ -97,6 +100,8 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self._index: dict[Any, dict[tuple[Any, str | None, str], None]] = {}  # resource -> keys, in order
         self._serving: dict[int, Any] = {}  # id -> request, while it is being served
         self.write_log: list[tuple[str, str, Any]] = []  # (method, path, body) of every create/update, in order
+        self.bearers: Counter[str] = Counter()  # bearer token ("" for none) -> requests that carried it
+        self.accepted_tokens: set[str] | None = None  # None: every request is authenticated; else only these
         for gv, plural, kind, namespaced, subs in CORE:
             self.resources[f"{gv}/{plural}"] = kmock.ResourceInfo(
                 kind=kind, namespaced=namespaced, verbs=VERBS, subresources=set(subs)
@@ -149,7 +154,16 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         finally:
             self._serving.pop(id(request), None)
 
+    def _authenticate(self, request: Any) -> None:
+        auth = next((str(v) for k, v in (request.headers or {}).items() if k.lower() == "authorization"), "")
+        token = auth[len("Bearer ") :].strip() if auth.startswith("Bearer ") else ""
+        self.bearers[token] += 1
+        accepted = self.accepted_tokens
+        if accepted is not None and token not in accepted:
+            raise kmock.KubernetesError(status=401, reason="Unauthorized", message="Unauthorized")
+
     async def _handle_one(self, request: Any) -> Any:
+        self._authenticate(request)
         fault = self._fault(request)
         if fault is not None:
             reason = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}

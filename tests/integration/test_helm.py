@@ -184,7 +184,9 @@ def test_example_resources_validate() -> None:
         [REPO / "examples/03-helm/demo/resources.yaml"],
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "prfaas_cli.main", "validate", *map(str, files)], capture_output=True, text=True
+            [sys.executable, "-m", "prfaas_cli.main", "validate", "--strict-references", *map(str, files)],
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -606,14 +608,23 @@ def test_operator_args_are_what_prfaas_operator_parses(helm: str) -> None:
     from prfaas_cli.main import build_parser
     from prfaas_cli.operator_cmd import config_from_args
 
-    sets = ["operator.resyncSeconds=120", "operator.gatewayPeriodSeconds=7", "operator.linkPeriodSeconds=9"]
-    docs = render(helm, CHART, None, *[a for s in sets for a in ("--set", s)])
-    args = [
-        a.replace("$(POD_NAME)", "prfaas-operator-0")
-        for a in containers(find(docs, "Deployment", "-operator"))[0]["args"]
+    sets = [
+        "operator.resyncSeconds=120",
+        "operator.gatewayPeriodSeconds=7",
+        "operator.linkPeriodSeconds=9",
+        "operator.livenessStallSeconds=90",
     ]
+    docs = render(helm, CHART, None, *[a for s in sets for a in ("--set", s)])
+    container = containers(find(docs, "Deployment", "-operator"))[0]
+    args = [a.replace("$(POD_NAME)", "prfaas-operator-0") for a in container["args"]]
     config = config_from_args(build_parser().parse_args(args))
     assert (config.resync_s, config.gateway_period_s, config.link_period_s) == (120, 7, 9)
+    assert config.liveness_stall_s == 90 and config.log_level == "INFO"
+    # the probes ask the operator's own health endpoints (test_operator_liveness: what they answer), not /metrics
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    port = next(p for p in container["ports"] if p["name"] == container["livenessProbe"]["httpGet"]["port"])
+    assert port["containerPort"] == config.metrics_port
     assert config.namespaces == (NAMESPACE,) and config.identity == "prfaas-operator-0"
     assert config_from_args(build_parser().parse_args(["operator", "-n", "x"])).resync_s > 0  # flag optional
 

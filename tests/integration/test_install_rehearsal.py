@@ -157,7 +157,9 @@ def validate_objects(r: Rehearsal, ctx: str) -> None:
     path = r.tmp / f"{ctx}-objects.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     proc = subprocess.run(
-        [sys.executable, "-m", "prfaas_cli.main", "validate", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "prfaas_cli.main", "validate", "--strict-references", str(path)],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -18,7 +18,7 @@ def _operator(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_missing_kubeconfig_exits_with_one_line() -> None:
     done = _operator("--kubeconfig", "/nonexistent")
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert len(lines) == 1 and lines[0].startswith("error: cannot load the kubeconfig (/nonexistent)"), done.stderr
     assert "Traceback" not in done.stderr + done.stdout
 
@@ -34,5 +34,5 @@ def test_an_unreachable_api_server_exits_with_one_line(tmp_path: Path) -> None:
     )
     done = _operator("--kubeconfig", str(kubeconfig))
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert len(lines) == 1 and f"the API server {server} is unreachable" in lines[0], done.stderr

@@ -142,12 +142,12 @@ def test_list_hardware(capsys: pytest.CaptureFixture[str]) -> None:
     assert "H200" in capsys.readouterr().out
 
 
-# --- Bad input: exit 2, a message naming the file and field, nothing written ---------------------------------
+# --- Bad input: exit 1 (2: a usage error), a message naming the file and field, nothing written -----------------
 
 
-def _fails(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> str:
+def _fails(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str, code: int = 1) -> str:
     plots = tmp_path / "plots"
-    assert main(["plan", "--plot-dir", str(plots), "--output", "json", *args]) == 2
+    assert main(["plan", "--plot-dir", str(plots), "--output", "json", *args]) == code
     captured = capsys.readouterr()
     assert captured.out == ""
     assert not plots.exists()
@@ -220,10 +220,10 @@ def test_bad_trace_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_non_positive_link_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--link-gbps" in _fails(capsys, tmp_path, "--link-gbps", "0")
+    assert "--link-gbps" in _fails(capsys, tmp_path, "--link-gbps", "0", code=2)
 
 
 def test_plot_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "f").write_text("x")
-    assert main(["plan", "--plot-dir", str(tmp_path / "f")]) == 2
+    assert main(["plan", "--plot-dir", str(tmp_path / "f")]) == 1
     assert "not a directory" in capsys.readouterr().err

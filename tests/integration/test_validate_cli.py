@@ -45,14 +45,14 @@ def test_two_managed_prefill_clusters_with_one_name_are_duplicates(tmp_path: Pat
     managed = (EX / "region-a" / "prefill-cluster.yaml").read_text()
     (tmp_path / "a.yaml").write_text(managed + "---\n" + managed)
     result = prfaas("validate", str(EX / "common"), str(tmp_path / "a.yaml"))
-    assert result.returncode == 2 and "duplicate PrefillCluster 'prfaas-h200'" in result.stdout
+    assert result.returncode == 1 and "duplicate PrefillCluster 'prfaas-h200'" in result.stdout
 
 
 @pytest.mark.parametrize("path", sorted(INVALID.glob("*.yaml"))[:6], ids=lambda p: p.stem)
-def test_invalid_manifest_exits_2_naming_the_field(path: Path) -> None:
+def test_invalid_manifest_exits_1_naming_the_field(path: Path) -> None:
     expect = next(line.split()[2] for line in path.read_text().splitlines() if line.startswith("# expect:"))
     result = prfaas("validate", str(path))
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "FAIL" in result.stdout
     assert expect in result.stdout
 
@@ -62,29 +62,30 @@ def test_dangling_reference_is_reported(tmp_path: Path) -> None:
     (tmp_path / "link.yaml").write_text(link)
     result = prfaas(
         "validate",
+        "--strict-references",
         str(EX / "common"),
         str(EX / "region-b" / "pd-cluster.yaml"),
         str(EX / "region-b" / "prefill-cluster-remote.yaml"),
         str(tmp_path / "link.yaml"),
     )
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "spec.pdClusterRef.name: PDCluster 'pd-h2O' in namespace 'prfaas' is not defined" in result.stdout
 
 
 def test_duplicate_object_is_reported() -> None:
     pd = str(EX / "region-b" / "pd-cluster.yaml")
     result = prfaas("validate", str(EX / "common"), pd, pd)
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "duplicate PDCluster 'pd-h20'" in result.stdout
 
 
-def test_missing_file_and_bad_yaml_exit_2(tmp_path: Path) -> None:
+def test_missing_file_and_bad_yaml_exit_1(tmp_path: Path) -> None:
     result = prfaas("validate", str(tmp_path / "nope.yaml"))
-    assert result.returncode == 2 and "no such file" in result.stderr
+    assert result.returncode == 1 and "no such file" in result.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: prfaas.io/v1alpha1\nkind: [unclosed\n")
     result = prfaas("validate", str(bad))
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "bad.yaml:" in result.stderr and "invalid YAML" in result.stderr
 
 
@@ -95,7 +96,7 @@ def test_unknown_kind_and_version(tmp_path: Path) -> None:
         "apiVersion: prfaas.io/v9\nkind: PDCluster\nmetadata: {name: y}\n"
     )
     result = prfaas("validate", str(f))
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "unknown kind 'PrefillClstr'" in result.stdout
     assert "unsupported version 'prfaas.io/v9'" in result.stdout
 

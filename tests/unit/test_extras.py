@@ -30,7 +30,7 @@ def test_a_plot_without_matplotlib_names_the_plots_extra(monkeypatch: pytest.Mon
     hide(monkeypatch, "matplotlib")
     with pytest.raises(plots.MissingPlotsExtra, match=r"pip install 'prfaas\[plots\]'"):
         plots.figure(4, 3)
-    assert main(["plan", "--plot-dir", str(tmp_path / "plots")]) == 2
+    assert main(["plan", "--plot-dir", str(tmp_path / "plots")]) == 1
     err = capsys.readouterr().err
     assert "matplotlib is not installed" in err and "pip install 'prfaas[plots]'" in err
     assert not (tmp_path / "plots").exists()

@@ -2,7 +2,12 @@
 across objects (dangling references, duplicates). Pure: takes parsed documents, returns issues.
 
 Both per-object checkers run on every object so that a disagreement between the CRD and the models is
-visible (the test suite requires they reject the same invalid manifests and name the same field).
+visible (the test suite requires they reject the same invalid manifests and name the same field); a field both
+reject is reported once (the CRD's finding, as the API server would word it).
+
+References to objects that are not among the documents are *unresolved*: in a per-file check (a GitOps
+pipeline validating one manifest at a time) they are reported as such and do not make the object invalid;
+``strict_references=True`` (a whole-tree check) makes each an error.
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ class Document:
 
     @property
     def label(self) -> str:
-        what = f"{self.kind or '?'}/{self.name or '?'}"
-        return f"{self.source}#{self.index} {what}"
+        if not self.kind and not self.name:
+            return f"{self.source}#{self.index}"
+        return f"{self.source}#{self.index} {self.kind or '?'}/{self.name or '?'}"
 
 
 @dataclass
@@ -62,6 +68,8 @@ class Checked:
     skipped: str | None = None
     warnings: list[Issue] = field(default_factory=list)
     """Findings that do not make the object invalid (e.g. a hybrid model's connector limits)."""
+    unresolved: list[Issue] = field(default_factory=list)
+    """References to objects not among the documents checked (errors instead with ``strict_references``)."""
 
     @property
     def ok(self) -> bool:
@@ -102,11 +110,24 @@ def validation_message(source: str, exc: ValidationError) -> str:
     return "\n".join(parts)
 
 
+NOT_A_MANIFEST = "not a Kubernetes manifest (no kind): not checked"
+"""Why a YAML mapping without a kind (a Helm values file, a Chart.yaml, a scenario) is skipped. One that names a
+PrFaaS apiVersion but no kind is an error instead."""
+
+
+def merge_issues(crd: list[Issue], model: list[Issue]) -> list[Issue]:
+    """The CRD's findings, then the model's on fields the CRD found nothing wrong with: one line per problem."""
+    seen = {i.path for i in crd}
+    return crd + [i for i in model if i.path not in seen]
+
+
 def check_document(doc: Document) -> Checked:
     """Run the CRD check and the model check on one document."""
     body = doc.body
     if not isinstance(body, dict):
         return Checked(doc, [Issue("", "document is not a mapping (an object with apiVersion and kind)", "document")])
+    if "kind" not in body and not str(body.get("apiVersion", "")).startswith(f"{API_GROUP}/"):
+        return Checked(doc, skipped=NOT_A_MANIFEST)
     api_version = body.get("apiVersion")
     kind = body.get("kind")
     if not isinstance(api_version, str) or not isinstance(kind, str):
@@ -128,7 +149,7 @@ def check_document(doc: Document) -> Checked:
     if not resource.namespaced and isinstance(body.get("metadata"), dict) and body["metadata"].get("namespace"):
         issues.append(Issue("metadata.namespace", f"{kind} is cluster-scoped; remove the namespace", "schema"))
     model, found = model_issues(resource.model, body)
-    return Checked(doc, issues + found, model=model)
+    return Checked(doc, merge_issues(issues, found), model=model)
 
 
 def _key(doc: Document, default_namespace: str) -> tuple[str, str | None, str]:
@@ -143,8 +164,11 @@ def _mode(doc: Document) -> str:
     return str(spec.get("mode", "Managed")) if isinstance(spec, dict) else "Managed"
 
 
-def cross_object_issues(checked: Sequence[Checked], default_namespace: str = "default") -> dict[int, list[Issue]]:
-    """Dangling references and duplicates among the objects (by position in ``checked``).
+def cross_object_issues(
+    checked: Sequence[Checked], default_namespace: str = "default"
+) -> tuple[dict[int, list[Issue]], dict[int, list[Issue]]]:
+    """Duplicates among the objects, and references to objects not among them: (duplicates, unresolved), each
+    by position in ``checked``.
 
     References: PrefillCluster/PDCluster -> ModelProfile (cluster-scoped); InterDCLink -> PrefillCluster and
     PDCluster in its own namespace. The API server cannot check these (CEL sees one object); the operator
@@ -154,6 +178,7 @@ def cross_object_issues(checked: Sequence[Checked], default_namespace: str = "de
     defined: dict[tuple[str, str | None, str], int] = {}
     seen: dict[tuple[str | None, ...], int] = {}
     out: dict[int, list[Issue]] = {}
+    unresolved: dict[int, list[Issue]] = {}
     for i, c in ours:
         if not c.document.name:
             continue
@@ -185,21 +210,27 @@ def cross_object_issues(checked: Sequence[Checked], default_namespace: str = "de
             name = ref.get("name") if isinstance(ref, dict) else None
             if isinstance(name, str) and (kind, ref_ns, name) not in defined:
                 where = f" in namespace {ref_ns!r}" if ref_ns else ""
-                out.setdefault(i, []).append(
+                unresolved.setdefault(i, []).append(
                     Issue(
                         f"spec.{field_name}.name",
                         f"{kind} {name!r}{where} is not defined in the given files",
                         "reference",
                     )
                 )
-    return out
+    return out, unresolved
 
 
-def validate_documents(docs: Iterable[Document], default_namespace: str = "default") -> list[Checked]:
-    """Check every document, then the references between them."""
+def validate_documents(
+    docs: Iterable[Document], default_namespace: str = "default", strict_references: bool = True
+) -> list[Checked]:
+    """Check every document, then the references between them. With ``strict_references`` a reference to an
+    object not among ``docs`` is an error; without, it is listed in ``Checked.unresolved``."""
     checked = [check_document(d) for d in docs]
-    for i, extra in cross_object_issues(checked, default_namespace).items():
+    duplicates, unresolved = cross_object_issues(checked, default_namespace)
+    for i, extra in duplicates.items():
         checked[i].issues.extend(extra)
+    for i, extra in unresolved.items():
+        (checked[i].issues if strict_references else checked[i].unresolved).extend(extra)
     errors, warnings = engine_issues([c.model for c in checked], default_namespace)
     for i, extra in errors.items():
         checked[i].issues.extend(extra)
