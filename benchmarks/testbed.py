@@ -27,6 +27,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from collections.abc import Callable
 
 import aiohttp
 
@@ -69,26 +70,35 @@ BASELINE_SERVER = textwrap.dedent(
 )
 
 
-def wait_http(url: str, deadline_s: float = 30.0) -> None:
+def _wait(ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, deadline_s: float = 300.0) -> None:
+    """Until ``ready()`` or the process exits (its start is what is waited on; the deadline only bounds a hang)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
+        if ready():
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with {proc.returncode} before it was ready")
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not come up in {deadline_s:g} s")
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
+    def ready() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
+                return bool(resp.status == 200)
         except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
+            return False
+
+    _wait(ready, proc, url)
 
 
-def wait_port(port: int, deadline_s: float = 30.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
+def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    def ready() -> bool:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    _wait(ready, proc, f"port {port}")
 
 
 async def load(url: str, seconds: float, concurrency: int) -> tuple[float, float]:
@@ -171,7 +181,7 @@ def bench_engine(seconds: float, concurrency: int) -> dict[str, float]:
         port = free_port()
         proc = spawn_process(argv_of(port))
         try:
-            wait_http(f"http://127.0.0.1:{port}/health")
+            wait_http(f"http://127.0.0.1:{port}/health", proc)
             asyncio.run(load(f"http://127.0.0.1:{port}", 1.0, concurrency))  # warm-up
             if shutil.which("wrk"):
                 rps, p50 = wrk_load(f"http://127.0.0.1:{port}", seconds, concurrency)
@@ -198,8 +208,8 @@ def bench_relay(megabytes: int, shaped_megabytes: int = 200) -> dict[str, float]
         )
     )
     try:
-        for port in (src_port, link_port, shaped_port):
-            wait_port(port)
+        for port, proc in zip((src_port, link_port, shaped_port), procs, strict=True):
+            wait_port(port, proc)
         asyncio.run(pull(src_port, 10_000_000))
         direct = asyncio.run(pull(src_port, nbytes))
         asyncio.run(pull(link_port, 10_000_000))
