@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup of the real-engine tier: a virtual environment for vLLM (the CPU build) with NIXL, outside the
 # clone (pip's cache and this folder survive fresh clones; delete it to rebuild), the glue the CPU build needs, and
-# a seeded tiny model (weights, a locally trained tokenizer and a chat template) generated here, no download.
+# seeded tiny models, a dense one and a hybrid (weights, a locally trained tokenizer and a chat template) generated here, no download.
 # Prints the path of the environment file the test harness reads (JSON: python, model, tokenizer, versions).
 #
 #   PRFAAS_REAL_HOME   where it lives (default ~/.cache/prfaas/real)
@@ -46,10 +46,19 @@ if [ ! -f "$model/.complete" ]; then
   touch "$model/.complete"
 fi
 
-"$venv/bin/python" - "$venv" "$model" "$home/env.json" <<'PYEOF'
+# the tiny hybrid (Qwen3-Next: 3 gated-DeltaNet layers + 1 full attention), sharing the dense model's tokenizer
+hybrid="$home/models/tiny-qwen3next-$(cat "$glue/tiny_model.py" "$glue/tiny_hybrid_model.py" | sha256sum | cut -c1-12)"
+if [ ! -f "$hybrid/.complete" ]; then
+  echo "real-engines: generating the tiny hybrid model in $hybrid" >&2
+  rm -rf "$hybrid"
+  (cd "$glue" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" tiny_hybrid_model.py "$hybrid")
+  touch "$hybrid/.complete"
+fi
+
+"$venv/bin/python" - "$venv" "$model" "$home/env.json" "$hybrid" <<'PYEOF'
 import json, sys
 from importlib.metadata import version
-venv, model, out = sys.argv[1:]
+venv, model, out, hybrid = sys.argv[1:]
 env = {
     "python": f"{venv}/bin/python",
     "model": model,
@@ -59,5 +68,8 @@ env = {
 }
 with open(out, "w") as f:
     json.dump(env, f, indent=2)
+# the hybrid's environment file beside it (env.json keeps its keys: older checkouts read it as they are)
+with open(out.replace("env.json", "hybrid-env.json"), "w") as f:
+    json.dump({**env, "model": hybrid, "tokenizer_file": f"{hybrid}/tokenizer.json", "served_model_name": "tiny-hybrid"}, f, indent=2)
 PYEOF
 echo "$home/env.json"

@@ -115,7 +115,7 @@ class Gateway:
             verdict = self.admission.decide(
                 key,
                 request.headers,
-                c.kv.block_kv_bytes(len(ids)),
+                c.kv.pulled_kv_bytes(len(ids)),
                 prefill_s,
                 rt.model_now(),
                 None if ready.name is None else ready.predicted_s,
@@ -283,7 +283,7 @@ class Gateway:
                 continue
             if resp.status_code == 200:
                 rt.pd_index.insert(hashes, pick.name)
-                self._served(uncached, c.kv.block_kv_bytes(len(ids)))
+                self._served(uncached, c.kv.pulled_kv_bytes(len(ids)))
                 self._egress(request.headers.get(LINK_HEADER), reported_prompt_tokens(resp.content, len(ids)))
             answer = web.Response(body=resp.content, status=resp.status_code, content_type="application/json")
             return answer, pick.name
@@ -314,7 +314,7 @@ class Gateway:
         """Count the KV the served prefill left for region B to pull: ``S_kv`` of the whole blocks of the engine's
         prompt tokens."""
         name = link if link and LINK_LABEL.fullmatch(link) else UNKNOWN_LINK
-        nbytes = self.rt.compiled.kv.block_kv_bytes(prompt_tokens)
+        nbytes = self.rt.compiled.kv.pulled_kv_bytes(prompt_tokens)
         self.metrics.gateway_egress.labels(name).inc(nbytes)
         self.egress_bytes[name] = self.egress_bytes.get(name, 0.0) + nbytes
 

@@ -89,7 +89,7 @@ async def remote_prefill(
     rt.remote_succeeded(remote.name)
     # the KV now waits in region A for this region's decode to pull it: S_kv of what the engine prefilled
     tokens = reported_prompt_tokens(answer, uncached)
-    proxy.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.block_kv_bytes(tokens))
+    proxy.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.pulled_kv_bytes(tokens))
     return handle
 
 

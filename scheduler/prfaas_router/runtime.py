@@ -104,7 +104,7 @@ def compile_config(config: RouterConfig) -> Compiled:
     return Compiled(
         config=config,
         # the engines hold and move whole KV blocks of prefixBlockTokens (the engines' block size)
-        kv=kv_model_from_profile(config.model).with_blocks(config.routing.prefix_block_tokens),
+        kv=kv_model_from_profile(config.model).with_default_blocks(config.routing.prefix_block_tokens),
         pd=pd,
         prfaas=_profile(config.prfaas_hardware, "H200"),
         links=links,
