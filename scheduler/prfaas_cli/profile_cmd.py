@@ -5,7 +5,7 @@ a page holds a recurrent state). ``--block-size`` is the engine's ``--block-size
 
 ``--check-prefill URL --check-decode URL``: then check it against a served P/D pair of that model (a producer and
 a consumer, NixlConnector): one exchange per ``--check-lengths`` prompt length (lengths that did not build the
-profile), each one's bytes as the decode engine counts them (``vllm:nixl_bytes_transferred``) beside the profile's
+profile), each one's bytes as the decode engine counts them (its NIXL transferred-bytes histogram) beside the profile's
 prediction; the profile's ``prfaas.io/profiled-on`` annotation names the engine and its version. Exit 1 when a
 prediction is off by more than ``--tolerance``; 2 on bad input.
 """
@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
         except (httpx.HTTPError, RuntimeError) as exc:
             print(f"prfaas profile: the check failed: {exc}", file=sys.stderr)
             return 1
-        profile.metadata.annotations = {
-            **(profile.metadata.annotations or {}),
-            PROFILED_ON: engine_version(args.check_decode),
-        }
+        meta = profile.metadata.model_copy(
+            update={"annotations": {**profile.metadata.annotations, PROFILED_ON: engine_version(args.check_decode)}}
+        )
+        profile = profile.model_copy(update={"metadata": meta})
         for c in checked:
             ok = abs(c.error) <= args.tolerance
             rc = rc or (0 if ok else 1)

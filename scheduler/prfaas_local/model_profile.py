@@ -1,8 +1,8 @@
 """``prfaas profile``'s work: a ModelProfile from a model directory (its ``config.json``, through the core's
 :func:`~prfaas_core.capacity.model_config.architecture_from_config`), and its check against a served P/D pair:
-P/D exchanges at prompt lengths that did not build it, each one's bytes as vLLM's decode engine counts them
-(``vllm:nixl_bytes_transferred``, its sum before and after) beside the profile's prediction
-(:meth:`~prfaas_core.capacity.kv.KvModel.pulled_kv_bytes`)."""
+P/D exchanges at prompt lengths that did not build it, each one's bytes as vLLM's decode engine counts them (its
+NIXL transferred-bytes histogram, ``names.VLLM_NIXL_BYTES_TRANSFERRED``, its sum before and after) beside the
+profile's prediction (:meth:`~prfaas_core.capacity.kv.KvModel.pulled_kv_bytes`)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class CheckedLength:
 
 
 def transferred_bytes(decode_url: str) -> tuple[float, float]:
-    """The decode engine's ``vllm:nixl_bytes_transferred`` (sum, count) so far."""
+    """The decode engine's NIXL transferred-bytes histogram (sum, count) so far."""
     text = httpx.get(f"{decode_url}{VLLM.METRICS_PATH}", timeout=10).text
     metric = names.VLLM_NIXL_BYTES_TRANSFERRED
     return sample_sum(text, f"{metric}_sum", {}) or 0.0, sample_sum(text, f"{metric}_count", {}) or 0.0

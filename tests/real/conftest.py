@@ -27,8 +27,8 @@ THRESHOLD_TOKENS = 768
 
 
 FIRST = ("test_real_netns.py", "test_real_up.py", "test_real_hybrid.py")
-"""Run before every other module of the tier, in this order: each ends its own engines (2, then 3) before the
-next starts any (the hybrid module its own 3), and before the loopback set starts (the machine holds one set, not two)."""
+"""Run before every other module of the tier, in this order: each ends its own engines (2, 3, then the hybrid's 3)
+before the next starts any, and before the loopback set starts (the machine holds one set, not two)."""
 
 
 def _in_tier(item: pytest.Item | None) -> bool:

@@ -123,9 +123,7 @@ def test_the_engines_run_with_what_the_hybrid_profile_implies(hybrid: Hybrid) ->
 
 
 @pytest.mark.parametrize(("tokens", "route"), [(SHORT_TOKENS, "local"), (LONG_TOKENS, "remote")])
-def test_n_minus_1_and_the_booked_bytes_equal_what_vllm_transferred(
-    hybrid: Hybrid, tokens: int, route: str
-) -> None:
+def test_n_minus_1_and_the_booked_bytes_equal_what_vllm_transferred(hybrid: Hybrid, tokens: int, route: str) -> None:
     prompts = Prompts(hybrid.env.tokenizer_file)
     for _ in range(2):
         before_src = hybrid.pdd.prompt_tokens_by_source()

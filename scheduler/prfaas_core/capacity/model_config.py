@@ -107,7 +107,9 @@ def architecture_from_config(
     else:
         full, state = layers, 0
         fields["full_attention_layers"] = layers
-    probe = ModelArchitecture(full_attention_layers=max(full, 1), kv_heads=kv_heads, head_dim=int(head_dim), kv_dtype=dtype)
+    probe = ModelArchitecture(
+        full_attention_layers=max(full, 1), kv_heads=kv_heads, head_dim=int(head_dim), kv_dtype=dtype
+    )
     per_layer = full_attention_bytes_per_token_per_layer(probe)
     fields["block_tokens"] = engine_block_tokens(block_size, per_layer, state)
     return ModelArchitecture(**fields)
