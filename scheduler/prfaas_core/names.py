@@ -72,6 +72,9 @@ prefills held for a PrFaaS lane earliest due first (``laneOrder: deadline``), ke
 predicted to make its objective within it."""
 HEADER_LINK: Final = "x-prfaas-link"
 """The link the stream crosses."""
+HEADER_DECODE_CACHED_TOKENS: Final = "x-prfaas-decode-cached-tokens"
+"""The leading prompt tokens the request's decode instance holds already (the router's
+:class:`~prfaas_core.request.decode_prefix.DecodeHoldings`): the gateway books only the KV the decode will pull."""
 HEADER_LINK_AVAILABLE_GBPS: Final = "x-prfaas-link-available-gbps"
 """The link's available bandwidth as the sending router estimates it (model Gbps; sent only while the estimate
 bounds the configured capacity): the gateway's calendar books under the lowest fresh report."""
@@ -82,6 +85,7 @@ ADMISSION_HEADERS: Final = (
     HEADER_SLO_TTFT_MS,
     HEADER_LINK,
     HEADER_LINK_AVAILABLE_GBPS,
+    HEADER_DECODE_CACHED_TOKENS,
 )
 """Stripped by the gateway before the engine (its forwarding allow-list passes them to it, no further)."""
 HEADER_PULL_ID: Final = "x-prfaas-pull-id"

@@ -37,6 +37,7 @@ from prfaas_core.policy.short_term import (
     route,
 )
 from prfaas_core.policy.threshold import ThresholdBounds, ThresholdDecision
+from prfaas_core.request.decode_prefix import DecodeHoldings
 from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.request.tokens import PrefixIndex, Tokenizer
 
@@ -183,6 +184,8 @@ class Runtime:
     in_flight: int = 0
     pd_index: PrefixIndex = field(init=False)
     remote_index: PrefixIndex = field(init=False)
+    decode_held: DecodeHoldings = field(init=False)
+    """What each decode instance holds of the prompts it served (a remote request's KV bytes leave it out)."""
     _ledgers: dict[str, EgressLedger] = field(default_factory=dict)
     _breakers: BreakerBoard = field(default_factory=BreakerBoard)
     _recent: RecentLengths = field(default_factory=RecentLengths)
@@ -220,6 +223,7 @@ class Runtime:
         r = self.compiled.config.routing
         self.pd_index = PrefixIndex(r.prefix_index_blocks, r.prefix_block_tokens)
         self.remote_index = PrefixIndex(r.prefix_index_blocks, r.prefix_block_tokens)
+        self.decode_held = DecodeHoldings(self.compiled.kv, r.prefix_block_tokens)
         self.snapshot = Snapshot(
             ThresholdDecision(self.compiled.bounds.min_tokens, 0, "initial: t = t_min"),
             {name: LinkState() for name in self.compiled.links},
@@ -241,6 +245,8 @@ class Runtime:
         self._breakers.ensure({r.name: (r.url, r.link) for r in compiled.remotes})
         gone = set(self._queued_prefill_s) - set(compiled.by_name)
         self.pd_index.forget(gone)
+        self.decode_held.retarget(compiled.kv, compiled.config.routing.prefix_block_tokens)
+        self.decode_held.forget(gone)
 
     def model_now(self) -> float:
         return self.clock() * self.compiled.scale.time_scale

@@ -9,8 +9,8 @@ Oracles (vLLM's own counters on the decode engine):
   (``prompt_tokens_by_source``: ``external_kv_transfer`` N-1, ``local_compute`` 1), on the local and the remote path;
 * byte-exact accounting: what the router (``prfaas_router_remote_kv_bytes_total``) and the gateway
   (``prfaas_gateway_kv_egress_bytes_total``) book for a remote request equals ``vllm:nixl_bytes_transferred``, which
-  counts the recurrent state too (the attention blocks alone would be a whole block short; measured, see
-  docs/hybrid-models.md);
+  counts the recurrent state too (measured, see docs/hybrid-models.md), also when the decode holds part of the
+  prompt already (a repeat: only the blocks it lacks and the state cross);
 * the profile's predictions at prompt lengths that did not build it (it is built from the config alone).
 
 Its own engine set (3 hybrid engines, ~7 GiB), started once and ended when the module ends, before the tier's
@@ -144,6 +144,36 @@ def test_n_minus_1_and_the_booked_bytes_equal_what_vllm_transferred(hybrid: Hybr
             assert abs(gateway - moved) <= TOLERANCE * moved, (gateway, moved)
         else:
             assert router == gateway == 0
+
+
+def test_a_prompt_the_decode_holds_is_booked_without_what_it_reuses(hybrid: Hybrid) -> None:
+    """A remote prompt again, then extended: the decode reuses up to its checkpoint (the last whole block of the
+    first prompt's N-1 tokens) and pulls the rest plus the state; the router and the gateway book exactly that."""
+    prompts = Prompts(hybrid.env.tokenizer_file, seed=1048)
+    first = prompts.text(LONG_TOKENS)
+    block = hybrid.profile.spec.architecture.block_tokens  # type: ignore[union-attr]
+    for i, text in enumerate((first, first, first + " " + prompts.text(100))):
+        before_src = hybrid.pdd.prompt_tokens_by_source()
+        before_bytes, before_booked = transferred_bytes(hybrid.pdd.url), _booked(hybrid)
+        r = _complete(hybrid, text)
+        assert r.headers["x-prfaas-route"] == "remote"
+        n = r.json()["usage"]["prompt_tokens"]
+        moved = _settled_transfer(hybrid.pdd, before_bytes)
+        after_src = hybrid.pdd.prompt_tokens_by_source()
+        got = {k: after_src[k] - before_src[k] for k in after_src}
+        reused = got["local_cache_hit"]
+        assert got["external_kv_transfer"] + reused == n - 1 and got["local_compute"] == 1, got
+        if i == 0:
+            assert reused == 0
+            checkpoint = (n - 1) // block * block
+        else:
+            assert reused == checkpoint, (reused, checkpoint)
+        router, gateway = (a - b for a, b in zip(_booked(hybrid), before_booked, strict=True))
+        print(
+            f"\nremote {n} tokens, {reused:.0f} reused: vLLM {moved:.0f} B; router {router:.0f} B, gateway {gateway:.0f} B"
+        )
+        assert abs(router - moved) <= TOLERANCE * moved, (router, moved)
+        assert abs(gateway - moved) <= TOLERANCE * moved, (gateway, moved)
 
 
 def test_the_profile_predicts_the_transferred_bytes_at_held_back_lengths(hybrid: Hybrid) -> None:
