@@ -170,7 +170,8 @@ def test_a_prompt_the_decode_holds_is_booked_without_what_it_reuses(hybrid: Hybr
             assert reused == checkpoint, (reused, checkpoint)
         router, gateway = (a - b for a, b in zip(_booked(hybrid), before_booked, strict=True))
         print(
-            f"\nremote {n} tokens, {reused:.0f} reused: vLLM {moved:.0f} B; router {router:.0f} B, gateway {gateway:.0f} B"
+            f"\nremote {n} tokens, {reused:.0f} reused: vLLM {moved:.0f} B; "
+            f"router {router:.0f} B, gateway {gateway:.0f} B"
         )
         assert abs(router - moved) <= TOLERANCE * moved, (router, moved)
         assert abs(gateway - moved) <= TOLERANCE * moved, (gateway, moved)
