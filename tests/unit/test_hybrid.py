@@ -22,6 +22,7 @@ from prfaas_core.capacity.kv import kv_model_from_architecture
 from prfaas_core.capacity.model_config import ModelConfigError, architecture_from_config, engine_block_tokens
 from prfaas_core.launch.engines import EngineSpec, engine_launch
 from prfaas_core.launch.render import hybrid_fields
+from prfaas_core.request.decode_prefix import DecodeHoldings, decode_cached_header
 
 TINY_QWEN3_NEXT: dict[str, Any] = {
     "architectures": ["Qwen3NextForCausalLM"],
@@ -180,3 +181,48 @@ def test_prfaas_profile_writes_a_model_profile(tmp_path: Path, capsys: pytest.Ca
     (model / "config.json").write_text(json.dumps({**TINY_QWEN3_NEXT, "architectures": ["Nope"]}))
     assert main(["profile", str(model)]) == 2
     assert "architectures" in capsys.readouterr().err
+
+
+def _kv(**change: Any) -> Any:
+    return kv_model_from_architecture(architecture_from_config({**TINY_QWEN3_NEXT, **change}, block_size=128))
+
+
+def test_a_hybrid_decode_holds_a_prompt_only_at_its_checkpoint() -> None:
+    held = DecodeHoldings(_kv(), block_tokens=128)
+    first = list(range(1080))
+    assert held.held_tokens(first, "pdd") == 0
+    held.learn(first, "pdd")
+    assert held.held_tokens(first, "pdd") == 1024  # measured: the repeat reused 1,024 tokens
+    assert held.held_tokens([*first, *range(5000, 5100)], "pdd") == 1024  # extended: the same
+    assert held.held_tokens(first[:1000] + [7] * 80, "pdd") == 0  # diverges before the checkpoint: nothing
+    assert held.held_tokens(first, "other") == held.held_tokens(first, None) == 0
+    held.forget({"pdd"})
+    assert held.held_tokens(first, "pdd") == 0
+
+
+def test_a_dense_decode_holds_every_whole_block_but_never_the_last_token() -> None:
+    dense = _kv(architectures=["LlamaForCausalLM"], num_hidden_layers=2, head_dim=32)
+    held = DecodeHoldings(dense, block_tokens=128)
+    held.learn(list(range(300)), "pdd")
+    assert held.held_tokens(list(range(200)) + [9] * 100, "pdd") == 128
+    assert held.held_tokens(list(range(257)), "pdd") == 256
+    assert held.held_tokens(list(range(256)), "pdd") == 128  # 256 would leave the engine nothing to compute
+
+
+def test_holdings_are_bounded_oldest_first() -> None:
+    held = DecodeHoldings(_kv(), block_tokens=128, capacity=2)
+    prompts = [[i] * 600 for i in range(3)]
+    for p in prompts:
+        held.learn(p, "pdd")
+    assert [held.held_tokens(p, "pdd") for p in prompts] == [0, 512, 512]
+
+
+@pytest.mark.parametrize(("value", "tokens"), [(None, 0), ("0", 0), ("1024", 1024)])
+def test_the_gateway_reads_the_decode_cached_header(value: str | None, tokens: int) -> None:
+    assert decode_cached_header(value) == tokens
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "x", ""])
+def test_a_bad_decode_cached_header_names_itself(value: str) -> None:
+    with pytest.raises(ValueError, match="x-prfaas-decode-cached-tokens"):
+        decode_cached_header(value)
