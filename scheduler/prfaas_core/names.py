@@ -74,7 +74,7 @@ HEADER_LINK: Final = "x-prfaas-link"
 """The link the stream crosses."""
 HEADER_DECODE_CACHED_TOKENS: Final = "x-prfaas-decode-cached-tokens"
 """The leading prompt tokens the request's decode instance holds already (the router's
-:class:`~prfaas_core.request.decode_prefix.DecodeHoldings`): the gateway books only the KV the decode will pull."""
+:class:`~prfaas_core.policy.decode_prefix.DecodeHoldings`): the gateway books only the KV the decode will pull."""
 HEADER_LINK_AVAILABLE_GBPS: Final = "x-prfaas-link-available-gbps"
 """The link's available bandwidth as the sending router estimates it (model Gbps; sent only while the estimate
 bounds the configured capacity): the gateway's calendar books under the lowest fresh report."""

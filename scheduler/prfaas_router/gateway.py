@@ -28,8 +28,8 @@ from prfaas_core import names
 from prfaas_core.api import GatewayStatus
 from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.decode_prefix import decode_cached_header
 from prfaas_core.policy.routing import InstanceView
-from prfaas_core.request.decode_prefix import decode_cached_header
 from prfaas_core.request.tokens import block_hashes
 
 from . import server_timing

@@ -19,6 +19,7 @@ from prfaas_core.capacity.hardware import HardwareProfile, builtin_hardware, har
 from prfaas_core.capacity.kv import KvModel, kv_model_from_profile
 from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams, Transition
+from prfaas_core.policy.decode_prefix import DecodeHoldings
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.replica_books import Book, InstanceBook, Mark, ReplicaBooks
@@ -37,7 +38,6 @@ from prfaas_core.policy.short_term import (
     route,
 )
 from prfaas_core.policy.threshold import ThresholdBounds, ThresholdDecision
-from prfaas_core.request.decode_prefix import DecodeHoldings
 from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.request.tokens import PrefixIndex, Tokenizer
 

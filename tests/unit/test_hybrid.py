@@ -22,7 +22,7 @@ from prfaas_core.capacity.kv import kv_model_from_architecture
 from prfaas_core.capacity.model_config import ModelConfigError, architecture_from_config, engine_block_tokens
 from prfaas_core.launch.engines import EngineSpec, engine_launch
 from prfaas_core.launch.render import hybrid_fields
-from prfaas_core.request.decode_prefix import DecodeHoldings, decode_cached_header
+from prfaas_core.policy.decode_prefix import DecodeHoldings, decode_cached_header
 
 TINY_QWEN3_NEXT: dict[str, Any] = {
     "architectures": ["Qwen3NextForCausalLM"],

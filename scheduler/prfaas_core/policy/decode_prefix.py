@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from .. import names
 from ..capacity.kv import KvModel
-from .tokens import block_hashes
+from ..request.tokens import block_hashes
 
 DEFAULT_CAPACITY = 65_536
 """Entries kept (instance, block): ~16M tokens of 256-token blocks."""
