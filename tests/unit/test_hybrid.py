@@ -71,6 +71,32 @@ def test_pulled_bytes_equal_what_vllm_transferred(tokens: int, cached: int, move
     assert kv.pulled_kv_bytes(tokens, cached) == moved
 
 
+TINY_GRANITE_4H: dict[str, Any] = {
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "dtype": "bfloat16",
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 64,
+    "mamba_d_state": 64,
+    "mamba_n_groups": 1,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+}
+"""The generated tiny Granite-4-H's config.json (the fields the geometry reads)."""
+
+
+@pytest.mark.parametrize(("tokens", "moved"), [(150, 601_344), (300, 601_344), (600, 797_952), (1000, 994_560)])
+def test_a_mamba2_hybrid_pulls_what_vllm_transferred(tokens: int, moved: int) -> None:
+    arch = architecture_from_config(TINY_GRANITE_4H, block_size=128)
+    # vLLM: mamba_ssm_size=(3840, 131072), "Setting attention block size to 384 tokens"
+    assert (arch.linear_kind, arch.linear_state_bytes_per_layer, arch.block_tokens) == ("Mamba2", 3840 + 131_072, 384)
+    assert kv_model_from_architecture(arch).pulled_kv_bytes(tokens) == moved
+
+
 def test_a_dense_model_pulls_every_token_in_whole_blocks() -> None:
     dense = {**TINY_QWEN3_NEXT, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "head_dim": 32}
     arch = architecture_from_config(dense, block_size=128)

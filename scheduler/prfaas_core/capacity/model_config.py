@@ -6,7 +6,9 @@ KV block size: the KV geometry the engine holds and moves, computed as vLLM 0.32
 * linear-attention layers (a hybrid): a fixed recurrent state per request and layer. Gated DeltaNet (Qwen3-Next):
   a conv state of ``(conv_kernel - 1) x (2 x key_heads x key_dim + value_heads x value_dim)`` in the model's
   dtype plus a recurrent state of ``value_heads x key_dim x value_dim`` in the state dtype (vLLM's CPU backend
-  keeps it in fp32; on GPUs it is the model's dtype unless ``--mamba-ssm-cache-dtype`` says otherwise);
+  keeps it in fp32; on GPUs it is the model's dtype unless ``--mamba-ssm-cache-dtype`` says otherwise); Mamba2
+  (Granite-4-H): a conv state of ``(d_conv - 1) x (expand x hidden + 2 x groups x d_state)`` plus an SSM state of
+  ``heads x head_dim x d_state``;
 * the block: vLLM enlarges a hybrid's attention block (in multiples of the configured block size) until one
   layer's attention page holds one layer's recurrent state, so the KV moves in whole blocks of that size (the tiny
   Qwen3-Next on CPU: 128 configured, 256 used).
@@ -29,7 +31,8 @@ DENSE_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GraniteForCausalLM"}
 )
 GDN_ARCHITECTURES = frozenset({"Qwen3NextForCausalLM"})
-SUPPORTED = ", ".join(sorted(DENSE_ARCHITECTURES | GDN_ARCHITECTURES))
+MAMBA2_ARCHITECTURES = frozenset({"GraniteMoeHybridForCausalLM"})
+SUPPORTED = ", ".join(sorted(DENSE_ARCHITECTURES | GDN_ARCHITECTURES | MAMBA2_ARCHITECTURES))
 
 
 class ModelConfigError(ValueError):
@@ -70,6 +73,16 @@ def gdn_state_bytes(config: Mapping[str, Any], state_dtype: KvDtype) -> int:
     return conv + value_heads * key_dim * value_dim * DTYPE_BYTES[state_dtype]
 
 
+def mamba2_state_bytes(config: Mapping[str, Any], state_dtype: KvDtype) -> int:
+    """One Mamba2 layer's state per request: conv state ``(d_conv - 1) x (expand x hidden + 2 x groups x d_state)``
+    (model dtype) + SSM state ``heads x head_dim x d_state`` (``state_dtype``), as vLLM's ``mamba2_state_shape``."""
+    hidden, expand = _int(config, "hidden_size"), _int(config, "mamba_expand", 2)
+    groups, d_state = _int(config, "mamba_n_groups", 1), _int(config, "mamba_d_state")
+    conv_dim = expand * hidden + 2 * groups * d_state
+    conv = max(_int(config, "mamba_d_conv", 4) - 1, 0) * conv_dim * DTYPE_BYTES[model_dtype(config)]
+    return conv + _int(config, "mamba_n_heads") * _int(config, "mamba_d_head") * d_state * DTYPE_BYTES[state_dtype]
+
+
 def engine_block_tokens(block_size: int, attention_bytes_per_token_layer: int, state_bytes_layer: int) -> int:
     """The block vLLM uses: ``block_size`` for a dense model; for a hybrid the smallest multiple of it whose
     attention page (one layer) holds one layer's recurrent state."""
@@ -86,7 +99,7 @@ def architecture_from_config(
     """The KV geometry of the model ``config`` describes, served with ``--block-size block_size``."""
     names = config.get("architectures") or []
     arch = names[0] if isinstance(names, list) and names else None
-    if arch not in DENSE_ARCHITECTURES | GDN_ARCHITECTURES:
+    if arch not in DENSE_ARCHITECTURES | GDN_ARCHITECTURES | MAMBA2_ARCHITECTURES:
         raise ModelConfigError(f"config.json: architectures {names!r}: supported are {SUPPORTED}")
     layers = _int(config, "num_hidden_layers")
     heads = _int(config, "num_attention_heads")
@@ -94,15 +107,16 @@ def architecture_from_config(
     head_dim = config.get("head_dim") or (_int(config, "hidden_size") // max(heads, 1))
     dtype = model_dtype(config)
     fields: dict[str, Any] = {"kv_heads": kv_heads, "head_dim": int(head_dim), "kv_dtype": dtype}
-    if arch in GDN_ARCHITECTURES:
+    if arch in GDN_ARCHITECTURES | MAMBA2_ARCHITECTURES:
         types = _layer_types(config, layers)
         full, linear = types.count("full_attention"), types.count("linear_attention")
-        state = gdn_state_bytes(config, state_dtype)
+        gdn = arch in GDN_ARCHITECTURES
+        state = gdn_state_bytes(config, state_dtype) if gdn else mamba2_state_bytes(config, state_dtype)
         fields |= {
             "full_attention_layers": full,
             "linear_layers": linear,
             "linear_state_bytes_per_layer": state,
-            "linear_kind": "GatedDeltaNet",
+            "linear_kind": "GatedDeltaNet" if gdn else "Mamba2",
         }
     else:
         full, state = layers, 0
