@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup of the real-engine tier: a virtual environment for vLLM (the CPU build) with NIXL, outside the
 # clone (pip's cache and this folder survive fresh clones; delete it to rebuild), the glue the CPU build needs, and
-# a seeded tiny model (weights, a locally trained tokenizer and a chat template) generated here, no download.
+# seeded tiny models, a dense one and a hybrid (weights, a locally trained tokenizer and a chat template) generated here, no download.
 # Prints the path of the environment file the test harness reads (JSON: python, model, tokenizer, versions).
 #
 #   PRFAAS_REAL_HOME   where it lives (default ~/.cache/prfaas/real)
@@ -46,10 +46,23 @@ if [ ! -f "$model/.complete" ]; then
   touch "$model/.complete"
 fi
 
-"$venv/bin/python" - "$venv" "$model" "$home/env.json" <<'PYEOF'
+# the tiny hybrids, sharing the dense model's tokenizer: Qwen3-Next (3 gated-DeltaNet layers + 1 full attention)
+# and Granite-4-H (3 Mamba2 layers + 1 full attention)
+stamp_h=$(cat "$glue/tiny_model.py" "$glue/tiny_hybrid_model.py" | sha256sum | cut -c1-12)
+for kind in qwen3next granite4h; do
+  dir="$home/models/tiny-$kind-$stamp_h"
+  if [ ! -f "$dir/.complete" ]; then
+    echo "real-engines: generating the tiny hybrid model in $dir" >&2
+    rm -rf "$dir"
+    (cd "$glue" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" tiny_hybrid_model.py "$dir" "$kind")
+    touch "$dir/.complete"
+  fi
+done
+
+"$venv/bin/python" - "$venv" "$model" "$home/env.json" "$home/models/tiny-qwen3next-$stamp_h" "$home/models/tiny-granite4h-$stamp_h" <<'PYEOF'
 import json, sys
 from importlib.metadata import version
-venv, model, out = sys.argv[1:]
+venv, model, out, hybrid, granite = sys.argv[1:]
 env = {
     "python": f"{venv}/bin/python",
     "model": model,
@@ -59,5 +72,9 @@ env = {
 }
 with open(out, "w") as f:
     json.dump(env, f, indent=2)
+# the hybrids' environment files beside it (env.json keeps its keys: older checkouts read it as they are)
+for name, path, served in (("hybrid-env.json", hybrid, "tiny-hybrid"), ("granite-env.json", granite, "tiny-granite")):
+    with open(out.replace("env.json", name), "w") as f:
+        json.dump({**env, "model": path, "tokenizer_file": f"{path}/tokenizer.json", "served_model_name": served}, f, indent=2)
 PYEOF
 echo "$home/env.json"

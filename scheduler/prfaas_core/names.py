@@ -72,6 +72,9 @@ prefills held for a PrFaaS lane earliest due first (``laneOrder: deadline``), ke
 predicted to make its objective within it."""
 HEADER_LINK: Final = "x-prfaas-link"
 """The link the stream crosses."""
+HEADER_DECODE_CACHED_TOKENS: Final = "x-prfaas-decode-cached-tokens"
+"""The leading prompt tokens the request's decode instance holds already (the router's
+:class:`~prfaas_core.policy.decode_prefix.DecodeHoldings`): the gateway books only the KV the decode will pull."""
 HEADER_LINK_AVAILABLE_GBPS: Final = "x-prfaas-link-available-gbps"
 """The link's available bandwidth as the sending router estimates it (model Gbps; sent only while the estimate
 bounds the configured capacity): the gateway's calendar books under the lowest fresh report."""
@@ -82,6 +85,7 @@ ADMISSION_HEADERS: Final = (
     HEADER_SLO_TTFT_MS,
     HEADER_LINK,
     HEADER_LINK_AVAILABLE_GBPS,
+    HEADER_DECODE_CACHED_TOKENS,
 )
 """Stripped by the gateway before the engine (its forwarding allow-list passes them to it, no further)."""
 HEADER_PULL_ID: Final = "x-prfaas-pull-id"
@@ -127,8 +131,9 @@ METRIC_ROUTER_LINK_EGRESS_GBPS: Final = "prfaas_router_link_egress_estimate_gbps
 METRIC_ROUTER_LINK_CAP_GBPS: Final = "prfaas_router_link_cap_gbps"
 METRIC_ROUTER_LINK_SCARCE: Final = "prfaas_router_link_scarce"
 METRIC_ROUTER_REMOTE_BYTES: Final = "prfaas_router_remote_kv_bytes_total"
-"""KV bytes (``S_kv`` of the whole ``prefixBlockTokens`` blocks that hold the prompt tokens the remote engine
-reported: what a decode without any of the prompt cached pulls) of the remote prefills a router admitted
+"""KV bytes (``KvModel.pulled_kv_bytes``: the whole blocks of the prompt tokens the remote engine reported that the
+decode instance lacks, as far as the router knows what it holds, plus a hybrid's recurrent state; a hybrid pulls
+N-1 tokens) of the remote prefills a router admitted
 and got a KV handle for, by ``link``: region B's default egress source (region B's Prometheus cannot read region
 A's)."""
 METRIC_ROUTER_TTFT_SLO: Final = "prfaas_router_ttft_slo_total"
@@ -138,8 +143,8 @@ METRIC_ROUTER_TTFT_SLO_OBJECTIVE: Final = "prfaas_router_ttft_slo_objective_rati
 """The PDCluster's slo.objectiveRatio as the router has it (the burn alerts' error budget is 1 minus it)."""
 TTFT_SLO_RESULTS: Final = ("met", "missed")
 METRIC_GATEWAY_KV_EGRESS_BYTES: Final = "prfaas_gateway_kv_egress_bytes_total"
-"""KV bytes (``S_kv`` of the whole ``prefixBlockTokens`` blocks of the engine's reported prompt tokens) of the
-remote prefills a gateway served, by ``link``
+"""KV bytes (``KvModel.pulled_kv_bytes`` of the engine's reported prompt tokens, less the decode's prefix the
+router names in ``x-prfaas-decode-cached-tokens``) of the remote prefills a gateway served, by ``link``
 (the router's ``x-prfaas-link`` header); also on the gateway's status endpoint (``kvEgressBytes``)."""
 METRIC_ROUTER_OPEN_CONNECTIONS: Final = "prfaas_router_open_connections"
 """Client connections open on the listener (router and gateway)."""

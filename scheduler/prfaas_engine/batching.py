@@ -245,7 +245,11 @@ class EngineCore:
         own_hit = req.cached_tokens
         self.metrics.prompt_tokens_l.inc(req.prompt_tokens)
         self.metrics.prompt_by_source["local_cache_hit"].inc(own_hit)
-        self.metrics.prompt_by_source["external_kv_transfer"].inc(req.prompt_tokens - own_hit)
+        # a hybrid (linear layers) pulls the state after N-1 tokens and computes the last one itself (vLLM 0.32)
+        computed = 1 if self.kv_model.recurrent and req.prompt_tokens > own_hit else 0
+        self.metrics.prompt_by_source["external_kv_transfer"].inc(req.prompt_tokens - own_hit - computed)
+        if computed:
+            self.metrics.prompt_by_source["local_compute"].inc(computed)
         # what vLLM 0.32 reports in the answer's usage on a decode leg: the prefill side's reuse when the handle
         # names it, else its own count, every prompt token (they all came by the connector)
         remote = getattr(req.leg, "remote_cached_tokens", None)
@@ -343,7 +347,10 @@ class EngineCore:
 
     def _hold_kv(self, req: EngineRequest, now: float) -> dict[str, Any] | None:
         """Keep the prompt's KV for the remote decode; the blocks stay used until pulled or expired."""
-        model_bytes = self.kv_model.kv_bytes(kv_pull_tokens(req.prompt_tokens, self.config.block_size_tokens))
+        # whole blocks (a hybrid: of N-1 tokens, plus its recurrent state), as vLLM's NixlConnector moves them
+        model_bytes = self.kv_model.with_default_blocks(self.config.block_size_tokens).pulled_kv_bytes(
+            req.prompt_tokens
+        )
         n_blocks = max(1, math.ceil(req.prompt_tokens / self.config.block_size_tokens))
         req.block_ids = tuple(next(self._block_ids) for _ in range(n_blocks))
         if isinstance(req.leg, ProduceBootstrap):

@@ -31,7 +31,10 @@ def emulated_fields(model_profile: str, time_scale: float, byte_scale: float) ->
 
 
 def tiny_model_profile(env: Any) -> dict[str, Any]:
-    """The tiny model's ModelProfile spec: 2 full-attention layers, 2 KV heads of dim 32, bf16 (512 B/token)."""
+    """The tiny model's ModelProfile spec: 2 full-attention layers, 2 KV heads of dim 32, bf16 (512 B/token); or
+    the environment's own (the tiny hybrid's, measured by ``prfaas profile``)."""
+    if getattr(env, "model_profile", None):
+        return dict(env.model_profile)
     return {
         "servedModelName": env.served_model_name,
         "architecture": {"fullAttentionLayers": 2, "kvHeads": 2, "headDim": 32, "kvDtype": "bf16"},
@@ -41,12 +44,14 @@ def tiny_model_profile(env: Any) -> dict[str, Any]:
 
 def vllm_fields(env: Any) -> dict[str, Any]:
     """Real vLLM engines (``env``: their :class:`~.vllm_engines.RealEnv`): the model's own tokenizer, the engines'
-    KV block size as ``prefixBlockTokens``."""
+    KV block size as ``prefixBlockTokens`` (the block the engine really uses: a hybrid's profile names it)."""
+    model = tiny_model_profile(env)
+    block = (model.get("architecture") or {}).get("blockTokens") or BLOCK_SIZE
     return {
-        "common": {"model": tiny_model_profile(env), "tokenizerFile": env.tokenizer_file},
-        "gateway": {"routing": {"prefixBlockTokens": BLOCK_SIZE, "refreshIntervalSeconds": 0.5}},
+        "common": {"model": model, "tokenizerFile": env.tokenizer_file},
+        "gateway": {"routing": {"prefixBlockTokens": block, "refreshIntervalSeconds": 0.5}},
         "router": {
-            "routing": {"prefixBlockTokens": BLOCK_SIZE, "breakerOpenSeconds": 3},
+            "routing": {"prefixBlockTokens": block, "breakerOpenSeconds": 3},
             # a KV pull on CPU vLLM occasionally stalls for many seconds on a loaded 2-core machine (the decode
             # engine busy-steps while it waits): only a dead producer (vLLM answers 500 within ~5 s) falls back
             "timeouts": {"kvPullSeconds": 120},

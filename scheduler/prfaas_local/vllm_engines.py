@@ -114,6 +114,24 @@ class RealEnv:
     tokenizer_file: str
     served_model_name: str
     versions: dict[str, str]
+    model_profile: dict[str, Any] | None = None
+    """The model's ModelProfile spec (camelCase JSON) when it is not the dense tiny model's (:meth:`hybrid`)."""
+
+    def hybrid(self, kind: str = "hybrid") -> RealEnv:
+        """A tiny hybrid model's environment (``hybrid-env.json``: Qwen3-Next, ``granite-env.json``: Granite-4-H,
+        beside this one), its profile computed by ``prfaas profile`` from its config
+        (:func:`~.model_profile.profile_from_model_dir`)."""
+        from .model_profile import profile_from_model_dir
+        from .stack_configs import BLOCK_SIZE
+
+        path = Path(self.python).parents[2] / f"{kind}-env.json"
+        if not path.exists():
+            raise RealEnginesUnavailable(f"{path} is missing: scripts/real-engines.sh makes it")
+        env = RealEnv.load(path)
+        profile = profile_from_model_dir(
+            Path(env.model), env.served_model_name, BLOCK_SIZE, env.served_model_name, tokenizer_file=env.tokenizer_file
+        )
+        return dataclasses.replace(env, model_profile=profile.spec.model_dump(mode="json", by_alias=True))
 
     @classmethod
     def prepare(cls) -> RealEnv:

@@ -28,6 +28,7 @@ from prfaas_core import names
 from prfaas_core.api import GatewayStatus
 from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.decode_prefix import decode_cached_header
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.request.tokens import block_hashes
 
@@ -101,6 +102,7 @@ class Gateway:
         c = rt.compiled
         try:
             ids = await count_prompt(body, is_chat(request.path), c.tokenizer, len(raw))
+            decode_held = decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS))
         except ValueError as exc:
             return json_error(400, str(exc))
         hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
@@ -115,7 +117,7 @@ class Gateway:
             verdict = self.admission.decide(
                 key,
                 request.headers,
-                c.kv.block_kv_bytes(len(ids)),
+                c.kv.pulled_kv_bytes(len(ids), decode_held),
                 prefill_s,
                 rt.model_now(),
                 None if ready.name is None else ready.predicted_s,
@@ -283,8 +285,10 @@ class Gateway:
                 continue
             if resp.status_code == 200:
                 rt.pd_index.insert(hashes, pick.name)
-                self._served(uncached, c.kv.block_kv_bytes(len(ids)))
-                self._egress(request.headers.get(LINK_HEADER), reported_prompt_tokens(resp.content, len(ids)))
+                decode_held = decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS))
+                self._served(uncached, c.kv.pulled_kv_bytes(len(ids), decode_held))
+                prompt = reported_prompt_tokens(resp.content, len(ids))
+                self._egress(request.headers.get(LINK_HEADER), prompt, decode_held)
             answer = web.Response(body=resp.content, status=resp.status_code, content_type="application/json")
             return answer, pick.name
         why = f"prefill failed on every PrFaaS instance tried: {last_error}"
@@ -310,11 +314,11 @@ class Gateway:
             for e in c.prefill
         ]
 
-    def _egress(self, link: str | None, prompt_tokens: int) -> None:
+    def _egress(self, link: str | None, prompt_tokens: int, decode_cached: int = 0) -> None:
         """Count the KV the served prefill left for region B to pull: ``S_kv`` of the whole blocks of the engine's
         prompt tokens."""
         name = link if link and LINK_LABEL.fullmatch(link) else UNKNOWN_LINK
-        nbytes = self.rt.compiled.kv.block_kv_bytes(prompt_tokens)
+        nbytes = self.rt.compiled.kv.pulled_kv_bytes(prompt_tokens, decode_cached)
         self.metrics.gateway_egress.labels(name).inc(nbytes)
         self.egress_bytes[name] = self.egress_bytes.get(name, 0.0) + nbytes
 

@@ -258,8 +258,8 @@ class RouterMetrics:
         )
         self.remote_bytes = Counter(
             names.METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"),
-            "KV bytes (S_kv of the whole routing.prefixBlockTokens blocks holding the remote engine's reported prompt "
-            "tokens) of the remote prefills admitted, by link.",
+            "KV bytes (the whole blocks of the remote engine's reported prompt tokens the decode lacks, plus a "
+            "hybrid's recurrent state) of the remote prefills admitted, by link.",
             ["link"],
             registry=r,
         )
@@ -276,8 +276,8 @@ class RouterMetrics:
         )
         self.gateway_egress = Counter(
             names.METRIC_GATEWAY_KV_EGRESS_BYTES.removesuffix("_total"),
-            "Gateway mode: KV bytes (S_kv of the whole routing.prefixBlockTokens blocks holding the engine's reported "
-            "prompt tokens) of the remote prefills served, by link.",
+            "Gateway mode: KV bytes (the whole blocks of the engine's reported prompt tokens the decode lacks, plus a "
+            "hybrid's recurrent state) of the remote prefills served, by link.",
             ["link"],
             registry=r,
         )

@@ -35,6 +35,7 @@ async def remote_prefill(
     probe: float | None = None,
     max_ttft_s: float = float("inf"),
     slo_ttft_s: float | None = None,
+    decode_cached: int = 0,
 ) -> dict[str, Any]:
     """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation)."""
     rt = proxy.rt
@@ -46,6 +47,8 @@ async def remote_prefill(
         headers.update(link_wait.admission_headers(remote.link, nbytes, max_wait_s, avail, max_ttft_s, slo_ttft_s))
     headers.update(remote_auth(proxy, remote.name))
     headers["Content-Type"] = JSON_CONTENT
+    if decode_cached > 0:  # the gateway books only what the decode will pull
+        headers[names.HEADER_DECODE_CACHED_TOKENS] = str(decode_cached)
     timeout = aiohttp.ClientTimeout(total=remote.timeout_seconds, sock_connect=5.0)
     now = rt.clock()
 
@@ -89,7 +92,7 @@ async def remote_prefill(
     rt.remote_succeeded(remote.name)
     # the KV now waits in region A for this region's decode to pull it: S_kv of what the engine prefilled
     tokens = reported_prompt_tokens(answer, uncached)
-    proxy.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.block_kv_bytes(tokens))
+    proxy.metrics.remote_bytes.labels(remote.link).inc(rt.compiled.kv.pulled_kv_bytes(tokens, decode_cached))
     return handle
 
 
@@ -132,6 +135,7 @@ async def remote_in_window(
     decision: RouteDecision,
     total: int,
     probe: float | None = None,
+    decode_cached: int = 0,
 ) -> tuple[dict[str, Any] | None, str]:
     """The remote prefill under the gateway's admission: the first try accepts a window up to where the remote
     TTFT, as the gateway's calendar predicts it, reaches the local alternative's (or the request's SLO, when that
@@ -148,7 +152,9 @@ async def remote_in_window(
     limit = link_wait.accepted_ttft_s(local, slo, spill)
     first = link_wait.max_wait_s(limit, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
     try:
-        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, first, probe, limit, slo)
+        kv = await remote_prefill(
+            proxy, remote, path, body, request_id, nbytes, uncached, first, probe, limit, slo, decode_cached
+        )
         return kv, "remote"
     except link_wait.LinkDeclined as declined:
         wait = link_wait.resubmit_wait_s(declined.decline, local, slo, queue or 0.0, spill)
@@ -158,5 +164,17 @@ async def remote_in_window(
             return None, "local"
         m.decisions.labels("remote", names.REASON_WAIT_FOR_LINK).inc()
         m.link_wait_seconds.labels(remote.link).observe(wait / link_wait.WAIT_SLACK)
-        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, wait, probe, slo_ttft_s=slo)
+        kv = await remote_prefill(
+            proxy,
+            remote,
+            path,
+            body,
+            request_id,
+            nbytes,
+            uncached,
+            wait,
+            probe,
+            slo_ttft_s=slo,
+            decode_cached=decode_cached,
+        )
         return kv, "remote"

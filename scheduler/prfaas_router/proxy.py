@@ -198,8 +198,9 @@ class Proxy:
             )
         if remote is not None:
             try:
+                held = rt.decode_held.held_tokens(ids, plan.decode)
                 kv, route = await prefill_legs.remote_in_window(
-                    self, remote, request.path, body, request_id, decision, len(ids), routed.probe
+                    self, remote, request.path, body, request_id, decision, len(ids), routed.probe, held
                 )
                 if kv is not None:
                     rt.remote_index.insert(hashes, remote.name)
@@ -279,6 +280,7 @@ class Proxy:
                 m.requests.labels(route, "error").inc()
                 return json_error(again.status, str(again), "upstream_error")
         rt.pd_index.insert(hashes, plan.decode)
+        rt.decode_held.learn(ids, plan.decode)
         return response
 
     def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes], keep_prefill: bool = False) -> LocalPlan:

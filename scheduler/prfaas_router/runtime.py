@@ -19,6 +19,7 @@ from prfaas_core.capacity.hardware import HardwareProfile, builtin_hardware, har
 from prfaas_core.capacity.kv import KvModel, kv_model_from_profile
 from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams, Transition
+from prfaas_core.policy.decode_prefix import DecodeHoldings
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.replica_books import Book, InstanceBook, Mark, ReplicaBooks
@@ -104,7 +105,7 @@ def compile_config(config: RouterConfig) -> Compiled:
     return Compiled(
         config=config,
         # the engines hold and move whole KV blocks of prefixBlockTokens (the engines' block size)
-        kv=kv_model_from_profile(config.model).with_blocks(config.routing.prefix_block_tokens),
+        kv=kv_model_from_profile(config.model).with_default_blocks(config.routing.prefix_block_tokens),
         pd=pd,
         prfaas=_profile(config.prfaas_hardware, "H200"),
         links=links,
@@ -183,6 +184,8 @@ class Runtime:
     in_flight: int = 0
     pd_index: PrefixIndex = field(init=False)
     remote_index: PrefixIndex = field(init=False)
+    decode_held: DecodeHoldings = field(init=False)
+    """What each decode instance holds of the prompts it served (a remote request's KV bytes leave it out)."""
     _ledgers: dict[str, EgressLedger] = field(default_factory=dict)
     _breakers: BreakerBoard = field(default_factory=BreakerBoard)
     _recent: RecentLengths = field(default_factory=RecentLengths)
@@ -220,6 +223,7 @@ class Runtime:
         r = self.compiled.config.routing
         self.pd_index = PrefixIndex(r.prefix_index_blocks, r.prefix_block_tokens)
         self.remote_index = PrefixIndex(r.prefix_index_blocks, r.prefix_block_tokens)
+        self.decode_held = DecodeHoldings(self.compiled.kv, r.prefix_block_tokens)
         self.snapshot = Snapshot(
             ThresholdDecision(self.compiled.bounds.min_tokens, 0, "initial: t = t_min"),
             {name: LinkState() for name in self.compiled.links},
@@ -241,6 +245,8 @@ class Runtime:
         self._breakers.ensure({r.name: (r.url, r.link) for r in compiled.remotes})
         gone = set(self._queued_prefill_s) - set(compiled.by_name)
         self.pd_index.forget(gone)
+        self.decode_held.retarget(compiled.kv, compiled.config.routing.prefix_block_tokens)
+        self.decode_held.forget(gone)
 
     def model_now(self) -> float:
         return self.clock() * self.compiled.scale.time_scale

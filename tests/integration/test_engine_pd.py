@@ -210,3 +210,40 @@ async def test_advertised_kv_address_differs_from_where_it_listens() -> None:
             advertise.port,
         )
         assert app[ENGINE_KEY].kv_listen == listen
+
+
+async def test_a_hybrid_pull_follows_the_n_minus_1_rule_and_carries_the_state() -> None:
+    """A hybrid profile (Qwen3.5: 15 full-attention + 45 gated-DeltaNet layers): the decode pulls N-1 tokens' KV and
+    computes the last token itself, and the bytes are whole blocks of N-1 tokens plus the recurrent state, as vLLM
+    0.32 does for a hybrid (tests/real/test_real_hybrid.py)."""
+    common: dict[str, Any] = {"scale": SCALE, "bootstrap_wait_s": 0.5, "model_profile": "qwen3.5-397b-a17b"}
+    papp = create_app(EngineConfig(role="prefill", port=0, enable_prompt_tokens_details=True, **common))
+    dapp = create_app(EngineConfig(role="decode", port=0, **common))
+    async with (
+        serving(papp) as purl,
+        serving(dapp) as durl,
+        aiohttp.ClientSession(purl) as p,
+        aiohttp.ClientSession(durl) as d,
+    ):
+        prompt = "q" * 8004  # 2001 tokens: N-1 fills whole blocks, N starts one more
+        status, pre = await post(
+            p, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}
+        )
+        assert status == 200
+        n = pre["usage"]["prompt_tokens"]
+        status, _ = await post(
+            d, "/v1/completions", {"prompt": prompt, "max_tokens": 2, "kv_transfer_params": pre["kv_transfer_params"]}
+        )
+        assert status == 200
+        text = await metrics_text(d)
+        by_source = {
+            s: metric_value(text, "vllm:prompt_tokens_by_source_total", {"source": s})
+            for s in ("external_kv_transfer", "local_compute")
+        }
+        assert by_source == {"external_kv_transfer": n - 1, "local_compute": 1}
+        engine = papp[ENGINE_KEY]
+        kv = engine.config.kv_model.with_default_blocks(engine.config.block_size_tokens)
+        assert kv.recurrent and kv.fixed_bytes > 0
+        sent = metric_value(await metrics_text(p), "prfaas_engine_kv_bytes_sent_total")
+        assert sent == SCALE.model_bytes(SCALE.wire_bytes(kv.pulled_kv_bytes(n)))
+        assert sent < SCALE.model_bytes(SCALE.wire_bytes(kv.block_kv_bytes(n)))  # not the dense rule

@@ -26,9 +26,9 @@ THRESHOLD_TOKENS = 768
 """t_min of the tier's router: prompts above it (uncached) go to the PrFaaS engine."""
 
 
-FIRST = ("test_real_netns.py", "test_real_up.py")
-"""Run before every other module of the tier, in this order: each ends its own engines (2, then 3) before the
-next starts any, and before the loopback set starts (the machine holds one set, not two)."""
+FIRST = ("test_real_netns.py", "test_real_up.py", "test_real_hybrid.py", "test_real_hybrid_mamba2.py")
+"""Run before every other module of the tier, in this order: each ends its own engines (2, 3, the hybrids' 3 and 2)
+before the next starts any, and before the loopback set starts (the machine holds one set, not two)."""
 
 
 def _in_tier(item: pytest.Item | None) -> bool:

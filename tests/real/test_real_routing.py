@@ -7,9 +7,12 @@ engine that prefilled it shows it as ``local_compute``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from conftest import THRESHOLD_TOKENS, Engines, Prompts, counters, delta
+from prfaas_local.model_profile import check_profile, profile_from_model_dir
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import RealEngine, RealEnv
 
@@ -88,3 +91,16 @@ def test_gateway_requires_its_token(stack: LocalStack, real_env: RealEnv) -> Non
         timeout=30,
     )
     assert r.status_code == 401
+
+
+def test_the_dense_profile_predicts_the_transferred_bytes_at_held_back_lengths(
+    engines: Engines, real_env: RealEnv, prompts: Prompts
+) -> None:
+    """``prfaas profile`` on the tiny dense model (from its config.json): its predictions against the decode engine's
+    transferred bytes (``vllm:nixl_bytes_transferred``) at lengths that did not build it."""
+    profile = profile_from_model_dir(Path(real_env.model), "tiny-llama", 128, real_env.served_model_name)
+    texts = [prompts.text(n) for n in (129, 700, 1500)]
+    checked = check_profile(profile, engines.pdp0.url, engines.pdd.url, texts, real_env.served_model_name)
+    for c in checked:
+        print(f"\n{c.prompt_tokens} tokens: predicted {c.predicted_bytes:.0f} B, transferred {c.measured_bytes:.0f} B")
+    assert all(abs(c.error) <= 0.02 for c in checked), checked

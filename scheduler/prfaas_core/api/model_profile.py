@@ -15,6 +15,9 @@ from ..names import GROUP_VERSION, KIND_MODEL_PROFILE
 from .base import ApiModel, CelRule, Condition, ObjectMeta
 
 KvDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+LinearKind = Literal["GatedDeltaNet", "Mamba2", "KDA"]
+"""The recurrent layer of a hybrid model: Qwen3-Next's and Qwen3.5's gated DeltaNet, Granite-4-H's and Nemotron-H's
+Mamba2, Kimi Linear's KDA. The engines' flags depend on it (``prfaas_core.launch``)."""
 
 
 class SlidingWindowSpec(ApiModel):
@@ -58,6 +61,12 @@ class ModelArchitecture(ApiModel):
             field_path=".linearStateBytesPerLayer",
         ),
         CelRule(
+            rule="!has(self.linearKind) || self.linearLayers > 0",
+            message="linearKind needs linearLayers > 0",
+            check=lambda a: a.linear_kind is None or a.linear_layers > 0,
+            field_path=".linearKind",
+        ),
+        CelRule(
             rule="self.fullAttentionLayers + self.linearLayers + (has(self.slidingWindow) ? "
             "self.slidingWindow.layers : 0) > 0",
             message="the model needs at least one layer (full-attention, linear or sliding-window)",
@@ -88,6 +97,19 @@ class ModelArchitecture(ApiModel):
         le=1 << 40,
         description="Recurrent state of one linear layer per request, in bytes (heads x key dim x value "
         "dim x state dtype bytes, plus conv state); fixed, independent of length.",
+    )
+    linear_kind: LinearKind | None = Field(
+        default=None,
+        description="The linear-attention layers' kind (GatedDeltaNet, Mamba2, KDA); the engines' flags depend on "
+        "it (Mamba2 runs with prefix caching off on vLLM 0.32).",
+    )
+    block_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_536,
+        description="The KV block size the engine really uses for this model, in tokens (vLLM enlarges a "
+        "hybrid's attention block until its page holds a recurrent state: 256 for the tiny Qwen3-Next on CPU). "
+        "Transfers are counted in whole blocks of it; unset: the router's prefixBlockTokens.",
     )
     sliding_window: SlidingWindowSpec | None = Field(default=None, description="Sliding-window layers.")
 

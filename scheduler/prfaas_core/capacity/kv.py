@@ -43,8 +43,12 @@ class KvModel:
     fixed_bytes: float
     source: Literal["architecture", "measured"]
     block_tokens: int | None = None
-    """The engines' KV block size, when known (RouterConfig's ``prefixBlockTokens``, the engine's
-    ``blockSize``): an engine holds and moves whole blocks, so :meth:`block_kv_bytes` rounds up to them."""
+    """The engines' KV block size, when known (the profile's ``blockTokens``, else RouterConfig's
+    ``prefixBlockTokens``, the engine's ``blockSize``): an engine holds and moves whole blocks, so
+    :meth:`block_kv_bytes` rounds up to them."""
+    recurrent: bool = False
+    """A hybrid (linear-attention layers): a pull carries the fixed recurrent state, and the decode side pulls the
+    KV of all prompt tokens but the last, which it computes itself (vLLM 0.32: the N-1 rule)."""
 
     def kv_bytes(self, length_tokens: float) -> float:
         """``S_kv(l)`` in bytes."""
@@ -53,6 +57,29 @@ class KvModel:
     def with_blocks(self, block_tokens: int | None) -> KvModel:
         """The same model, its transfers counted in whole blocks of ``block_tokens``."""
         return replace(self, block_tokens=block_tokens)
+
+    def with_default_blocks(self, block_tokens: int | None) -> KvModel:
+        """The same model counted in blocks of ``block_tokens`` unless the profile names its own block size."""
+        return self if self.block_tokens is not None else replace(self, block_tokens=block_tokens)
+
+    def pulled_tokens(self, prompt_tokens: int) -> int:
+        """Prompt tokens whose KV a decode side pulls: all of them, or all but the last for a hybrid."""
+        return max(0, prompt_tokens - 1) if self.recurrent else max(0, prompt_tokens)
+
+    def pulled_kv_bytes(self, prompt_tokens: int, decode_cached_tokens: int = 0) -> float:
+        """The bytes that cross the link when a decode side pulls a prompt of ``prompt_tokens`` whose first
+        ``decode_cached_tokens`` it holds already: the growing KV of the whole blocks it lacks (of the
+        :meth:`pulled_tokens`; a cached prefix counts in whole blocks) plus the fixed state. Measured on vLLM
+        0.32's transferred-bytes counter: a dense model pulls ``ceil(N/B)`` blocks, a hybrid
+        ``ceil((N-1-cached)/B)`` attention blocks plus its recurrent state (``docs/hybrid-models.md``)."""
+        tokens = self.pulled_tokens(prompt_tokens)
+        cached = min(max(0, decode_cached_tokens), tokens)
+        if self.block_tokens is None:
+            lacking = float(tokens - cached)
+        else:
+            blocks = whole_blocks(tokens, self.block_tokens) - cached // self.block_tokens
+            lacking = float(max(0 if self.recurrent else 1, blocks) * self.block_tokens)
+        return self.kv_bytes(lacking)
 
     def block_kv_bytes(self, length_tokens: float) -> float:
         """The KV bytes an engine moves for ``length_tokens``: ``S_kv`` of the whole blocks that hold them (as
@@ -88,10 +115,11 @@ def kv_model_from_architecture(arch: ModelArchitecture) -> KvModel:
     """``S_kv(l) = n_full·b_full·l + n_linear·state + n_swa·b_swa·min(l, W)`` (paper-spec §4)."""
     per_token = float(arch.full_attention_layers * full_attention_bytes_per_token_per_layer(arch))
     fixed = float(arch.linear_layers * arch.linear_state_bytes_per_layer)
+    blocks, recurrent = arch.block_tokens, arch.linear_layers > 0
     swa = arch.sliding_window
     if swa is None:
         curve = PiecewisePolynomial.through_points([(0.0, fixed), (1.0, fixed + per_token)])
-        return KvModel(curve, per_token, fixed, "architecture")
+        return KvModel(curve, per_token, fixed, "architecture", blocks, recurrent)
     value_dim = swa.value_head_dim if swa.value_head_dim is not None else swa.head_dim
     swa_per_token = float(swa.layers * swa.kv_heads * (swa.head_dim + value_dim) * DTYPE_BYTES[arch.kv_dtype])
     window = float(swa.window_tokens)
@@ -99,7 +127,7 @@ def kv_model_from_architecture(arch: ModelArchitecture) -> KvModel:
     curve = PiecewisePolynomial.through_points(
         [(0.0, fixed), (window, at_window), (2 * window, at_window + per_token * window)]
     )
-    return KvModel(curve, per_token, fixed + swa_per_token * window, "architecture")
+    return KvModel(curve, per_token, fixed + swa_per_token * window, "architecture", blocks, recurrent)
 
 
 def kv_model_from_profile(spec: ModelProfileSpec) -> KvModel:

@@ -24,6 +24,8 @@ EngineRole = Literal["prfaas-prefill", "pd-prefill", "pd-decode", "pd-both"]
 Connector = Literal["NixlConnector", "MooncakeConnector"]
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 KvBufferDevice = Literal["cpu", "cuda"]
+LinearKind = Literal["GatedDeltaNet", "Mamba2", "KDA"]
+"""A hybrid model's recurrent layer (the ModelProfile's ``architecture.linearKind``)."""
 
 ENGINE_ROLES: tuple[EngineRole, ...] = ("prfaas-prefill", "pd-prefill", "pd-decode", "pd-both")
 CONNECTORS: tuple[Connector, ...] = ("NixlConnector", "MooncakeConnector")
@@ -112,6 +114,13 @@ class EngineSpec:
     max_model_len: int | None = None
     enforce_eager: bool = False
     """Skip graph capture / torch.compile (the CPU build's first start is 2-3x faster with it)."""
+    linear_kind: LinearKind | None = None
+    """A hybrid model's recurrent layer (from the ModelProfile): the engine then gets the flags and environment
+    its state transfer needs (:func:`prfaas_core.launch.vllm.launch`). None: a pure attention model."""
+    dtype: str | None = None
+    """The model's weights and activations dtype (``--dtype``); None: the engine's default (the checkpoint's)."""
+    prefix_caching: bool | None = None
+    """Whether the engine caches prefixes; None: the engine's default (on). A Mamba2 hybrid needs it off."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[EnvVar, ...] = ()
 
@@ -170,6 +179,11 @@ def check_spec(spec: EngineSpec) -> KvRole:
                 raise ValueError(f"ucx_tcp_port_range {low}-{high} holds the {name} {port}")
     if spec.max_model_len is not None and spec.max_model_len < 1:
         raise ValueError(f"max_model_len must be >= 1, got {spec.max_model_len}")
+    if spec.linear_kind == "Mamba2" and spec.prefix_caching is not False:
+        raise ValueError(
+            "prefix_caching must be off for a Mamba2 hybrid: vLLM 0.32 fails on its first prefill with prefix "
+            "caching on (IndexError in mamba_mixer2)"
+        )
     return kv_role
 
 

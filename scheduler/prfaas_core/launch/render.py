@@ -91,6 +91,23 @@ def _served_name(profile: ModelProfile | None) -> str:
     return profile.spec.served_model_name
 
 
+HYBRID_DTYPES: Mapping[str, str] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""A hybrid's engines run in its profile's ``kvDtype`` (vLLM's CPU kernels for gated DeltaNet need bf16)."""
+
+
+def hybrid_fields(profile: ModelProfile | None) -> dict[str, Any]:
+    """The EngineSpec fields a hybrid model's profile implies: its linear kind (the launch adds the state
+    transfer's environment), its dtype, and prefix caching off for Mamba2 (vLLM 0.32 fails with it on)."""
+    arch = profile.spec.architecture if profile is not None else None
+    if arch is None or arch.linear_kind is None:
+        return {}
+    return {
+        "linear_kind": arch.linear_kind,
+        "dtype": HYBRID_DTYPES.get(arch.kv_dtype),
+        "prefix_caching": False if arch.linear_kind == "Mamba2" else None,
+    }
+
+
 def engine_specs(cluster: Cluster, profile: ModelProfile | None) -> dict[EngineRole, EngineSpec]:
     """One EngineSpec per role of ``cluster`` (RenderError names the field that stops it)."""
     spec = cluster.spec
@@ -128,6 +145,7 @@ def engine_specs(cluster: Cluster, profile: ModelProfile | None) -> dict[EngineR
             max_model_len=engine.max_model_len,
             enforce_eager=engine.enforce_eager,
             extra_args=tuple(engine.extra_args),
+            **hybrid_fields(profile),
         )
         try:
             engine_launch(es)
@@ -233,6 +251,7 @@ __all__ = [
     "cluster_launches",
     "cluster_roles",
     "engine_specs",
+    "hybrid_fields",
     "launch_diff",
     "render_all",
     "runs_engines_here",

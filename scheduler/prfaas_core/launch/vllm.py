@@ -48,6 +48,10 @@ PROMPT_TOKENS_DETAILS_FLAG: str = "--enable-prompt-tokens-details"
 """vLLM's flag for ``usage.prompt_tokens_details.cached_tokens`` (null without it); every engine gets it, the
 emulated ones too (the local stacks pass it to ``prfaas engine``)."""
 
+SSM_CONV_STATE_LAYOUT: Final = ("VLLM_SSM_CONV_STATE_LAYOUT", "DS")
+"""A hybrid's conv-state layout with NixlConnector: vLLM picks "DS" itself when a Nixl connector is configured,
+and NIXL's worker asserts it; set explicitly so that both ends agree whatever the default."""
+
 DEFAULT_SIDE_CHANNEL_PORT: int = 5600
 """vLLM's default NIXL side-channel port."""
 DEFAULT_MOONCAKE_BOOTSTRAP_PORT: int = 8998
@@ -193,6 +197,10 @@ def launch(spec: EngineSpec) -> EngineLaunch:
         argv += ["--max-model-len", str(spec.max_model_len)]
     if spec.enforce_eager:
         argv.append("--enforce-eager")
+    if spec.dtype is not None:
+        argv += ["--dtype", spec.dtype]
+    if spec.prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching")
     # usage.prompt_tokens_details.cached_tokens in every answer (vLLM leaves it null without the flag); a decode
     # leg reports what its prefill side reused (kv_transfer_params.remote_prefill_cached_tokens), not its pull
     argv.append(PROMPT_TOKENS_DETAILS_FLAG)
@@ -209,6 +217,8 @@ def launch(spec: EngineSpec) -> EngineLaunch:
                 env.append(EnvVar("UCX_TCP_PORT_RANGE", value="{}-{}".format(*spec.ucx_tcp_port_range)))
         if spec.net_device:
             env.append(EnvVar("UCX_NET_DEVICES", value=spec.net_device))
+        if spec.linear_kind is not None:
+            env.append(EnvVar(SSM_CONV_STATE_LAYOUT[0], value=SSM_CONV_STATE_LAYOUT[1]))
     else:
         port = spec.side_channel_port or DEFAULT_MOONCAKE_BOOTSTRAP_PORT
         env.append(EnvVar("VLLM_MOONCAKE_BOOTSTRAP_PORT", value=str(port)))

@@ -4,8 +4,10 @@ operator's ``EngineConfig`` condition uses :func:`cluster_engine_issues`). Pure.
 Errors (the engines would fail or silently recompute): a cluster that cannot render (kv_role against the
 role-assignment mode, a side-channel port on the HTTP port); the two ends of an InterDCLink
 with different connectors, a non-TCP transport across the (Ethernet) link, or different models (served name or
-KV geometry). Warnings: a hybrid (linear-attention) model with a connector whose hybrid-KV support in the pinned
-vLLM is limited, and block sizes that differ across a link.
+KV geometry), a Mamba2 hybrid with prefix caching turned on, a hybrid with block sizes that differ across a link.
+Warnings: a hybrid (linear-attention) model with a connector whose hybrid-KV support in the pinned vLLM is limited
+and that the real-engine tier has not proven (it runs a gated-DeltaNet and a Mamba2 hybrid over NixlConnector),
+and a dense model's block sizes that differ across a link.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ HYBRID_LIMITS: Mapping[str, str] = {
         "upstream with GDN only (Mamba2 and other recurrent layers are not validated)"
     ),
 }
+
+PROVEN_HYBRIDS: Mapping[str, frozenset[str]] = {"NixlConnector": frozenset({"GatedDeltaNet", "Mamba2"})}
+"""Connector and linear kind pairs the real-engine tier runs P/D with on the pinned vLLM
+(``tests/real/test_real_hybrid.py``): no warning for them."""
 
 FIXED_STATE_SHARE = 0.05
 """A measured profile whose fixed per-request state is above this share of its shortest point's KV is taken as a
@@ -67,7 +73,19 @@ def cluster_engine_issues(cluster: Cluster, profile: ModelProfile | None) -> tup
     except RenderError as exc:
         errors.append(Issue(exc.field, exc.reason, "engine"))
     connector = cluster.spec.kv_transport.connector
-    if is_hybrid(profile) and connector in HYBRID_LIMITS:
+    arch = profile.spec.architecture
+    kind = arch.linear_kind if arch is not None else None
+    if kind == "Mamba2" and "--enable-prefix-caching" in cluster.spec.engine.extra_args:
+        errors.append(
+            Issue(
+                "spec.engine.extraArgs",
+                f"ModelProfile {profile.metadata.name} is a Mamba2 hybrid: vLLM {PINNED_VLLM} fails on its first "
+                "prefill with prefix caching on (the engines run with --no-enable-prefix-caching)",
+                "engine",
+            )
+        )
+    proven = kind is not None and kind in PROVEN_HYBRIDS.get(connector, frozenset())
+    if is_hybrid(profile) and connector in HYBRID_LIMITS and not proven:
         warnings.append(
             Issue(
                 "spec.kvTransport.connector",
@@ -138,12 +156,14 @@ def link_issues(
                 )
             )
     if prefill.spec.engine.block_size != pd.spec.engine.block_size:
-        warnings.append(
+        hybrid = any(p is not None and is_hybrid(p) for p in (pa, pb))
+        (errors if hybrid else warnings).append(
             Issue(
                 "spec.engine.blockSize",
                 f"{pd.spec.engine.block_size} differs from {prefill.spec.engine.block_size} of {via}: vLLM "
-                f"{PINNED_VLLM} pulls across block sizes only for full-attention layouts, and the routers' "
-                "prefixBlockTokens cannot match both",
+                f"{PINNED_VLLM} pulls across block sizes only for full-attention layouts"
+                + (" (this hybrid model's pulls would fail)" if hybrid else "")
+                + ", and the routers' prefixBlockTokens cannot match both",
                 "engine",
             )
         )

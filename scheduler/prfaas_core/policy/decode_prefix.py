@@ -1,0 +1,83 @@
+"""What each decode instance holds of the prompts it decoded, as vLLM reuses it on a later KV pull: the router
+learns it from what it routed, and a remote request's KV bytes (its counter, the gateway's booking) then leave
+out what the decode side has (:meth:`~prfaas_core.capacity.kv.KvModel.pulled_kv_bytes`). Pure.
+
+* dense: every whole block of an earlier prompt (vLLM's prefix cache; a hit ends at the first block it lacks);
+* hybrid (linear layers): only at a *checkpoint*, the end of the last whole block of an earlier prompt's N-1
+  tokens, where vLLM's "align" mode keeps a recurrent state (measured on vLLM 0.32: a 1,079-token prompt sent
+  again, or extended, reused 1,024 tokens at a 256-token block; a prompt that shares fewer tokens than the
+  checkpoint reuses nothing).
+
+A hit never covers the last prompt token (the engine computes at least one). Bounded: the oldest entries go first
+(a decode engine's cache evicts too; an entry it dropped makes the counters low by that request's reuse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import names
+from ..capacity.kv import KvModel
+from ..request.tokens import block_hashes
+
+DEFAULT_CAPACITY = 65_536
+"""Entries kept (instance, block): ~16M tokens of 256-token blocks."""
+
+
+def decode_cached_header(value: str | None) -> int:
+    """The gateway's reading of :data:`~prfaas_core.names.HEADER_DECODE_CACHED_TOKENS` (absent: 0); ValueError
+    names the header when it is not a non-negative integer."""
+    if value is None:
+        return 0
+    if not value.isdigit():
+        raise ValueError(
+            f"header {names.HEADER_DECODE_CACHED_TOKENS!r} must be a non-negative integer, got {value[:40]!r}"
+        )
+    return int(value)
+
+
+class DecodeHoldings:
+    def __init__(self, kv: KvModel, block_tokens: int, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.kv = kv
+        self.block_tokens = kv.block_tokens or block_tokens
+        self.capacity = capacity
+        self._held: dict[tuple[str, bytes], None] = {}
+
+    def _hashes(self, ids: Sequence[int]) -> list[bytes]:
+        usable = max(0, len(ids) - 1)  # a hit never covers the last token
+        return block_hashes(ids[:usable], self.block_tokens)
+
+    def held_tokens(self, ids: Sequence[int], instance: str | None) -> int:
+        """Leading tokens of ``ids`` that decode ``instance`` holds (0 for None)."""
+        if instance is None:
+            return 0
+        hashes = self._hashes(ids)
+        for k in range(len(hashes), 0, -1):
+            if (instance, hashes[k - 1]) in self._held:
+                return k * self.block_tokens
+        return 0
+
+    def learn(self, ids: Sequence[int], instance: str | None) -> None:
+        """Decode ``instance`` has served ``ids`` (its KV, pulled or computed, is in its cache now)."""
+        if instance is None:
+            return
+        hashes = self._hashes(ids)
+        if self.kv.recurrent:
+            hashes = hashes[-1:]  # the checkpoint only
+        for h in hashes:
+            key = (instance, h)
+            self._held.pop(key, None)
+            self._held[key] = None
+        while len(self._held) > self.capacity:
+            del self._held[next(iter(self._held))]
+
+    def retarget(self, kv: KvModel, block_tokens: int) -> None:
+        """A new configuration: the same holdings if the model's blocks stay, none otherwise."""
+        block = kv.block_tokens or block_tokens
+        if block != self.block_tokens or kv.recurrent != self.kv.recurrent:
+            self._held.clear()
+        self.kv, self.block_tokens = kv, block
+
+    def forget(self, instances: set[str]) -> None:
+        """Instances that left (or restarted with an empty cache)."""
+        self._held = {k: None for k in self._held if k[0] not in instances}

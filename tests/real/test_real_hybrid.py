@@ -1,0 +1,199 @@
+"""A hybrid (linear-attention) model on real vLLM with real KV transfer (NixlConnector over UCX TCP) through our
+router and gateway: the tiny Qwen3-Next (3 gated-DeltaNet layers + 1 full attention) that ``scripts/real-engines.sh``
+generates, its ModelProfile computed by ``prfaas profile`` from its config, its engines' flags derived from that
+profile through the engine seam (``hybrid_fields`` -> ``engine_launch``).
+
+Oracles (vLLM's own counters on the decode engine):
+
+* the N-1 rule: the decode side pulls the KV of all prompt tokens but the last and computes that one itself
+  (``prompt_tokens_by_source``: ``external_kv_transfer`` N-1, ``local_compute`` 1), on the local and the remote path;
+* byte-exact accounting: what the router (``prfaas_router_remote_kv_bytes_total``) and the gateway
+  (``prfaas_gateway_kv_egress_bytes_total``) book for a remote request equals ``vllm:nixl_bytes_transferred``, which
+  counts the recurrent state too (measured, see docs/hybrid-models.md), also when the decode holds part of the
+  prompt already (a repeat: only the blocks it lacks and the state cross);
+* the profile's predictions at prompt lengths that did not build it (it is built from the config alone).
+
+Its own engine set (3 hybrid engines, ~7 GiB), started once and ended when the module ends, before the tier's
+loopback set starts (conftest orders the module).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from prfaas_core import names
+from prfaas_core.api import ModelProfile
+from prfaas_core.capacity.kv import kv_model_from_profile
+from prfaas_core.launch.render import hybrid_fields
+from prfaas_local.model_profile import check_profile, transferred_bytes
+from prfaas_local.stack import LocalStack
+from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnginesUnavailable, RealEnv
+from prfaas_router.prom_text import sample_sum
+from support.real_engines import skip_or_fail
+
+THRESHOLD_TOKENS = 768
+SHORT_TOKENS = 300
+LONG_TOKENS = 1100
+TOLERANCE = 0.02
+
+
+@dataclass
+class Hybrid:
+    env: RealEnv
+    profile: ModelProfile
+    pool: EnginePool
+    prfaas: RealEngine
+    pdp: RealEngine
+    pdd: RealEngine
+    stack: LocalStack
+
+
+@pytest.fixture(scope="module")
+def hybrid(real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hybrid]:
+    try:
+        env = real_env.hybrid()
+    except RealEnginesUnavailable as exc:
+        skip_or_fail(str(exc))
+        raise
+    assert env.model_profile is not None
+    profile = ModelProfile.model_validate({"metadata": {"name": "tiny-hybrid"}, "spec": env.model_profile})
+    pool = EnginePool(env, tmp_path_factory.mktemp("hybrid-engines"))
+    stack = LocalStack.over_vllm(tmp_path_factory.mktemp("hybrid-stack"), env)
+    try:
+        fields = hybrid_fields(profile)  # the flags a hybrid needs, from its profile
+        prfaas = pool.start("prfaas", pool.spec("prfaas-prefill", **fields))
+        pdp = pool.start("pdp", pool.spec("pd-prefill", **fields))
+        pdd = pool.start("pdd", pool.spec("pd-decode", **fields))
+        pool.wait_ready([prfaas, pdp, pdd])
+        for producer in (prfaas, pdp):
+            pool.warm_up(producer, pdd)
+        stack.start_router("gateway", stack.make_gateway_config(prfaas))
+        stack.wait_ready("gateway")
+        stack.start_router("router", stack.make_router_config([pdp], [pdd], "gateway", THRESHOLD_TOKENS))
+        stack.wait_ready("router")
+        yield Hybrid(env, profile, pool, prfaas, pdp, pdd, stack)
+    finally:
+        stack.close()
+        pool.close()
+
+
+def _metric(url: str, name: str, headers: dict[str, str] | None = None) -> float:
+    return sample_sum(httpx.get(url + "/metrics", headers=headers or {}, timeout=10).text, name, {}) or 0.0
+
+
+def _booked(h: Hybrid) -> tuple[float, float]:
+    """(the router's remote KV bytes, the gateway's egress bytes) so far."""
+    router = _metric(h.stack.url("router"), names.METRIC_ROUTER_REMOTE_BYTES)
+    gateway = _metric(h.stack.url("gateway"), names.METRIC_GATEWAY_KV_EGRESS_BYTES, h.stack.gateway_headers)
+    return router, gateway
+
+
+def _complete(h: Hybrid, prompt: str) -> httpx.Response:
+    body = {"model": h.env.served_model_name, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    r = httpx.post(h.stack.url("router") + "/v1/completions", json=body, timeout=180)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _settled_transfer(engine: RealEngine, before: tuple[float, float]) -> float:
+    """The bytes of the one transfer the decode engine counted since ``before`` (its metrics update lags)."""
+    deadline = time.monotonic() + 30
+    now = transferred_bytes(engine.url)
+    while now[1] < before[1] + 1:
+        assert time.monotonic() < deadline, "the decode engine counted no KV transfer"
+        time.sleep(0.2)
+        now = transferred_bytes(engine.url)
+    assert now[1] == before[1] + 1, "more than one KV transfer for one request"
+    return now[0] - before[0]
+
+
+def test_the_engines_run_with_what_the_hybrid_profile_implies(hybrid: Hybrid) -> None:
+    arch = hybrid.profile.spec.architecture
+    assert arch is not None and arch.linear_kind == "GatedDeltaNet" and arch.linear_layers == 3
+    launch = hybrid.pdd.launch
+    assert "--dtype" in launch.argv and launch.argv[launch.argv.index("--dtype") + 1] == "bfloat16"
+    assert ("VLLM_SSM_CONV_STATE_LAYOUT", "DS") in {(e.name, e.value) for e in launch.env}
+    # vLLM enlarged the attention block to what the profile says (a page must hold a recurrent state)
+    assert f"Setting attention block size to {arch.block_tokens} tokens" in hybrid.pdd.log.read_text()
+
+
+@pytest.mark.parametrize(("tokens", "route"), [(SHORT_TOKENS, "local"), (LONG_TOKENS, "remote")])
+def test_n_minus_1_and_the_booked_bytes_equal_what_vllm_transferred(hybrid: Hybrid, tokens: int, route: str) -> None:
+    prompts = Prompts(hybrid.env.tokenizer_file)
+    for _ in range(2):
+        before_src = hybrid.pdd.prompt_tokens_by_source()
+        before_bytes, before_booked = transferred_bytes(hybrid.pdd.url), _booked(hybrid)
+        r = _complete(hybrid, prompts.text(tokens))
+        assert r.headers["x-prfaas-route"] == route
+        n = r.json()["usage"]["prompt_tokens"]
+        moved = _settled_transfer(hybrid.pdd, before_bytes)
+        after_src = hybrid.pdd.prompt_tokens_by_source()
+        got = {k: after_src[k] - before_src[k] for k in after_src}
+        assert got == {"external_kv_transfer": n - 1, "local_compute": 1, "local_cache_hit": 0}, (n, got)
+        predicted = kv_model_from_profile(hybrid.profile.spec).pulled_kv_bytes(n)
+        assert abs(predicted - moved) <= TOLERANCE * moved, (n, predicted, moved)
+        router, gateway = (a - b for a, b in zip(_booked(hybrid), before_booked, strict=True))
+        print(f"\n{route} {n} tokens: vLLM transferred {moved:.0f} B; router {router:.0f} B, gateway {gateway:.0f} B")
+        if route == "remote":
+            assert abs(router - moved) <= TOLERANCE * moved, (router, moved)
+            assert abs(gateway - moved) <= TOLERANCE * moved, (gateway, moved)
+        else:
+            assert router == gateway == 0
+
+
+def test_a_prompt_the_decode_holds_is_booked_without_what_it_reuses(hybrid: Hybrid) -> None:
+    """A remote prompt again, then extended: the decode reuses up to its checkpoint (the last whole block of the
+    first prompt's N-1 tokens) and pulls the rest plus the state; the router and the gateway book exactly that."""
+    prompts = Prompts(hybrid.env.tokenizer_file, seed=1048)
+    first = prompts.text(LONG_TOKENS)
+    block = hybrid.profile.spec.architecture.block_tokens  # type: ignore[union-attr]
+    for i, text in enumerate((first, first, first + " " + prompts.text(100))):
+        before_src = hybrid.pdd.prompt_tokens_by_source()
+        before_bytes, before_booked = transferred_bytes(hybrid.pdd.url), _booked(hybrid)
+        r = _complete(hybrid, text)
+        assert r.headers["x-prfaas-route"] == "remote"
+        n = r.json()["usage"]["prompt_tokens"]
+        moved = _settled_transfer(hybrid.pdd, before_bytes)
+        after_src = hybrid.pdd.prompt_tokens_by_source()
+        got = {k: after_src[k] - before_src[k] for k in after_src}
+        reused = got["local_cache_hit"]
+        assert got["external_kv_transfer"] + reused == n - 1 and got["local_compute"] == 1, got
+        if i == 0:
+            assert reused == 0
+            checkpoint = (n - 1) // block * block
+        else:
+            assert reused == checkpoint, (reused, checkpoint)
+        router, gateway = (a - b for a, b in zip(_booked(hybrid), before_booked, strict=True))
+        print(
+            f"\nremote {n} tokens, {reused:.0f} reused: vLLM {moved:.0f} B; "
+            f"router {router:.0f} B, gateway {gateway:.0f} B"
+        )
+        assert abs(router - moved) <= TOLERANCE * moved, (router, moved)
+        assert abs(gateway - moved) <= TOLERANCE * moved, (gateway, moved)
+
+
+def test_the_profile_predicts_the_transferred_bytes_at_held_back_lengths(hybrid: Hybrid) -> None:
+    prompts = Prompts(hybrid.env.tokenizer_file, seed=48)
+    texts = [prompts.text(n) for n in (200, 500, 900, 1500)]
+    checked = check_profile(hybrid.profile, hybrid.pdp.url, hybrid.pdd.url, texts, hybrid.env.served_model_name)
+    for c in checked:
+        print(f"\n{c.prompt_tokens} tokens: predicted {c.predicted_bytes:.0f} B, transferred {c.measured_bytes:.0f} B")
+    assert all(abs(c.error) <= TOLERANCE for c in checked), checked
+
+
+def test_a_dead_prfaas_engine_falls_back_to_the_local_path_and_n_minus_1_still_holds(hybrid: Hybrid) -> None:
+    """Last in the module: the PrFaaS engine stays dead."""
+    hybrid.pool.stop("prfaas")
+    prompts = Prompts(hybrid.env.tokenizer_file)
+    before = hybrid.pdd.prompt_tokens_by_source()
+    r = _complete(hybrid, prompts.text(LONG_TOKENS))
+    assert r.headers["x-prfaas-route"] == "local", dict(r.headers)
+    n = r.json()["usage"]["prompt_tokens"]
+    after = hybrid.pdd.prompt_tokens_by_source()
+    assert after["external_kv_transfer"] - before["external_kv_transfer"] == n - 1
+    assert after["local_compute"] - before["local_compute"] == 1
