@@ -21,7 +21,8 @@ from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.policy.routing import RouteRequest, RoutingView, decide_route
 from prfaas_core.request.tokens import ModelTokenizer, Tokenizer, block_hashes, build_tokenizer
-from prfaas_router.runtime import Runtime, compile_config
+from prfaas_router.state.config import compile_config
+from prfaas_router.state.runtime import Runtime
 
 
 def config() -> RouterConfig:

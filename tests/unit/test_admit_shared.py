@@ -13,7 +13,7 @@ from prfaas_core.policy import link_admission
 from prfaas_core.policy.link_admission import AdmitTick, Booking, Decline, WireTick, admit, book, wire_turn
 from prfaas_core.policy.link_state import EgressLedger, LinkParams
 from prfaas_core.sim import gateway as sim_gateway
-from prfaas_router import admission as real_gateway
+from prfaas_router.gateway import admission as real_gateway
 
 LINK = RouterLink(name="a-to-b", capacity_gbps=10.0)  # cap 8 Gbps
 PARAMS = LinkParams("a-to-b", 10.0, 0.8, 0.6, 0.3)

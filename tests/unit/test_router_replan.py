@@ -11,9 +11,10 @@ import httpx
 
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
-from prfaas_router.metrics import RouterMetrics
-from prfaas_router.proxy import Proxy
-from prfaas_router.runtime import LocalPlan, Runtime, compile_config
+from prfaas_router.path.proxy import Proxy
+from prfaas_router.state.config import compile_config
+from prfaas_router.state.metrics import RouterMetrics
+from prfaas_router.state.runtime import LocalPlan, Runtime
 
 ROLES = {"pd-0": "prefill", "pd-1": "prefill", "pd-2": "decode", "pd-3": "decode"}
 

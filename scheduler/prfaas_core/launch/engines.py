@@ -171,11 +171,3 @@ def check_spec(spec: EngineSpec) -> KvRole:
     if spec.max_model_len is not None and spec.max_model_len < 1:
         raise ValueError(f"max_model_len must be >= 1, got {spec.max_model_len}")
     return kv_role
-
-
-def engine_launch(spec: EngineSpec) -> EngineLaunch:
-    """The command, arguments and environment that start ``spec``'s engine (its kind's module renders them).
-    ValueError names the bad field."""
-    from .kinds import engine_kind  # the kinds' modules use this module's types
-
-    return engine_kind(spec.kind).launch(spec)

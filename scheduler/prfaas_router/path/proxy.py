@@ -25,17 +25,37 @@ from aiohttp import web
 from prfaas_core.request.params import check_request
 from prfaas_core.request.tokens import block_hashes
 
-from . import prefill_legs, release
-from .aborts import Aborts, remote_side
-from .answer import PROMPT_TOKENS_HEADER, ROUTE_HEADER, DecodeLeg, answer_stream, answer_whole, failure_kind
-from .http_util import JSON_CONTENT, LegSession, is_chat, json_bytes, json_error, model_not_found, read_token
-from .legs import ENGINE, LegError, decode_body
-from .metrics import RouterMetrics
-from .retry import prefill_with_retry
-from .runtime import LocalPlan, Runtime
-from .security import RequestIds
-from .tokenizer import count_prompt
-from .ttft_limit import over_limit, retry_after_s
+from ..state.config import count_prompt
+from ..state.metrics import RouterMetrics
+from ..state.runtime import LocalPlan, Runtime
+from ..state.security import RequestIds
+from ..state.wire import (
+    ENGINE,
+    JSON_CONTENT,
+    Aborts,
+    LegError,
+    LegSession,
+    decode_body,
+    is_chat,
+    json_bytes,
+    json_error,
+    model_not_found,
+    read_token,
+    remote_side,
+)
+from .call import (
+    PROMPT_TOKENS_HEADER,
+    ROUTE_HEADER,
+    DecodeLeg,
+    abandon,
+    answer_stream,
+    answer_whole,
+    failure_kind,
+    over_limit,
+    report_pull_over,
+    retry_after_s,
+)
+from .prefill import local_prefill, prefill_with_retry, remote_in_window
 
 log = structlog.get_logger("prfaas.router")
 
@@ -198,7 +218,7 @@ class Proxy:
             )
         if remote is not None:
             try:
-                kv, route = await prefill_legs.remote_in_window(
+                kv, route = await remote_in_window(
                     self, remote, request.path, body, request_id, decision, len(ids), routed.probe
                 )
                 if kv is not None:
@@ -253,7 +273,7 @@ class Proxy:
             if remote is not None and remote_kv:
                 rt.remote_failed(remote.name, str(exc))
             if kv is not None:  # no decode will pull it: have a consumer release it (else it waits out its lease)
-                release.abandon(self, kv, "prfaas" if remote_kv else "pd", plan.decode, request_id, str(exc))
+                abandon(self, kv, "prfaas" if remote_kv else "pd", plan.decode, request_id, str(exc))
             if not (remote_kv and exc.retriable):
                 m.requests.labels(route, "error").inc()
                 return json_error(exc.status, str(exc), "upstream_error")
@@ -265,11 +285,7 @@ class Proxy:
             )
             plan = self._replan(plan, len(ids), hashes)
             try:
-                kv = (
-                    await prefill_legs.local_prefill(self, plan, request.path, body, request_id, len(ids))
-                    if plan.prefill
-                    else None
-                )
+                kv = await local_prefill(self, plan, request.path, body, request_id, len(ids)) if plan.prefill else None
                 prefilled = time.perf_counter() if kv is not None else None
                 plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
                 response = await self._decode(
@@ -338,9 +354,9 @@ class Proxy:
     def _transfer_over(self, key: str, pulled: bool = False) -> None:
         """The request's KV stream is over (its decode's first byte, or the decode ended): the router's ledger
         and link estimator learn it (:meth:`Runtime.finish_transfer`), and the gateway that let its pull onto
-        the wire is told (:func:`.release.report_pull_over`). Both are once per stream."""
+        the wire is told (:func:`.call.report_pull_over`). Both are once per stream."""
         self.rt.finish_transfer(key, pulled=pulled)
-        release.report_pull_over(self, key)
+        report_pull_over(self, key)
 
     async def _open_decode(
         self, leg: DecodeLeg, kv: dict[str, Any] | None, request_id: RequestIds, limit: float | None

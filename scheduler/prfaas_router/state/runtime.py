@@ -12,13 +12,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
 
-from prfaas_core.api import RemoteGateway, RouterConfig, RouterEndpoint
-from prfaas_core.capacity.hardware import HardwareProfile, builtin_hardware, hardware_from_spec
-from prfaas_core.capacity.kv import KvModel, kv_model_from_profile
-from prfaas_core.launch.emulation import ScaleSettings
-from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams, Transition
+from prfaas_core.api import RemoteGateway, RouterEndpoint
+from prfaas_core.policy.breaker import Breaker, BreakerBoard, Transition
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.replica_books import Book, InstanceBook, Mark, ReplicaBooks
@@ -36,96 +32,11 @@ from prfaas_core.policy.short_term import (
     refresh,
     route,
 )
-from prfaas_core.policy.threshold import ThresholdBounds, ThresholdDecision
+from prfaas_core.policy.threshold import ThresholdDecision
 from prfaas_core.request.slo import ttft_objective_s
-from prfaas_core.request.tokens import PrefixIndex, Tokenizer
+from prfaas_core.request.tokens import PrefixIndex
 
-from .tokenizer import router_tokenizer
-
-
-def _profile(spec_hw: object, default: str) -> HardwareProfile:
-    if spec_hw is not None:
-        return hardware_from_spec(spec_hw)  # type: ignore[arg-type]
-    profile = builtin_hardware(default)
-    assert profile is not None
-    return profile
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """Everything derived from one RouterConfig (rebuilt on reload, never mutated)."""
-
-    config: RouterConfig
-    kv: KvModel
-    pd: HardwareProfile
-    prfaas: HardwareProfile
-    links: dict[str, LinkParams]
-    remotes: tuple[RemoteGateway, ...]
-    bounds: ThresholdBounds
-    tokenizer: Tokenizer
-    scale: ScaleSettings
-    prefill: tuple[RouterEndpoint, ...]
-    decode: tuple[RouterEndpoint, ...]
-    both: tuple[RouterEndpoint, ...]
-    draining: frozenset[str]
-    decode_slots: int
-    breaker: BreakerParams
-
-    @cached_property
-    def prefill_capable(self) -> frozenset[str]:
-        """The instances that prefill (role prefill, or both when there is no prefill tier)."""
-        return frozenset(e.name for e in (self.prefill or self.both))
-
-    @cached_property
-    def guaranteed_links(self) -> frozenset[str]:
-        """The links whose capacity is guaranteed (``availableBandwidth: Configured``): never estimated lower."""
-        return frozenset(link.name for link in self.config.links if link.available_bandwidth == "Configured")
-
-    @cached_property
-    def by_name(self) -> dict[str, RouterEndpoint]:
-        """Built once per configuration (the hot path looks endpoints up on every leg)."""
-        return {e.name: e for e in self.config.endpoints}
-
-
-def compile_config(config: RouterConfig) -> Compiled:
-    links = {
-        link.name: LinkParams(
-            link.name, link.capacity_gbps, link.max_utilization, link.scarce_watermark, link.abundant_watermark
-        )
-        for link in config.links
-    }
-    for remote in config.remotes:
-        if remote.link not in links:
-            raise ValueError(f"remotes[{remote.name}].link {remote.link!r} names no entry of links")
-    adm = config.gateway.admission if config.gateway else None
-    if adm is not None and adm.link not in links:
-        raise ValueError(f"gateway.admission.link: {adm.link!r} is not one of links[].name")
-    pd = _profile(config.pd_hardware, "H20")
-    return Compiled(
-        config=config,
-        # the engines hold and move whole KV blocks of prefixBlockTokens (the engines' block size)
-        kv=kv_model_from_profile(config.model).with_blocks(config.routing.prefix_block_tokens),
-        pd=pd,
-        prfaas=_profile(config.prfaas_hardware, "H200"),
-        links=links,
-        remotes=tuple(config.remotes),
-        bounds=ThresholdBounds(config.threshold_min_tokens, config.threshold_max_tokens),
-        tokenizer=router_tokenizer(config),
-        scale=ScaleSettings(config.scale.time_scale, config.scale.byte_scale),
-        prefill=tuple(e for e in config.endpoints if e.role == "prefill"),
-        decode=tuple(e for e in config.endpoints if e.role == "decode"),
-        both=tuple(e for e in config.endpoints if e.role == "both"),
-        draining=frozenset(config.draining),
-        decode_slots=pd.decode.max_batch_size if pd.decode is not None else 1,
-        breaker=BreakerParams(
-            config.routing.breaker_failure_threshold,
-            config.routing.breaker_open_seconds,
-            config.routing.breaker_probes,
-            # a probe reports back within its leg's timeouts; past them its slot is freed
-            max((r.timeout_seconds for r in config.remotes), default=0.0) + config.timeouts.kv_pull_seconds,
-        ),
-    )
-
+from .config import Compiled
 
 GUARANTEED = Available(None, "configured", "availableBandwidth: Configured (the capacity is guaranteed)")
 

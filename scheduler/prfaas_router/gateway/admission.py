@@ -58,9 +58,9 @@ from prfaas_core.policy.link_estimate import Available
 from prfaas_core.policy.link_shares import EPS, LinkShares
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
 
-from .http_util import json_error
-from .metrics import RouterMetrics
-from .peer_loans import PeerLoans
+from ..state.metrics import RouterMetrics
+from ..state.peers import PeerLoans
+from ..state.wire import json_error
 
 log = structlog.get_logger("prfaas.router.admission")
 
