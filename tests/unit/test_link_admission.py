@@ -15,7 +15,8 @@ from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterLink
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_calendar import booked_gbps
-from prfaas_router.gateway.admission import Booking, LinkAdmission
+from prfaas_router.gateway.admission import LinkAdmission
+from prfaas_router.gateway.pulls import Booking
 from prfaas_router.state.metrics import RouterMetrics
 
 LINK = RouterLink(name="a-to-b", capacity_gbps=10.0)  # cap 8 Gbps
@@ -118,7 +119,7 @@ def test_bad_headers_are_400_naming_them() -> None:
 
 
 def test_a_router_report_of_available_bandwidth_bounds_the_calendar_until_it_goes_stale() -> None:
-    from prfaas_router.gateway.admission import REPORT_MAX_AGE_S
+    from prfaas_router.gateway.pulls import REPORT_MAX_AGE_S
     from prfaas_router.state.metrics import RouterMetrics
 
     spec = GatewayAdmission.model_validate({"link": "a-to-b", "replicas": 2})
@@ -267,7 +268,7 @@ def test_with_paced_instances_an_instances_egress_work_counts_its_pulls_from_pre
 
 
 def test_an_unreported_pull_leaves_the_wire_when_its_lease_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prfaas_router.gateway import admission
+    from prfaas_router.gateway import pulls as admission
 
     monkeypatch.setattr(admission, "LEASE_GRACE_WALL_S", 0.0)
 
@@ -310,7 +311,7 @@ def test_an_answer_held_past_most_of_the_kv_lease_is_declined_and_frees_its_wind
     """The pull on the wire is never reported; the next answer waits for it until 80 % of the engine's KV lease has
     passed (wall time), then the gateway answers 429 kv_lease: a decode sent later would find the KV freed. The
     router prefills locally on that decline (it is not a link_window to wait for)."""
-    from prfaas_router.gateway.admission import KV_LEASE_USE, KvLeaseOver
+    from prfaas_router.gateway.pulls import KV_LEASE_USE, KvLeaseOver
     from prfaas_router.path.prefill import resubmit_wait_s
 
     async def main() -> None:

@@ -1,5 +1,5 @@
 """Gateway replicas lend each other their idle share of the link (prfaas_core.policy.link_shares and the lending in
-prfaas_router.gateway.admission): whatever order pulls arrive at the replicas and end in, their pulls on the wire never sum
+prfaas_router.gateway.pulls): whatever order pulls arrive at the replicas and end in, their pulls on the wire never sum
 past the ceiling, no share is ever counted twice, and every pull gets on the wire. The transport between the
 replicas here is in-process; tests/integration/test_many_routers.py runs it over HTTP."""
 
@@ -19,8 +19,9 @@ from prfaas_core.api import GatewayAdmission, RouterConfig, RouterLink
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_shares import LinkShares
-from prfaas_router.gateway import admission as admission_mod
-from prfaas_router.gateway.admission import Booking, LinkAdmission, admission_for
+from prfaas_router.gateway import pulls as admission_mod
+from prfaas_router.gateway.admission import LinkAdmission, admission_for
+from prfaas_router.gateway.pulls import Booking
 from prfaas_router.state.metrics import RouterMetrics
 from prfaas_router.state.peers import PeerLoans
 

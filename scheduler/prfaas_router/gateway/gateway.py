@@ -49,7 +49,8 @@ from ..state.wire import (
     reported_prompt_tokens,
     timing_header,
 )
-from .admission import Booking, KvLeaseOver, LinkAdmission, admission_for
+from .admission import LinkAdmission, admission_for
+from .pulls import Booking, KvLeaseOver
 
 ENGINE = engine_kind()
 
