@@ -74,9 +74,7 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
             0
         ]
         pull_id = first.headers[names.HEADER_PULL_ID]
-        assert {"hold", "prefill", "release", "predicted"} <= parse_timing(
-            first.headers[names.SERVER_TIMING]
-        ).keys()
+        assert {"hold", "prefill", "release", "predicted"} <= parse_timing(first.headers[names.SERVER_TIMING]).keys()
         r = httpx.post(gateway + "/v1/completions", json=leg, headers=headers, timeout=10)
         assert r.status_code == 429, r.text
         decline = AdmissionDecline.model_validate(r.json())

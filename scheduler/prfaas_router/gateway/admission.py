@@ -119,11 +119,6 @@ class LinkAdmission(PullsOnWire):
         self.params = _params(link, self.share)
         """This replica's base share: what its calendar plans in."""
 
-    @property
-    def share(self) -> float:
-        """This replica's base share of the link (``1 / replicas``)."""
-        return self.shares.base
-
     def reconfigure(
         self, spec: GatewayAdmission, link: RouterLink, time_scale: float, token: Callable[[], bytes | None]
     ) -> bool:

@@ -114,6 +114,11 @@ class PullsOnWire:
     _changed: asyncio.Event
 
     @property
+    def share(self) -> float:
+        """This replica's base share of the link (``1 / replicas``)."""
+        return self.shares.base
+
+    @property
     def link(self) -> str:
         return self.params.name
 

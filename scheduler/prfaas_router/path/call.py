@@ -1,5 +1,7 @@
-"""The decode leg's answer to the client, whole or streamed (a break mid-stream ends it with an error event),
-the leg's context, and the response headers naming the route."""
+"""The per-request side of the request path: the :class:`Call` (one per client request, its outcome counted
+once), its local plan, what the legs need of the proxy (:class:`LegHost`), the release of a KV no decode will
+pull, the pull's report to the gateway, the per-request TTFT limit, and the decode leg's answer to the client,
+whole or streamed (a break mid-stream ends it with an error event)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import math
 import ssl
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
@@ -25,7 +27,111 @@ from prfaas_core.policy.short_term import RoutePlan
 from ..state.metrics import FAILURE_KINDS, RouterMetrics, judge_ttft
 from ..state.runtime import EngineLoad, Runtime
 from ..state.security import RequestIds
-from ..state.wire import ENGINE, JSON_CONTENT, Aborts, LegError, LegSession, json_bytes, timing_entry, timing_prefixed
+from ..state.wire import (
+    ENGINE,
+    JSON_CONTENT,
+    Aborts,
+    LegError,
+    LegSession,
+    json_bytes,
+    json_error,
+    timing_entry,
+    timing_prefixed,
+)
+
+# --- The per-request object
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    prefill: str | None
+    """Prefill instance (None: one instance does both, or none can: ``no_prefill``)."""
+    decode: str
+    no_prefill: str | None = None
+    """Why no local prefill instance can take it (the remote must prefill it), None when one can."""
+
+
+def local_plan(rt: Runtime, plan: RoutePlan) -> LocalPlan | None:
+    """Prefill and decode instances for a local request (cache-affine prefill, least-loaded decode)."""
+    decode = plan.decode
+    if decode is None or decode.name is None:
+        return None
+    if plan.prefill is None:
+        return LocalPlan(None, decode.name)
+    if plan.prefill.name is None:
+        if rt.compiled.both:
+            return LocalPlan(None, decode.name)
+        return LocalPlan(None, decode.name, plan.prefill.reason)
+    return LocalPlan(plan.prefill.name, decode.name)
+
+
+def plan_local(
+    rt: Runtime, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None
+) -> LocalPlan | None:
+    """A fresh local plan from the configuration and the snapshot in force now."""
+    return local_plan(rt, rt.route(total_tokens, hashes, pd_hits))
+
+
+@dataclass
+class Call:
+    """One client request on the router's path, from its parse to its answer: its ids (the ledger keys its KV
+    stream on :attr:`key`), its prompt and prefix lookups, the breaker probe ticket it holds, the gateway's timing
+    and pull id once a remote prefilled it, and its outcome, counted exactly once (:meth:`report`) whichever
+    way the request ends. The long-lived state stays the :class:`~prfaas_router.state.runtime.Runtime`'s."""
+
+    ids: RequestIds
+    metrics: RouterMetrics
+    path: str
+    body: dict[str, Any]
+    prompt_tokens: int
+    started: float
+    """When the request arrived (perf_counter)."""
+    hashes: list[bytes] = field(default_factory=list)
+    """The prompt's block hashes (the prefix indexes' keys)."""
+    pd_hits: dict[str, int] = field(default_factory=dict)
+    """The PD prefix index's hits (tokens) per instance, as looked up once."""
+    probe: float | None = None
+    """The breaker's probe ticket for the remote it was routed to (freed if the call ends without a verdict)."""
+    gateway_timing: str = ""
+    """The gateway's ``Server-Timing`` of its remote prefill, passed on in the router's answer."""
+    pull: tuple[str, str] | None = None
+    """(remote, the gateway's pull id): a pull the gateway let onto the wire, reported over once
+    (:func:`report_pull_over`)."""
+    route: str = "none"
+    """Its route as it stands (``local``, ``remote``, ``fallback``, ``retry``; ``none`` before the decision)."""
+    remote: RemoteGateway | None = None
+    """The remote gateway that prefills it (None: local)."""
+    plan: LocalPlan | None = None
+    """Its local instances (the decode's, and the prefill's when local), re-picked when stale."""
+    kv: dict[str, Any] | None = None
+    """The KV handle its prefill leg returned (None: no prefill leg, or not yet)."""
+    remote_kv: bool = False
+    """The KV crosses the link (a remote prefilled it)."""
+    prefilled: float | None = None
+    """When the prefill leg returned the KV handle (perf_counter)."""
+    outcome: str | None = None
+    """How it ended (``prfaas_router_requests_total``'s ``outcome``); None while in flight."""
+
+    @property
+    def key(self) -> str:
+        """The key of its KV stream in the router's ledger (an id the router makes)."""
+        return self.ids.key
+
+    def report(self, outcome: str, route: str | None = None) -> bool:
+        """Count the request's outcome on ``route`` (default: its route as it stands); only the first report
+        counts (False for a later one: a stream that answered ``ok`` and is then cancelled while closing stays
+        ``ok``)."""
+        if self.outcome is not None:
+            return False
+        self.outcome = outcome
+        self.metrics.requests.labels(route or self.route, outcome).inc()
+        return True
+
+    def refuse(self, outcome: str, status: int, message: str, kind: str, **headers: str) -> web.Response:
+        """Count the outcome and answer the client an OpenAI-style error."""
+        self.report(outcome)
+        return json_error(status, message, kind, **headers)
+
 
 # --- What the request path's steps outside the proxy (the prefill legs, the one retry, the KV release) need of the
 # proxy that runs them. A protocol: they take the proxy without importing it, and the proxy imports them.
@@ -119,11 +225,11 @@ async def _release(
     )
 
 
-def report_pull_over(proxy: LegHost, key: str) -> None:
-    """The request ``key``'s pull is over (its decode holds the KV, or the decode failed): tell the gateway that
-    let it onto the wire, in the background, so that the link's next pull starts (unreported, it waits out the
-    pull's lease). Once per pull; nothing when no gateway counts one."""
-    pull = proxy.rt.gateway_pulls.pop(key, None)
+def report_pull_over(proxy: LegHost, call: Call) -> None:
+    """The call's pull is over (its decode holds the KV, the decode failed, or the call ended): tell the gateway
+    that let it onto the wire, in the background, so that the link's next pull starts (unreported, it waits out
+    the pull's lease). Once per pull; nothing when no gateway counts one."""
+    pull, call.pull = call.pull, None
     if pull is None or proxy.session is None:
         return
     task = asyncio.get_running_loop().create_task(_report(proxy, *pull))
@@ -239,6 +345,7 @@ def failure_kind(message: str) -> str:
 
 async def answer_whole(
     m: RouterMetrics,
+    call: Call,
     leg: DecodeLeg,
     chunks: AsyncIterator[bytes],
     first: bytes,
@@ -257,12 +364,12 @@ async def answer_whole(
     if prefilled is not None:
         judge_ttft(m, slo, route, prefilled - leg.started, leg.prompt_tokens)
     m.e2e.labels(route).observe(time.perf_counter() - leg.started)
-    m.requests.labels(route, "ok").inc()
+    call.report("ok", route)
     return web.Response(body=data, status=200, content_type="application/json", headers=leg.headers())
 
 
 async def answer_stream(
-    m: RouterMetrics, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes, slo: SloSpec | None = None
+    m: RouterMetrics, call: Call, leg: DecodeLeg, chunks: AsyncIterator[bytes], first: bytes, slo: SloSpec | None = None
 ) -> web.StreamResponse:
     """A streamed answer: the decode's events passed on as they come; a break ends with an error event."""
     route, request = leg.route, leg.request
@@ -282,7 +389,7 @@ async def answer_stream(
             events += chunk.count(b"data: ")
             last_at = time.perf_counter()
     except aiohttp.ClientError as exc:
-        m.requests.labels(route, "error").inc()
+        call.report("error", route)
         err = {
             "error": {
                 "message": f"decode stream from {leg.instance} broke: {exc.__class__.__name__}",
@@ -300,7 +407,7 @@ async def answer_stream(
     if events > 2:  # the last event is [DONE]
         m.tpot.labels(route).observe((last_at - first_at) / (events - 2))
     m.e2e.labels(route).observe(time.perf_counter() - leg.started)
-    m.requests.labels(route, "ok").inc()
+    call.report("ok", route)
     with contextlib.suppress(ConnectionResetError):
         await out.write_eof()
     return out

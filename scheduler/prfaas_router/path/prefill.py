@@ -1,6 +1,7 @@
 """The prefill legs of the request path: the remote prefill (under the gateway's admission, its outcome always
-reported to the breaker) and the local one. The proxy runs them (:mod:`.proxy`), and so do the wait for a link
-window (:mod:`.link_wait`) and the one retry (:mod:`.retry`)."""
+reported to the breaker), the local one, the router's side of the gateway's admission answer (the wait for a link
+window) and the one retry of a failed local prefill. The proxy runs them (:mod:`.proxy`) with the request's
+:class:`~.call.Call`."""
 
 from __future__ import annotations
 
@@ -20,8 +21,7 @@ from prfaas_core.policy.link_estimate import Available
 from prfaas_core.policy.routing import RouteDecision
 from prfaas_core.request.slo import ttft_objective_s
 
-from ..state.runtime import LocalPlan
-from ..state.security import RequestIds, gateway_body
+from ..state.security import gateway_body
 from ..state.wire import (
     JSON_CONTENT,
     LINK_HEADER,
@@ -33,7 +33,7 @@ from ..state.wire import (
     remote_side,
     reported_prompt_tokens,
 )
-from .call import LegHost, remote_auth
+from .call import Call, LegHost, LocalPlan, local_plan, remote_auth
 
 # --- The router's side of the gateway's admission answer: the headers a remote prefill carries, the 429 decline
 # it may get back, and the choice it then makes — wait for the link window (re-submit, accepting the wait) or
@@ -128,35 +128,24 @@ class Prefilled:
     """The remote that prefilled it on the retry (its KV crosses the link), None when local."""
 
 
-async def prefill_with_retry(
-    proxy: LegHost,
-    plan: LocalPlan,
-    route: str,
-    path: str,
-    body: dict[str, Any],
-    request_id: RequestIds,
-    uncached: int,
-    total_tokens: int,
-    hashes: list[bytes],
-    pd_hits: dict[str, int],
-) -> Prefilled:
+async def prefill_with_retry(proxy: LegHost, call: Call, plan: LocalPlan, route: str, uncached: int) -> Prefilled:
     """The local prefill leg, and once more elsewhere if it failed retriably; LegError when both failed."""
     try:
-        return Prefilled(await local_prefill(proxy, plan, path, body, request_id, uncached), plan, route, None)
+        return Prefilled(await local_prefill(proxy, call, plan, uncached), plan, route, None)
     except LegError as exc:
         if exc.status < 500 or plan.prefill is None:
             raise
         first = exc
     rt, m = proxy.rt, proxy.metrics
     failed = plan.prefill
-    routed = rt.route(total_tokens, hashes, pd_hits, exclude=frozenset({failed}))
+    routed = rt.route(call.prompt_tokens, call.hashes, call.pd_hits, exclude=frozenset({failed}))
     remote = rt.remote_gateway(routed)
-    again = rt.local_plan(routed)
+    again = local_plan(rt, routed)
     if again is None or (remote is None and again.prefill is None):
         m.prefill_retries.labels("none", "unavailable").inc()
         log.warning(
             "prefill failed; no other instance to retry on",
-            request_id=request_id.trace,
+            request_id=call.ids.trace,
             instance=failed,
             error=str(first),
         )
@@ -164,7 +153,7 @@ async def prefill_with_retry(
     target = "remote" if remote is not None else "local"
     log.warning(
         "prefill failed; retrying once",
-        request_id=request_id.trace,
+        request_id=call.ids.trace,
         instance=failed,
         error=str(first),
         retry_on=remote.name if remote is not None else again.prefill,
@@ -172,11 +161,10 @@ async def prefill_with_retry(
     try:
         if remote is not None:
             d = routed.decision
-            kv = await remote_prefill(
-                proxy, remote, path, body, request_id, d.transfer_bytes, d.uncached_tokens, probe=routed.probe
-            )
+            call.probe = routed.probe  # the retry's own probe ticket, if the breaker gave one
+            kv = await remote_prefill(proxy, call, remote, d.transfer_bytes, d.uncached_tokens)
         else:
-            kv = await local_prefill(proxy, again, path, body, request_id, routed.decision.uncached_tokens)
+            kv = await local_prefill(proxy, call, again, routed.decision.uncached_tokens)
     except (LegError, LinkDeclined) as exc:
         m.prefill_retries.labels(target, "error").inc()
         status = exc.status if isinstance(exc, LegError) else 503
@@ -190,19 +178,17 @@ async def prefill_with_retry(
 
 async def remote_prefill(
     proxy: LegHost,
+    call: Call,
     remote: RemoteGateway,
-    path: str,
-    body: dict[str, Any],
-    request_id: RequestIds,
     nbytes: float,
     uncached: int,
     max_wait_s: float = float("inf"),
-    probe: float | None = None,
     max_ttft_s: float = float("inf"),
     slo_ttft_s: float | None = None,
 ) -> dict[str, Any]:
-    """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation)."""
-    rt = proxy.rt
+    """The remote prefill leg; its outcome always reaches the breaker (success, failure, cancellation), under the
+    call's probe ticket; the gateway's timing and pull id are the call's."""
+    rt, request_id, probe = proxy.rt, call.ids, call.probe
     duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
     rt.start_transfer(remote.link, request_id.key, nbytes, duration)
     headers = {"x-request-id": request_id.trace, LINK_HEADER: remote.link}
@@ -216,8 +202,8 @@ async def remote_prefill(
 
     async def leg() -> tuple[dict[str, Any], Any]:
         async with proxy.legs.post(
-            f"{remote.url}{path}",
-            data=json_bytes(gateway_body(prefill_body(body))),
+            f"{remote.url}{call.path}",
+            data=json_bytes(gateway_body(prefill_body(call.body))),
             headers=headers,
             timeout=timeout,
             ssl=proxy.remote_tls.get(remote.name, True),
@@ -228,10 +214,10 @@ async def remote_prefill(
             if resp.status != 200:
                 raise LegError(f"remote prefill answered {resp.status}")
             answer = orjson.loads(await resp.read())
-            rt.gateway_timing[request_id.key] = resp.headers.get(names.SERVER_TIMING, "")
+            call.gateway_timing = resp.headers.get(names.SERVER_TIMING, "")
             pull_id = resp.headers.get(names.HEADER_PULL_ID)
             if pull_id:  # the gateway counts the pull on the wire until this router reports it over
-                rt.gateway_pulls[request_id.key] = (remote.name, pull_id)
+                call.pull = (remote.name, pull_id)
             return kv_handle(answer), answer
 
     try:
@@ -258,9 +244,7 @@ async def remote_prefill(
     return handle
 
 
-async def local_prefill(
-    proxy: LegHost, plan: LocalPlan, path: str, body: dict[str, Any], request_id: RequestIds, uncached: int
-) -> dict[str, Any]:
+async def local_prefill(proxy: LegHost, call: Call, plan: LocalPlan, uncached: int) -> dict[str, Any]:
     rt = proxy.rt
     assert plan.prefill is not None
     endpoint = rt.compiled.by_name[plan.prefill]
@@ -269,9 +253,9 @@ async def local_prefill(
     with rt.prefill_queued(plan.prefill, seconds):
         try:
             async with proxy.legs.post(
-                f"{endpoint.url}{path}",
-                data=json_bytes(prefill_body(body)),
-                headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
+                f"{endpoint.url}{call.path}",
+                data=json_bytes(prefill_body(call.body)),
+                headers={"x-request-id": call.ids.trace, "Content-Type": JSON_CONTENT},
                 timeout=aiohttp.ClientTimeout(total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds),
             ) as resp:
                 data = await resp.read()
@@ -289,14 +273,7 @@ async def local_prefill(
 
 
 async def remote_in_window(
-    proxy: LegHost,
-    remote: RemoteGateway,
-    path: str,
-    body: dict[str, Any],
-    request_id: RequestIds,
-    decision: RouteDecision,
-    total: int,
-    probe: float | None = None,
+    proxy: LegHost, call: Call, remote: RemoteGateway, decision: RouteDecision
 ) -> tuple[dict[str, Any] | None, str]:
     """The remote prefill under the gateway's admission: the first try accepts a window up to where the remote
     TTFT, as the gateway's calendar predicts it, reaches the local alternative's (or the request's SLO, when that
@@ -304,7 +281,7 @@ async def remote_in_window(
     request ``t`` kept local, sent remote for a PD queue surge) waits only while its remote TTFT beats local's
     (the core's rule, as in the simulator). Returns (the KV handle or None, the route)."""
     rt, m, c = proxy.rt, proxy.metrics, proxy.rt.compiled
-    nbytes, uncached = decision.transfer_bytes, decision.uncached_tokens
+    nbytes, uncached, total = decision.transfer_bytes, decision.uncached_tokens, call.prompt_tokens
     queue = rt.local_wait_s()
     local = local_ttft_s(queue, c.pd.prefill_seconds(float(total)))
     slo = ttft_objective_s(c.config.slo, total) if c.config.slo is not None else None
@@ -313,7 +290,7 @@ async def remote_in_window(
     limit = link_calendar.accepted_ttft_s(local, slo, spill)
     first = link_calendar.max_wait_s(limit, c.prfaas.prefill_seconds(float(uncached)), nbytes, cap)
     try:
-        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, first, probe, limit, slo)
+        kv = await remote_prefill(proxy, call, remote, nbytes, uncached, first, limit, slo)
         return kv, "remote"
     except LinkDeclined as declined:
         wait = resubmit_wait_s(declined.decline, local, slo, queue or 0.0, spill)
@@ -323,5 +300,5 @@ async def remote_in_window(
             return None, "local"
         m.decisions.labels("remote", names.REASON_WAIT_FOR_LINK).inc()
         m.link_wait_seconds.labels(remote.link).observe(wait / WAIT_SLACK)
-        kv = await remote_prefill(proxy, remote, path, body, request_id, nbytes, uncached, wait, probe, slo_ttft_s=slo)
+        kv = await remote_prefill(proxy, call, remote, nbytes, uncached, wait, slo_ttft_s=slo)
         return kv, "remote"

@@ -1,6 +1,7 @@
-"""Loading the RouterConfig file and watching it for changes (kubelet swaps a ConfigMap's files atomically
-through a symlink, ``prfaas up`` rewrites its file): content-hash polling, so both are seen. A file that fails
-to parse or validate keeps the previous configuration in force and is reported, never half-applied."""
+"""The router's configuration: the RouterConfig file loaded and watched (kubelet swaps a ConfigMap's files
+atomically through a symlink, ``prfaas up`` rewrites its file: content-hash polling, so both are seen; a file that
+fails to parse or validate keeps the previous configuration in force and is reported, never half-applied), its
+compiled form (:class:`Compiled`, rebuilt on reload) and the token counter it names."""
 
 from __future__ import annotations
 

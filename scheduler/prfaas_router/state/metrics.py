@@ -1,4 +1,5 @@
-"""The router's Prometheus metrics, in a registry of its own (no process-global state)."""
+"""The router's Prometheus metrics, in a registry of its own (no process-global state), and the one reader of
+Prometheus text exposition that every scraper of ours goes through."""
 
 from __future__ import annotations
 

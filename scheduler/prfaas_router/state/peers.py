@@ -1,4 +1,5 @@
-"""Router replicas in front of one PD cluster share their PD prefill books (:mod:`prfaas_core.policy.replica_books`).
+"""The calls between replicas. Router replicas in front of one PD cluster share their PD prefill books
+(:mod:`prfaas_core.policy.replica_books`); gateway replicas lend each other their idle link share (below).
 
 Each replica ``PUT``\\ s its books to every peer (:data:`~prfaas_core.names.REPLICA_BOOKS_PATH`) as soon as they
 change (a local prefill starts or ends) and every :data:`~prfaas_core.policy.replica_books.HEARTBEAT_S` otherwise;

@@ -1,5 +1,7 @@
-"""The router's state: the compiled configuration, the mutable counters the data plane updates, and the
-immutable snapshot the hot path reads (swapped by reference by the signals refresher).
+"""The router's long-lived state: the mutable counters the data plane updates (ledgers, breakers, link
+estimators, this replica's prefill books) and the immutable snapshot the hot path reads (swapped by reference by
+the signals refresher), with the hot path's route over them. Per-request data is the request path's
+(:class:`prfaas_router.path.call.Call`); the compiled configuration is :mod:`.config`'s.
 
 Units: the router works in *model* time and bytes (ScaleSettings): ``model_now = wall * time_scale``, so the
 same policies and profiles apply to real engines (scale 1) and to the time-scaled emulated stack.
@@ -72,15 +74,6 @@ class Snapshot:
     """Remote name -> its gateway books this router's link to it in a calendar (``GatewayStatus.scheduledLinks``)."""
 
 
-@dataclass(frozen=True)
-class LocalPlan:
-    prefill: str | None
-    """Prefill instance (None: one instance does both, or none can: ``no_prefill``)."""
-    decode: str
-    no_prefill: str | None = None
-    """Why no local prefill instance can take it (the remote must prefill it), None when one can."""
-
-
 @dataclass
 class Runtime:
     """Mutable router state behind methods (the request path and the refresher call them; nothing reaches into
@@ -116,12 +109,6 @@ class Runtime:
     _estimators: dict[str, LinkEstimator] = field(default_factory=dict)
     _pulls: dict[str, tuple[str, Pull]] = field(default_factory=dict)
     """KV pulls across a link in flight: key -> (link, pull), timed for the link's estimator."""
-    gateway_pulls: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Pulls a gateway let onto the wire for this router's requests: key -> (remote, the gateway's pull id),
-    reported over once the decode holds the KV (:func:`.release.report_pull_over`)."""
-    gateway_timing: dict[str, str] = field(default_factory=dict)
-    """The gateway's ``Server-Timing`` for a request in flight whose remote prefill answered (key -> value): passed
-    on in the router's own answer, dropped when the request ends."""
     available: dict[str, Available] = field(default_factory=dict)
     """Each link's available bandwidth as last estimated (:mod:`prfaas_core.policy.link_estimate`)."""
     last_prefix: tuple[int, int] = (0, 0)
@@ -414,24 +401,6 @@ class Runtime:
         if plan.remote is None:
             return None
         return next(r for r in self.compiled.remotes if r.name == plan.remote.name)
-
-    def local_plan(self, plan: RoutePlan) -> LocalPlan | None:
-        """Prefill and decode instances for a local request (cache-affine prefill, least-loaded decode)."""
-        decode = plan.decode
-        if decode is None or decode.name is None:
-            return None
-        if plan.prefill is None:
-            return LocalPlan(None, decode.name)
-        if plan.prefill.name is None:
-            if self.compiled.both:
-                return LocalPlan(None, decode.name)
-            return LocalPlan(None, decode.name, plan.prefill.reason)
-        return LocalPlan(plan.prefill.name, decode.name)
-
-    def plan_local(
-        self, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None
-    ) -> LocalPlan | None:
-        return self.local_plan(self.route(total_tokens, hashes, pd_hits))
 
     def _views(
         self, hits: dict[str, int], exclude: frozenset[str] = frozenset()

@@ -1,6 +1,7 @@
-"""Signals refreshed off the hot path, about once a second: engine health and load (their /metrics), each
-link's measured egress (its metrics endpoint), each remote gateway's status; then the link states and the
-threshold are recomputed with the core's policies and a new :class:`Snapshot` is swapped in by reference."""
+"""Signals refreshed off the hot path, about once a second: engine health and load (their /metrics; health over
+consecutive probes), each link's measured egress (its metrics endpoint), each remote gateway's status; then the
+link states and the threshold are recomputed with the core's policies and a new :class:`Snapshot` is swapped in
+by reference. Also whether the router can serve (``/ready``)."""
 
 from __future__ import annotations
 

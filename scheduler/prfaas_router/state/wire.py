@@ -1,5 +1,7 @@
-"""The router's HTTP helpers, shared by the proxy (router mode) and the gateway: OpenAI-style error bodies,
-the JSON bodies of the legs, the legs' client session, bearer tokens read from files."""
+"""What travels on the wire, shared by the proxy (router mode) and the gateway: OpenAI-style error bodies,
+the JSON bodies of the legs and the KV handle (the engine kind's, through :func:`prfaas_core.launch.kinds.engine_kind`),
+the legs' client session, bearer tokens read from files, the cutting short of legs to a side that turned unready,
+and ``Server-Timing``."""
 
 from __future__ import annotations
 
