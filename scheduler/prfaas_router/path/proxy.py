@@ -203,9 +203,8 @@ class Proxy:
         call.hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
         call.pd_hits = rt.pd_index.match(call.hashes)
         t0 = time.perf_counter()
-        routed = rt.route(len(ids), call.hashes, call.pd_hits)
+        routed, (l_pd, l_prfaas) = rt.route_prefixed(len(ids), call.hashes, call.pd_hits)
         m.decision_seconds.observe(time.perf_counter() - t0)
-        l_pd, l_prfaas = rt.last_prefix
         m.prefix_queries.labels("pd").inc(len(ids))
         m.prefix_hits.labels("pd").inc(l_pd)
         if c.remotes:

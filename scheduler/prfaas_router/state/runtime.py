@@ -111,8 +111,6 @@ class Runtime:
     """KV pulls across a link in flight: key -> (link, pull), timed for the link's estimator."""
     available: dict[str, Available] = field(default_factory=dict)
     """Each link's available bandwidth as last estimated (:mod:`prfaas_core.policy.link_estimate`)."""
-    last_prefix: tuple[int, int] = (0, 0)
-    """The last routed request's prefix hits (tokens): (PD prefill instances, PrFaaS)."""
 
     def __post_init__(self) -> None:
         r = self.compiled.config.routing
@@ -345,13 +343,22 @@ class Runtime:
     ) -> RoutePlan:
         """Prefix lookups (PD cluster, remote), then the core's route: decision and local instance picks
         (``exclude``: instances left out, e.g. one whose leg just failed)."""
+        return self.route_prefixed(total_tokens, hashes, pd_hits, exclude)[0]
+
+    def route_prefixed(
+        self,
+        total_tokens: int,
+        hashes: list[bytes],
+        pd_hits: dict[str, int] | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> tuple[RoutePlan, tuple[int, int]]:
+        """:meth:`route`, and the prefix hits it found (tokens): (PD prefill instances, PrFaaS)."""
         c, snap = self.compiled, self.snapshot
         hits = self.pd_index.match(hashes) if pd_hits is None else pd_hits
         # the PD prefix that counts is one an instance that can prefill the next turn holds: the decode
         # instance's copy (it decoded the last turn) saves a prefill instance nothing
         l_pd = max((v for k, v in hits.items() if k in c.prefill_capable and k not in c.draining), default=0)
         remote_hits = self.remote_index.match(hashes) if c.remotes else {}
-        self.last_prefix = (l_pd, max(remote_hits.values(), default=0))
         remotes = [
             RemoteSide(
                 r.name,
@@ -363,7 +370,7 @@ class Runtime:
             for r in c.remotes
         ]
         views = self._views(hits, exclude)
-        return route(
+        plan = route(
             RouteTick(
                 self.model_now(),
                 RouteRequest(
@@ -389,6 +396,7 @@ class Runtime:
             ),
             self.policy,
         )
+        return plan, (l_pd, max(remote_hits.values(), default=0))
 
     def decide(
         self, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None
