@@ -167,16 +167,18 @@ def test_gateway_requires_its_token_and_serves_prefill_legs_only(stack: Stack) -
     assert "s3cret" not in (stack.dir / "gateway.log").read_text() + (stack.dir / "router.log").read_text()
 
 
-def test_client_disconnect_cancels_both_legs(stack: Stack) -> None:
-    async def go() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            body = {"model": "m", "prompt": prompt(1_000), "max_tokens": 20_000, "stream": True}
-            async with client.stream("POST", stack.router + "/v1/completions", json=body) as resp:
-                assert resp.status_code == 200
-                async for _ in resp.aiter_bytes():
-                    break  # first chunk, then hang up
+async def hang_up_mid_stream(stack: Stack) -> None:
+    """A long streamed request whose client reads the first chunk, then hangs up."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"model": "m", "prompt": prompt(1_000), "max_tokens": 20_000, "stream": True}
+        async with client.stream("POST", stack.router + "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            async for _ in resp.aiter_bytes():
+                break  # first chunk, then hang up
 
-    asyncio.run(go())
+
+def test_client_disconnect_cancels_both_legs(stack: Stack) -> None:
+    asyncio.run(hang_up_mid_stream(stack))
 
     def decode_idle() -> bool:
         return metric_value(metrics(stack.url("pdd")), "vllm:num_requests_running") == 0
@@ -241,15 +243,7 @@ def test_each_request_outcome_is_counted_exactly_once(stack: Stack) -> None:
     finally:
         http("POST", prf + "/admin/faults", {"error_rate": 0.0})
 
-    async def hang_up() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            body = {"model": "m", "prompt": prompt(1_000), "max_tokens": 20_000, "stream": True}
-            async with client.stream("POST", stack.router + "/v1/completions", json=body) as resp:
-                assert resp.status_code == 200
-                async for _ in resp.aiter_bytes():
-                    break  # first chunk, then hang up
-
-    once("cancelled", lambda: asyncio.run(hang_up()))
+    once("cancelled", lambda: asyncio.run(hang_up_mid_stream(stack)))
 
     pdd = stack.url("pdd")
     assert http("POST", pdd + "/admin/faults", {"drop_mid_stream": 1.0})[0] == 200
