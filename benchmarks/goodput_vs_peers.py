@@ -69,7 +69,7 @@ from prfaas_local.local_loop import write_router_config
 from prfaas_local.ports import free_port
 from prfaas_local.stack import PRFAAS, LocalStack, StackSpec
 from prfaas_local.up import generate_trace
-from prfaas_router.prom_text import sums_by_labels
+from prfaas_router.state.metrics import sums_by_labels
 
 SYSTEMS = ("prfaas_pd", "prfaas_pd_3r2g", "vllm_router_pd", "all_local")
 REPLICATED = "prfaas_pd_3r2g"

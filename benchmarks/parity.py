@@ -41,7 +41,7 @@ from prfaas_local.procs import spawn_process, stop_processes
 from prfaas_local.stack import LINK, EngineRef, LocalStack
 from prfaas_local.stack_configs import VLLM_TOKEN as TOKEN
 from prfaas_local.vllm_engines import BLOCK_SIZE, EnginePool, RealEnv, example_specs
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 
 THRESHOLD = 768
 """The router's t_min: a prompt whose PD-uncached part is longer goes to the PrFaaS side."""

@@ -28,7 +28,7 @@ import httpx
 from prfaas_local.procs import stop_processes
 from prfaas_local.stack import EngineRef, LocalStack
 from prfaas_local.vllm_engines import EnginePool, Prompts, RealEnv, start_vllm_router
-from prfaas_router.legs import decode_body, kv_handle, prefill_body  # the router's own legs
+from prfaas_router.state.wire import decode_body, kv_handle, prefill_body
 
 SYSTEMS = ("hand", "prfaas", "vllm-router")
 

@@ -21,7 +21,9 @@ from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.policy.routing import RouteRequest, RoutingView, decide_route
 from prfaas_core.request.tokens import ModelTokenizer, Tokenizer, block_hashes, build_tokenizer
-from prfaas_router.runtime import Runtime, compile_config
+from prfaas_router.path.call import plan_local
+from prfaas_router.state.config import compile_config
+from prfaas_router.state.runtime import Runtime
 
 
 def config() -> RouterConfig:
@@ -135,7 +137,7 @@ def main() -> None:
         t2 = time.perf_counter()
         rt.decide(n, h, hits)
         t3 = time.perf_counter()
-        rt.plan_local(n, h, hits)
+        plan_local(rt, n, h, hits)
         t4 = time.perf_counter()
         policy_s.append(t1 - t0)
         lookup_s.append(t2 - t1)

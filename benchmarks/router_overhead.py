@@ -4,7 +4,7 @@ both vs a direct connection to it.
 * backend: a minimal aiohttp server answering ``POST /v1/completions`` with a fixed one-token completion (and
   ``/health``, ``/metrics`` with the two vLLM queue gauges, which both routers poll);
 * ours: ``prfaas router`` with a RouterConfig of one ``both`` endpoint and no remote — the plain-proxy path
-  (no disaggregation: ``Runtime.plan_local`` returns no prefill instance, one leg goes to the backend);
+  (no disaggregation: ``prfaas_router.path.call.plan_local`` returns no prefill instance, one leg goes to the backend);
 * vllm-router 0.1.17: ``--worker-urls BACKEND`` (regular mode), with its default policy (``cache_aware``,
   which matches every prompt against a prefix tree) and with ``--policy round_robin`` (the bare proxy);
 * direct: the client talks to the backend itself.

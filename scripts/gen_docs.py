@@ -225,7 +225,7 @@ def exported_help() -> dict[str, tuple[str, str]]:
     from prfaas_engine.metrics import EngineMetrics
     from prfaas_link.metrics import LinkMetrics
     from prfaas_operator.metrics import OperatorMetrics
-    from prfaas_router.metrics import RouterMetrics
+    from prfaas_router.state.metrics import RouterMetrics
 
     out: dict[str, tuple[str, str]] = {}
     registries = [

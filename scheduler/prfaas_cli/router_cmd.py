@@ -94,11 +94,11 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prfaas_router.app import check_secure
-    from prfaas_router.app import run as run_router
-    from prfaas_router.config import ConfigError, load_config
-    from prfaas_router.replica_sync import ReplicaPeers, parse_peers_dns
-    from prfaas_router.security import read_token
+    from prfaas_router.edge.app import check_secure
+    from prfaas_router.edge.app import run as run_router
+    from prfaas_router.state.config import ConfigError, load_config
+    from prfaas_router.state.peers import ReplicaPeers, parse_peers_dns
+    from prfaas_router.state.security import read_token
 
     configure_logging(args.log_level)
     peers = [u.strip() for arg in args.peers for u in arg.split(",") if u.strip()]

@@ -25,7 +25,7 @@ from prfaas_core.api import SloSpec
 from prfaas_core.names import SERVER_TIMING
 from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.request.trace import TraceRecord
-from prfaas_router import server_timing
+from prfaas_router.state.wire import parse_timing
 
 ROUTE_HEADER = "x-prfaas-route"
 EGRESS = "prfaas_link_egress_bytes_total"
@@ -138,7 +138,7 @@ async def _send(session: aiohttp.ClientSession, url: str, res: Result, body: byt
         async with session.post(f"{url}/v1/completions", data=body, headers=_JSON) as resp:
             res.status = resp.status
             res.route = resp.headers.get(ROUTE_HEADER, "n/a")
-            timing = server_timing.parse(resp.headers.get(SERVER_TIMING))
+            timing = parse_timing(resp.headers.get(SERVER_TIMING))
             res.timing = {k: v / 1000.0 * scale for k, v in timing.items()}
             if resp.status != 200:
                 res.error = (await resp.read()).decode(errors="replace")[:200]
@@ -241,7 +241,7 @@ async def sample_egress(
 ) -> None:
     """Link egress (model Gbps) per 1-second *model* window, summed over the link's relays' counters;
     ``stamps`` gets the wall clock (perf_counter) at the end of each window (a busy machine stretches them)."""
-    from prfaas_router.prom_text import sample_sum
+    from prfaas_router.state.metrics import sample_sum
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
         last: tuple[float, float] | None = None

@@ -37,7 +37,7 @@ from prfaas_core.policy.role_types import (
     RolePolicyParams,
     StageLoad,
 )
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 
 MIN_MIX_REQUESTS = 20
 """Requests the window needs before its observed length mix replaces the declared one."""

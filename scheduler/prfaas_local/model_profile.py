@@ -21,7 +21,7 @@ from prfaas_core.api.model_profile import KvDtype
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.capacity.model_config import architecture_from_config
 from prfaas_core.launch.kinds import engine_kind
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 
 VLLM = engine_kind("vllm")
 PROFILED_ON = "prfaas.io/profiled-on"

@@ -40,7 +40,7 @@ from prfaas_core.capacity.planner import plan
 from prfaas_core.capacity.workload import TruncatedLogNormal
 from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.request.trace import TraceRecord
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 
 from .load import Result, replay, summarize
 from .local_loop import LocalCluster, LocalLoop, decision_json

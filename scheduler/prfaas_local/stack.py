@@ -25,14 +25,14 @@ from typing import Any, NamedTuple, Protocol
 
 import httpx
 
-from prfaas_core.api import RouterConfig, SloSpec
+from prfaas_core.api import RouterConfig
 from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.policy.link_calendar import paced_instance_gbps
 from prfaas_link.config import shaper_burst_gbit
 
 from .ports import free_port
 from .procs import Processes, exit_on_sigterm
-from .stack_configs import LINK, VLLM_TOKEN, emulated_fields, vllm_fields
+from .stack_configs import LINK, VLLM_SPEC, VLLM_TOKEN, StackSpec, emulated_fields, vllm_fields
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 
@@ -52,75 +52,6 @@ class EngineRef(NamedTuple):
 
     name: str
     url: str
-
-
-@dataclass(frozen=True)
-class StackSpec:
-    """What the stack is made of: its engines, the link between the regions, the clock, the routers' configs."""
-
-    n_prfaas: int = 2
-    n_pd: int = 4
-    """PD engines: the first ``initial_prefill`` prefill, the rest decode."""
-    initial_prefill: int = 1
-    link_gbps: float = 100.0
-    """The link's capacity (model Gbps), split evenly over the relays (one per PrFaaS engine)."""
-    link_max_utilization: float = 0.8
-    rtt_ms: float = 5.0
-    """The relays' round trip."""
-    time_scale: float = 4.0
-    byte_scale: float = 1e-3
-    """Model bytes per wire byte (the emulators' and relays' scale, as ``time_scale`` is their clock's)."""
-    threshold_min_tokens: int = 19_634
-    model_profile: str = "internal-1t"
-    """A built-in model profile (the emulated engines' model)."""
-    served_models: tuple[str, ...] = ()
-    """The model names the router accepts (others get OpenAI's 404); empty: any."""
-    gateway_admission: bool = False
-    """The gateway schedules the link (``gateway.admission``; pull-after-prefill, one pull at a relay's rate)."""
-    admission: dict[str, Any] | None = None
-    """The gateway's admission block as given (with ``gateway_admission``; None: pulls at a relay's rate)."""
-    gateway_link_gbps: float | None = None
-    """The capacity the gateway's admission books against (None: ``link_gbps``)."""
-    egress_pacing: bool = False
-    """Each PrFaaS instance's egress paced to cap / instances (what ``linkScheduling.egressPacing: PerInstance``
-    asks of the CNI in a cluster): its relay runs at that rate, and the gateway books each pull at it."""
-    slo: SloSpec | None = field(default_factory=SloSpec)
-    """The SLO the router routes by (spills, link waits): what the operator passes from a PDCluster's
-    ``spec.slo``, its defaults here; None: a router with no SLO configured."""
-    prfaas_cluster: str = "prfaas-h200"
-    """The PrefillCluster the gateway fronts (the router's remote, the engines' ``prefill_cluster`` label)."""
-    pd_cluster: str = "pd-h20"
-    gateway_token: str | None = None
-    """The gateway's bearer token (None: a random one)."""
-    gateway_replicas: int = 1
-    """> 1: that many gateways (``gateway``, ``gateway-2``, ...), each naming all as admission peers."""
-    gateway_tls: tuple[Path, Path] | None = None
-    """(certificate, key) the gateways serve; the router and the replicas verify it as their CA."""
-    routing: dict[str, Any] = field(default_factory=lambda: {"refreshIntervalSeconds": 0.5})
-    """The router's ``routing`` block."""
-    remote_timeout_s: float | None = None
-    """The router's remote's ``timeoutSeconds`` (None: the default)."""
-    gateway_extra: dict[str, Any] = field(default_factory=dict)
-    """More top-level fields of the gateway's config."""
-    router_extra: dict[str, Any] = field(default_factory=dict)
-    """More top-level fields of the router's config (last: they replace the builder's)."""
-    router_args: tuple[str, ...] = ()
-    """More command-line arguments of the router (``--peers``)."""
-    router_cmd: tuple[str, ...] = ()
-    """How the router and the gateways are run (empty: this interpreter's ``prfaas``; ``prfaas`` from an image:
-    tests/integration/test_image.py)."""
-
-
-VLLM_SPEC = StackSpec(
-    n_prfaas=1,
-    n_pd=2,
-    slo=None,
-    prfaas_cluster="prfaas",
-    pd_cluster="pd",
-    gateway_token=VLLM_TOKEN,
-    remote_timeout_s=10,
-)
-"""The routers over real vLLM engines (the real-engine tier, ``prfaas up --engines vllm``)."""
 
 
 @dataclass

@@ -24,7 +24,7 @@ from prfaas_core.capacity.plan_inputs import PlanInputs, case_study_inputs
 from prfaas_core.capacity.planner import plan
 from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.request.trace import TraceRecord, parse_trace
-from prfaas_router.prom_text import sums_by_labels
+from prfaas_router.state.metrics import sums_by_labels
 
 from . import real_up
 from .dashboard_png import DASHBOARD, without_exporter

@@ -129,7 +129,7 @@ def router_requests(router_url: str) -> tuple[dict[str, Any], dict[str, Any]]:
     import httpx
 
     from prfaas_core.names import METRIC_ROUTER_REQUESTS
-    from prfaas_router.prom_text import sums_by_labels
+    from prfaas_router.state.metrics import sums_by_labels
 
     try:
         text = httpx.get(f"{router_url}/metrics", timeout=10).text

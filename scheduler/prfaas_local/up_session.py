@@ -29,7 +29,7 @@ from prfaas_core.names import (
 from prfaas_core.policy.long_term import LoopDecision
 from prfaas_core.policy.role_types import RolePolicyParams
 from prfaas_core.request.trace import TraceRecord
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 
 from .load import Result, prepare_bodies, replay, sample_egress
 from .local_loop import LocalCluster, LocalLoop

@@ -28,11 +28,11 @@ import httpx
 
 from prfaas_core import names
 from prfaas_core.api import PDCluster
-from prfaas_core.launch.engines import POD_IP, EngineLaunch, EngineSpec, engine_launch
-from prfaas_core.launch.kinds import engine_kind
+from prfaas_core.launch.engines import POD_IP, EngineLaunch, EngineSpec
+from prfaas_core.launch.kinds import engine_kind, engine_launch
 from prfaas_core.launch.render import engine_specs, runs_engines_here
-from prfaas_router.prom_text import sample_sum
-from prfaas_router.tokenizer import load_model_tokenizer
+from prfaas_router.state.config import load_model_tokenizer
+from prfaas_router.state.metrics import sample_sum
 
 from .manifests import load_clusters
 from .ports import free_port

@@ -18,7 +18,7 @@ import openai
 import pytest
 from test_up import stack_processes
 
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 

@@ -119,7 +119,7 @@ async def test_a_decode_leg_reports_what_the_prefill_side_reused(pair: Pair) -> 
 async def test_a_rejected_decode_leg_releases_the_producers_kv(pair: Pair) -> None:
     """The router's release leg (a decode leg carrying the handle that the consumer rejects) frees the producer's
     KV at once, moving no bytes, as vLLM 0.32's consumer does for a request its serving layer rejects."""
-    from prfaas_router.release import release_body
+    from prfaas_router.path.call import release_body
 
     _, pre = await post(
         pair.prefill, "/v1/completions", {"prompt": "v" * 4000, "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}

@@ -14,7 +14,7 @@ from prfaas_core import names
 from prfaas_core.api import AdmissionDecline
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.capacity.profiles import builtin_model_profiles
-from prfaas_router import server_timing
+from prfaas_router.state.wire import parse_timing
 
 KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
 
@@ -37,7 +37,7 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
         assert answer.headers["x-prfaas-route"] == "remote"
         assert counter(router, "prfaas_router_requests_total", route="remote", outcome="ok") == 1
         # where its time went: the router's phases and the gateway's, passed on under gw-
-        timing = server_timing.parse(answer.headers[names.SERVER_TIMING])
+        timing = parse_timing(answer.headers[names.SERVER_TIMING])
         assert {"prefill", "first", "gw-hold", "gw-prefill", "gw-release", "gw-predicted"} <= timing.keys(), timing
         assert 0 < timing["gw-prefill"] <= timing["prefill"] <= timing["first"], timing
         assert timing["gw-predicted"] > 0, timing
@@ -74,9 +74,7 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
             0
         ]
         pull_id = first.headers[names.HEADER_PULL_ID]
-        assert {"hold", "prefill", "release", "predicted"} <= server_timing.parse(
-            first.headers[names.SERVER_TIMING]
-        ).keys()
+        assert {"hold", "prefill", "release", "predicted"} <= parse_timing(first.headers[names.SERVER_TIMING]).keys()
         r = httpx.post(gateway + "/v1/completions", json=leg, headers=headers, timeout=10)
         assert r.status_code == 429, r.text
         decline = AdmissionDecline.model_validate(r.json())

@@ -241,7 +241,7 @@ def test_replicas_lend_each_other_over_tls_verified_by_the_peer_ca(tmp_path: Pat
     import asyncio
 
     from prfaas_core import names
-    from prfaas_router.peer_loans import PeerLoans
+    from prfaas_router.state.peers import PeerLoans
 
     cert, key = self_signed(tmp_path, "gateway")
     other_ca, _ = self_signed(tmp_path, "other")

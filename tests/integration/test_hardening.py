@@ -30,9 +30,9 @@ from testbed_support import PRFAAS, await_for, free_port, metric_value, model_pr
 from prfaas_core import names
 from prfaas_core.api import RouterConfig
 from prfaas_core.policy.replica_books import MAX_BOOK_BYTES, MAX_PEER_REPLICAS
-from prfaas_router.app import HYGIENE, create_app
-from prfaas_router.hygiene import start_listener
-from prfaas_router.replica_sync import ReplicaPeers
+from prfaas_router.edge.app import HYGIENE, create_app
+from prfaas_router.edge.hygiene import start_listener
+from prfaas_router.state.peers import ReplicaPeers
 
 TOKEN = "gw-s3cret"
 PEERS_TOKEN = "books-s3cret"

@@ -335,7 +335,7 @@ def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
     from prfaas_core.api import ModelProfileSpec, PrefillCluster
     from prfaas_operator.router_config import CONFIG_KEY, GATEWAY_DIR, build_gateway, gateway_configmap_name
     from prfaas_operator.router_config import render as render_config
-    from prfaas_router.config import parse_config
+    from prfaas_router.state.config import parse_config
 
     docs = render(helm, CHART, REPO / values)
     pfc_name = yaml.safe_load((REPO / values).read_text())["gateway"]["prefillCluster"]
@@ -457,7 +457,7 @@ def test_router_replicas_find_each_other_to_share_their_books(helm: str) -> None
     (--peers-dns from the settings ConfigMap, on the container's own port), the ServiceMonitor does not scrape them
     twice through it, and the NetworkPolicy admits the replicas to each other; router.replicaSync.enabled=false
     leaves every piece out and the flag empty (the router then shares nothing)."""
-    from prfaas_router.replica_sync import parse_peers_dns
+    from prfaas_router.state.peers import parse_peers_dns
 
     values = REPO / "examples/03-helm/region-b/values.yaml"
     docs = render(helm, CHART, values)
@@ -556,7 +556,7 @@ def test_the_sidecar_named_template_is_what_demo_engine_pods_carry(helm: str) ->
     assert "role" not in str(engines["spec"]["selector"])  # the operator flips roles: never in a selector
     assert not [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router")]
     # the sidecars find each other through a headless Service selecting the PD cluster's engine pods
-    from prfaas_router.replica_sync import parse_peers_dns
+    from prfaas_router.state.peers import parse_peers_dns
 
     peers = find(docs, "Service", "-router-sidecar-peers")
     assert peers["spec"]["clusterIP"] == "None"

@@ -41,7 +41,7 @@ from prfaas_core.api import ModelProfile, PDCluster
 from prfaas_core.names import LABEL_PD_CLUSTER
 from prfaas_operator.engine_config import engine_config as operator_engine_config
 from prfaas_operator.router_config import CONFIG_KEY
-from prfaas_router.config import parse_config
+from prfaas_router.state.config import parse_config
 from prfaas_testbed.prom import wait_until
 
 GUIDE = REPO / "docs" / "install.md"

@@ -14,7 +14,7 @@ import yaml
 
 from prfaas_core.names import ANNOTATION_EGRESS_BANDWIDTH, ANNOTATION_EGRESS_PACED, LABEL_PREFILL_CLUSTER
 from prfaas_operator.router_config import CONFIG_KEY, gateway_configmap_name
-from prfaas_router.config import parse_config
+from prfaas_router.state.config import parse_config
 from prfaas_testbed.operator_harness import EXAMPLE, Harness
 from prfaas_testbed.prom import wait_until
 

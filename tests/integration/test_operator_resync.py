@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 from prfaas_testbed.operator_harness import Harness
 from prfaas_testbed.prom import wait_until
 

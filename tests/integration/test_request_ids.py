@@ -16,8 +16,8 @@ from testbed_support import await_for, model_profile_json, serving
 from prfaas_core.api import RouterConfig
 from prfaas_engine import EngineConfig
 from prfaas_engine import create_app as engine_app
-from prfaas_router.app import RUNTIME, create_app
-from prfaas_router.runtime import compile_config
+from prfaas_router.edge.app import RUNTIME, create_app
+from prfaas_router.state.config import compile_config
 
 LINK = "ab"
 PROMPT = "word " * 8000

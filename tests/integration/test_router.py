@@ -167,16 +167,18 @@ def test_gateway_requires_its_token_and_serves_prefill_legs_only(stack: Stack) -
     assert "s3cret" not in (stack.dir / "gateway.log").read_text() + (stack.dir / "router.log").read_text()
 
 
-def test_client_disconnect_cancels_both_legs(stack: Stack) -> None:
-    async def go() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            body = {"model": "m", "prompt": prompt(1_000), "max_tokens": 20_000, "stream": True}
-            async with client.stream("POST", stack.router + "/v1/completions", json=body) as resp:
-                assert resp.status_code == 200
-                async for _ in resp.aiter_bytes():
-                    break  # first chunk, then hang up
+async def hang_up_mid_stream(stack: Stack) -> None:
+    """A long streamed request whose client reads the first chunk, then hangs up."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"model": "m", "prompt": prompt(1_000), "max_tokens": 20_000, "stream": True}
+        async with client.stream("POST", stack.router + "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            async for _ in resp.aiter_bytes():
+                break  # first chunk, then hang up
 
-    asyncio.run(go())
+
+def test_client_disconnect_cancels_both_legs(stack: Stack) -> None:
+    asyncio.run(hang_up_mid_stream(stack))
 
     def decode_idle() -> bool:
         return metric_value(metrics(stack.url("pdd")), "vllm:num_requests_running") == 0
@@ -209,6 +211,52 @@ def test_decode_dying_mid_stream_ends_that_stream_with_an_error(stack: Stack) ->
     finally:
         http("POST", pdd + "/admin/faults", {"drop_mid_stream": 0.0})
     assert complete(stack, prompt(500))[0] == 200  # others unaffected
+
+
+def test_each_request_outcome_is_counted_exactly_once(stack: Stack) -> None:
+    """The request path's per-request object counts a request's outcome once, whichever way it ends: success,
+    a remote failure that falls back, a client that hangs up mid-stream, a decode that dies mid-stream."""
+
+    def counts() -> tuple[float, dict[str, float]]:
+        text = metrics(stack.router)
+        total = metric_value(text, "prfaas_router_requests_total")
+        outcomes = ("ok", "error", "cancelled")
+        return total, {o: metric_value(text, "prfaas_router_requests_total", {"outcome": o}) for o in outcomes}
+
+    def once(outcome: str, run: object) -> None:
+        total, by = counts()
+        run()  # type: ignore[operator]
+        # a cancel is counted as the router notices the hang-up: wait for it, then check that nothing else came
+        wait_for(lambda: counts()[0] > total, 30, f"the {outcome} request to be counted")
+        after, by_after = counts()
+        assert after == total + 1, (outcome, by, by_after)
+        assert by_after[outcome] == by[outcome] + 1, (outcome, by, by_after)
+
+    once("ok", lambda: complete(stack, prompt(2_000)))
+
+    prf = stack.url("prf")
+    assert http("POST", prf + "/admin/faults", {"error_rate": 1.0})[0] == 200
+    try:
+        fallbacks = counter(stack.router, "prfaas_router_fallbacks_total")
+        once("ok", lambda: complete(stack, prompt(40_000)))
+        assert counter(stack.router, "prfaas_router_fallbacks_total") == fallbacks + 1
+    finally:
+        http("POST", prf + "/admin/faults", {"error_rate": 0.0})
+
+    once("cancelled", lambda: asyncio.run(hang_up_mid_stream(stack)))
+
+    pdd = stack.url("pdd")
+    assert http("POST", pdd + "/admin/faults", {"drop_mid_stream": 1.0})[0] == 200
+    try:
+        body = {"model": "m", "prompt": prompt(500), "max_tokens": 50, "stream": True}
+
+        def broken_stream() -> None:
+            with httpx.stream("POST", stack.router + "/v1/completions", json=body, timeout=15) as resp:
+                assert resp.status_code == 200 and "broke" in resp.read().decode()
+
+        once("error", broken_stream)
+    finally:
+        http("POST", pdd + "/admin/faults", {"drop_mid_stream": 0.0})
 
 
 def test_hot_reload_applies_limits_and_backpressure_answers_429(stack: Stack) -> None:

@@ -136,9 +136,10 @@ async def test_a_burst_of_changes_goes_in_few_rounds_and_dns_finds_the_peers(tmp
     from testbed_support import await_for, serving
 
     from prfaas_core.api import ReplicaBooksWire, RouterConfig
-    from prfaas_router.metrics import RouterMetrics
-    from prfaas_router.replica_sync import MIN_ROUND_S, ReplicaPeers, ReplicaSync
-    from prfaas_router.runtime import Runtime, compile_config
+    from prfaas_router.state.config import compile_config
+    from prfaas_router.state.metrics import RouterMetrics
+    from prfaas_router.state.peers import MIN_ROUND_S, ReplicaPeers, ReplicaSync
+    from prfaas_router.state.runtime import Runtime
 
     bodies: list[ReplicaBooksWire] = []
 

@@ -100,7 +100,7 @@ def http(
 
 def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
     """The sum of the samples of ``name`` (matching ``labels``) in Prometheus text (the router's one reader)."""
-    from prfaas_router.prom_text import sample_sum
+    from prfaas_router.state.metrics import sample_sum
 
     total = sample_sum(text, name, labels)
     if total is None:

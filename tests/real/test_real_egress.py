@@ -19,7 +19,7 @@ from prfaas_local.stack import LINK, LocalStack
 from prfaas_local.stack_configs import VLLM_TOKEN as TOKEN
 from prfaas_local.stack_configs import tiny_model_profile
 from prfaas_local.vllm_engines import BLOCK_SIZE, RealEnv, example_slo
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 
 LONG_TOKENS = 1200
 

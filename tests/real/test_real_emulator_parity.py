@@ -18,7 +18,7 @@ from prfaas_core.launch.vllm import PREFILL_KV_PARAMS, PROMPT_TOKENS_DETAILS_FLA
 from prfaas_local.ports import free_port
 from prfaas_local.procs import spawn_process, stop_processes
 from prfaas_local.vllm_engines import RealEnv
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
 

@@ -33,7 +33,7 @@ from prfaas_core.launch.render import hybrid_fields
 from prfaas_local.model_profile import check_profile, transferred_bytes
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnginesUnavailable, RealEnv
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 from support.real_engines import skip_or_fail
 
 THRESHOLD_TOKENS = 768

@@ -4,7 +4,7 @@
   leg reports the prefill side's reuse (``kv_transfer_params.remote_prefill_cached_tokens``), so the router's
   answers carry it on both routes, whole and streamed: a repeated prompt reports whole 128-token blocks cached.
 * Abandoned KV: a prefill's blocks are held under a lease (``kv_lease_duration``, 30 s) until a decode reads them.
-  The release leg the router sends when a decode fails after its prefill (:func:`prfaas_router.release.release_body`,
+  The release leg the router sends when a decode fails after its prefill (:func:`prfaas_router.path.call.release_body`,
   a decode leg every consumer rejects) makes the consumer tell the producer to free them at once: the blocks are
   freed, and the producer never logs their lease expiring.
 """
@@ -20,8 +20,8 @@ from prfaas_core import names
 from prfaas_core.launch.vllm import PREFILL_KV_PARAMS
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import RealEngine, RealEnv
-from prfaas_router.prom_text import sample_sum
-from prfaas_router.release import release_body
+from prfaas_router.path.call import release_body
+from prfaas_router.state.metrics import sample_sum
 from prfaas_testbed.prom import wait_until
 
 BLOCK = 128

@@ -39,7 +39,7 @@ from prfaas_engine.batching import kv_pull_tokens
 from prfaas_local.netns import LinkShape, NetnsPair, NetnsUnavailable, Side
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 from support.real_engines import skip_or_fail
 from support.real_routes import on_the_remote_route, route_of, wait_link_whole
 

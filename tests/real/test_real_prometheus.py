@@ -38,7 +38,7 @@ from prfaas_local.ports import free_port
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import EXAMPLE, REPO, RealEngine, RealEnv
 from prfaas_operator.observe import ClusterQuery, PrometheusCollector, _templated
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import sample_sum
 from prfaas_testbed.prom import wait_until
 from support.real_engines import skip_or_fail
 

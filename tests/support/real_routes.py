@@ -22,8 +22,8 @@ from typing import TypeVar
 import httpx
 
 from prfaas_core import names
-from prfaas_router.answer import ROUTE_HEADER
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.path.call import ROUTE_HEADER
+from prfaas_router.state.metrics import sample_sum
 from prfaas_testbed.prom import wait_until
 
 T = TypeVar("T")

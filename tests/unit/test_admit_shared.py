@@ -13,7 +13,8 @@ from prfaas_core.policy import link_admission
 from prfaas_core.policy.link_admission import AdmitTick, Booking, Decline, WireTick, admit, book, wire_turn
 from prfaas_core.policy.link_state import EgressLedger, LinkParams
 from prfaas_core.sim import gateway as sim_gateway
-from prfaas_router import admission as real_gateway
+from prfaas_router.gateway import admission as real_gateway
+from prfaas_router.gateway import pulls as real_pulls
 
 LINK = RouterLink(name="a-to-b", capacity_gbps=10.0)  # cap 8 Gbps
 PARAMS = LinkParams("a-to-b", 10.0, 0.8, 0.6, 0.3)
@@ -40,7 +41,7 @@ def test_the_gateway_and_the_simulator_call_the_same_admission(monkeypatch: pyte
     _, booked = sim.ask(0.0, 8 * GBIT, 1.0, PARAMS, local_ttft_s=10.0, slo_ttft_s=5.0)
     assert calls == ["gateway", "simulator"]
     # the same calendar, the same request: the same window
-    assert isinstance(got, real_gateway.Booking) and booked is not None
+    assert isinstance(got, real_pulls.Booking) and booked is not None
     assert got.window == booked.window
 
 

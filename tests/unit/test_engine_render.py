@@ -14,7 +14,7 @@ import yaml
 from prfaas_cli.engines_cmd import render_files
 from prfaas_cli.main import main
 from prfaas_core.api import ModelProfile, PDCluster, PrefillCluster
-from prfaas_core.launch.engines import engine_launch
+from prfaas_core.launch.kinds import engine_launch
 from prfaas_core.launch.render import RenderError, cluster_launches, engine_specs, launch_diff
 
 REPO = Path(__file__).resolve().parents[2]

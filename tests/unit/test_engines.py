@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from prfaas_core.launch.engines import POD_IP, EngineSpec, EnvVar, engine_launch
+from prfaas_core.launch.engines import POD_IP, EngineSpec, EnvVar
+from prfaas_core.launch.kinds import engine_launch
 
 
 def _kv(argv: tuple[str, ...]) -> dict[str, object]:

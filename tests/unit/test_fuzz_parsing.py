@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from test_model_tokenizer import TEMPLATE, _tokenizer_json
 
 from prfaas_core.request.tokens import ModelTokenizer, build_tokenizer, prompt_token_ids
-from prfaas_router.security import BODY_FIELDS, TokenAuth, gateway_body, refused_field
+from prfaas_router.state.security import BODY_FIELDS, TokenAuth, gateway_body, refused_field
 
 JSON: st.SearchStrategy[Any] = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=40),

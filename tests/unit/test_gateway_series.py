@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prfaas_core import names
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
-from prfaas_router.app import METRICS, create_app
+from prfaas_router.edge.app import METRICS, create_app
 
 ROUTER_ONLY = (
     names.METRIC_ROUTER_THRESHOLD_TOKENS,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from prfaas_router.health import SLOW_PROBES, HealthBook
-from prfaas_router.runtime import EngineLoad
+from prfaas_router.state.runtime import EngineLoad
+from prfaas_router.state.signals import SLOW_PROBES, HealthBook
 
 
 def test_one_slow_probe_does_not_make_an_engine_slow() -> None:

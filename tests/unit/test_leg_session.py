@@ -12,7 +12,7 @@ import socket
 import aiohttp
 import pytest
 
-from prfaas_router.http_util import LegSession
+from prfaas_router.state.wire import LegSession
 
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{"ok": true}'
 

@@ -1,4 +1,4 @@
-"""The gateway's admission (prfaas_router.admission): two replicas each book cap / 2, so together they never
+"""The gateway's admission (prfaas_router.gateway.admission): two replicas each book cap / 2, so together they never
 pass the cap; a window later than the caller accepts is a 429 decline; bad headers are a 400."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterLink
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_calendar import booked_gbps
-from prfaas_router.admission import Booking, LinkAdmission
-from prfaas_router.metrics import RouterMetrics
+from prfaas_router.gateway.admission import LinkAdmission
+from prfaas_router.gateway.pulls import Booking
+from prfaas_router.state.metrics import RouterMetrics
 
 LINK = RouterLink(name="a-to-b", capacity_gbps=10.0)  # cap 8 Gbps
 
@@ -118,8 +119,8 @@ def test_bad_headers_are_400_naming_them() -> None:
 
 
 def test_a_router_report_of_available_bandwidth_bounds_the_calendar_until_it_goes_stale() -> None:
-    from prfaas_router.admission import REPORT_MAX_AGE_S
-    from prfaas_router.metrics import RouterMetrics
+    from prfaas_router.gateway.pulls import REPORT_MAX_AGE_S
+    from prfaas_router.state.metrics import RouterMetrics
 
     spec = GatewayAdmission.model_validate({"link": "a-to-b", "replicas": 2})
     metrics = RouterMetrics()
@@ -146,7 +147,7 @@ def metrics_text(metrics) -> str:  # type: ignore[no-untyped-def]
 
 
 def test_the_router_waits_when_the_remote_fits_the_slo_and_local_does_not() -> None:
-    from prfaas_router.link_wait import resubmit_wait_s
+    from prfaas_router.path.prefill import resubmit_wait_s
 
     decline = AdmissionDecline.model_validate(
         {"reason": "link_window", "earliestStartMs": 2000, "predictedTtftMs": 5000, "link": "a-to-b", "message": ""}
@@ -267,7 +268,7 @@ def test_with_paced_instances_an_instances_egress_work_counts_its_pulls_from_pre
 
 
 def test_an_unreported_pull_leaves_the_wire_when_its_lease_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prfaas_router import admission
+    from prfaas_router.gateway import pulls as admission
 
     monkeypatch.setattr(admission, "LEASE_GRACE_WALL_S", 0.0)
 
@@ -310,8 +311,8 @@ def test_an_answer_held_past_most_of_the_kv_lease_is_declined_and_frees_its_wind
     """The pull on the wire is never reported; the next answer waits for it until 80 % of the engine's KV lease has
     passed (wall time), then the gateway answers 429 kv_lease: a decode sent later would find the KV freed. The
     router prefills locally on that decline (it is not a link_window to wait for)."""
-    from prfaas_router.admission import KV_LEASE_USE, KvLeaseOver
-    from prfaas_router.link_wait import resubmit_wait_s
+    from prfaas_router.gateway.pulls import KV_LEASE_USE, KvLeaseOver
+    from prfaas_router.path.prefill import resubmit_wait_s
 
     async def main() -> None:
         spec = GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 5.0, "kvLeaseSeconds": 0.25})

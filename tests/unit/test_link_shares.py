@@ -1,5 +1,5 @@
 """Gateway replicas lend each other their idle share of the link (prfaas_core.policy.link_shares and the lending in
-prfaas_router.admission): whatever order pulls arrive at the replicas and end in, their pulls on the wire never sum
+prfaas_router.gateway.pulls): whatever order pulls arrive at the replicas and end in, their pulls on the wire never sum
 past the ceiling, no share is ever counted twice, and every pull gets on the wire. The transport between the
 replicas here is in-process; tests/integration/test_many_routers.py runs it over HTTP."""
 
@@ -19,10 +19,11 @@ from prfaas_core.api import GatewayAdmission, RouterConfig, RouterLink
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_shares import LinkShares
-from prfaas_router import admission as admission_mod
-from prfaas_router.admission import Booking, LinkAdmission, admission_for
-from prfaas_router.metrics import RouterMetrics
-from prfaas_router.peer_loans import PeerLoans
+from prfaas_router.gateway import pulls as admission_mod
+from prfaas_router.gateway.admission import LinkAdmission, admission_for
+from prfaas_router.gateway.pulls import Booking
+from prfaas_router.state.metrics import RouterMetrics
+from prfaas_router.state.peers import PeerLoans
 
 LINK = RouterLink(name="a-to-b", capacity_gbps=10.0)  # cap 8 Gbps
 CEILING = 8.0
@@ -238,7 +239,7 @@ def test_an_unreadable_peer_ca_verifies_with_the_system_cas_instead_of_failing_t
     it talk to peers unverified. It falls back to the system's CAs (peers a private CA signed: unreachable)."""
     import ssl
 
-    from prfaas_router.peer_loans import peer_tls
+    from prfaas_router.state.peers import peer_tls
 
     bad = tmp_path / "ca.crt"
     bad.write_text("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")

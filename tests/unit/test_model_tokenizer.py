@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.request.tokens import ModelTokenizer, prompt_token_ids
-from prfaas_router.tokenizer import load_model_tokenizer, router_tokenizer
+from prfaas_router.state.config import load_model_tokenizer, router_tokenizer
 
 TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -101,7 +101,7 @@ async def test_large_prompts_are_counted_off_the_event_loop_with_the_same_ids(
 ) -> None:
     import threading
 
-    from prfaas_router import tokenizer as router_tok
+    from prfaas_router.state import config as router_tok
 
     tok = router_tokenizer(_config(tokenizerFile=str(files / "tokenizer.json")))
     body = {"prompt": "hello world " * 8000}

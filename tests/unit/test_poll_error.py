@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from prfaas_router.signals import poll_error
+from prfaas_router.state.signals import poll_error
 
 
 def _status_error(code: int) -> httpx.HTTPStatusError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prfaas_router.prom_text import sample_sum, sample_sums
+from prfaas_router.state.metrics import sample_sum, sample_sums
 
 
 def _exposition() -> str:
@@ -53,7 +53,7 @@ def test_the_wanted_lines_sum_as_a_full_parse_does() -> None:
 
 
 def test_sums_by_labels_groups_each_wanted_name_by_its_labels() -> None:
-    from prfaas_router.prom_text import sums_by_labels
+    from prfaas_router.state.metrics import sums_by_labels
 
     text = (
         "# TYPE prfaas_gateway_admissions counter\n"

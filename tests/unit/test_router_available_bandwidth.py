@@ -13,7 +13,8 @@ import pytest
 
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
-from prfaas_router.runtime import GUARANTEED, Runtime, compile_config
+from prfaas_router.state.config import compile_config
+from prfaas_router.state.runtime import GUARANTEED, Runtime
 
 LINK = "a-to-b"
 LONG = 200_000

@@ -14,7 +14,7 @@ from prfaas_core.api.engine import EngineSettingsSpec
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.policy.threshold import ThresholdBounds
 from prfaas_operator.router_config import build, routing_for
-from prfaas_router.config import ConfigError, ConfigWatcher, load_config
+from prfaas_router.state.config import ConfigError, ConfigWatcher, load_config
 
 MODEL = builtin_model_profiles()["internal-1t"].model_dump(mode="json", by_alias=True, exclude_none=True)
 BASE = {"pdCluster": "pd", "thresholdMinTokens": 100, "model": MODEL, "limits": {"maxInFlight": 10}}
@@ -57,7 +57,7 @@ def test_watcher_sees_changes_to_either_file_and_skips_bad_versions(tmp_path: Pa
 def test_a_deleted_config_file_is_reported_once_per_backoff_not_every_poll(tmp_path: Path) -> None:
     """The finding: a deleted config file was logged every 0.5 s (each refresh). The app logs ``last_error``
     and clears it; here that is what a poll loop sees."""
-    from prfaas_router.config import REPORT_BACKOFF_S
+    from prfaas_router.state.config import REPORT_BACKOFF_S
 
     c = tmp_path / "c.json"
     c.write_text(json.dumps(BASE))

@@ -11,9 +11,11 @@ import httpx
 
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
-from prfaas_router.metrics import RouterMetrics
-from prfaas_router.proxy import Proxy
-from prfaas_router.runtime import LocalPlan, Runtime, compile_config
+from prfaas_router.path.call import LocalPlan, plan_local
+from prfaas_router.path.proxy import Proxy
+from prfaas_router.state.config import compile_config
+from prfaas_router.state.metrics import RouterMetrics
+from prfaas_router.state.runtime import Runtime
 
 ROLES = {"pd-0": "prefill", "pd-1": "prefill", "pd-2": "decode", "pd-3": "decode"}
 
@@ -41,7 +43,7 @@ def test_a_plan_naming_nothing_stale_is_kept_as_it_is() -> None:
 
 def test_a_decode_instance_drained_during_the_remote_leg_is_re_picked_and_the_prefill_kept() -> None:
     p = proxy()
-    plan = p.rt.plan_local(1000, [])
+    plan = plan_local(p.rt, 1000, [])
     assert plan is not None and plan.decode in ("pd-2", "pd-3")
     p.rt.reconfigure(compile_config(config(draining=(plan.decode,))))  # the loop started draining it
     fresh = p._replan(plan, 1000, [])

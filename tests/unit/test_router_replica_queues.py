@@ -10,7 +10,8 @@ from typing import Any
 
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
-from prfaas_router.runtime import EngineLoad, Runtime, compile_config
+from prfaas_router.state.config import compile_config
+from prfaas_router.state.runtime import EngineLoad, Runtime
 
 ROLES = {"pd-0": "prefill", "pd-1": "prefill", "pd-2": "decode"}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from prfaas_router.security import (
+from prfaas_router.state.security import (
     RequestIds,
     SecurityMetrics,
     TokenAuth,

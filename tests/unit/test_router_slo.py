@@ -11,8 +11,7 @@ from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.sim.arrivals import SimRequest
 from prfaas_core.sim.results import RunResult
 from prfaas_local.load import Result
-from prfaas_router.metrics import RouterMetrics, judge_ttft
-from prfaas_router.prom_text import sample_sum
+from prfaas_router.state.metrics import RouterMetrics, judge_ttft, sample_sum
 
 
 def _count(m: RouterMetrics, route: str, result: str) -> float:

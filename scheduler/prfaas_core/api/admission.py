@@ -1,4 +1,4 @@
-"""The gateway's admission answer (the link scheduler at the source, ``prfaas_router.admission``).
+"""The gateway's admission answer (the link scheduler at the source, ``prfaas_router.gateway.admission``).
 
 A router's remote prefill carries three headers (:data:`~prfaas_core.names.HEADER_KV_BYTES` and its
 neighbours): the request's KV bytes, the longest window wait it accepts (from its local alternative's

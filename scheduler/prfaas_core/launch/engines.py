@@ -185,11 +185,3 @@ def check_spec(spec: EngineSpec) -> KvRole:
             "caching on (IndexError in mamba_mixer2)"
         )
     return kv_role
-
-
-def engine_launch(spec: EngineSpec) -> EngineLaunch:
-    """The command, arguments and environment that start ``spec``'s engine (its kind's module renders them).
-    ValueError names the bad field."""
-    from .kinds import engine_kind  # the kinds' modules use this module's types
-
-    return engine_kind(spec.kind).launch(spec)

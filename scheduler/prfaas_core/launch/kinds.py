@@ -52,3 +52,9 @@ def engine_kind(kind: EngineKind = DEFAULT_ENGINE_KIND) -> EngineKindModule:
         return ENGINE_KINDS[kind]
     except KeyError:
         raise ValueError(f"engine kind must be one of {', '.join(ENGINE_KINDS)}, got {kind!r}") from None
+
+
+def engine_launch(spec: EngineSpec) -> EngineLaunch:
+    """The command, arguments and environment that start ``spec``'s engine (its kind's module renders them).
+    ValueError names the bad field."""
+    return engine_kind(spec.kind).launch(spec)

@@ -20,7 +20,8 @@ from typing import Any
 from ..api.model_profile import ModelProfile
 from ..api.pd_cluster import PDCluster
 from ..api.prefill_cluster import PrefillCluster
-from .engines import DEFAULT_KV_ROLE, EngineLaunch, EngineRole, EngineSpec, KvRole, engine_launch
+from .engines import DEFAULT_KV_ROLE, EngineLaunch, EngineRole, EngineSpec, KvRole
+from .kinds import engine_launch
 
 Cluster = PrefillCluster | PDCluster
 

@@ -9,7 +9,7 @@ over; the lender takes it back by itself when the loan's lease runs out (the bor
 that lease is longer than the borrower's pull lease, which starts later. A replica that cannot reach its peers only
 has its own share: exact still, never above the ceiling, just slower.
 
-Pure bookkeeping in model seconds; the router's ``prfaas_router.admission`` does the calls between replicas.
+Pure bookkeeping in model seconds; the router's ``prfaas_router.gateway.admission`` does the calls between replicas.
 """
 
 from __future__ import annotations

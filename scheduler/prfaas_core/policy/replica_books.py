@@ -4,7 +4,7 @@ A router books each local prefill it sends to a PD prefill instance (its predict
 several router replicas in front of one PD cluster, each used to see only its own books exactly and the others'
 work only through the engines' scraped ``waiting + running`` counts, one scrape late: two replicas would pick the
 same idle instance at once, and queue surges went unseen (3 replicas reached 0.57x one router's goodput). Each
-replica now sends its books to the others whenever they change and at a heartbeat (``prfaas_router.replica_sync``,
+replica now sends its books to the others whenever they change and at a heartbeat (``prfaas_router.state.peers``,
 :data:`~prfaas_core.names.REPLICA_BOOKS_PATH`); a replica not heard from for :data:`EXPIRY_S` counts for nothing
 (its engines' counts still do). Like Dynamo's router replica sync, but peer to peer over HTTP, no message bus.
 

@@ -1,29 +1,8 @@
-"""Source-side admission at the gateway: every remote prefill passes through it, so its link calendar (the
-core's :mod:`prfaas_core.policy.link_calendar` on an :class:`~prfaas_core.policy.link_state.EgressLedger`) sees every
-KV stream the PrFaaS cluster sends, whichever router sent the request.
-
-Per prefill: the router's headers (:data:`~prfaas_core.names.ADMISSION_HEADERS`) give the KV bytes (default: the
-gateway's own ``S_kv`` of the prompt), the longest wait it accepts (default: any), the latest predicted TTFT it
-accepts (default: any; the calendar knows the stream's timing, the router does not) and the link. The earliest
-window that fits under the ceiling is booked and the prefill held until it starts; a later window than the
-caller accepts (its wait or, for a window that does not start now, its predicted TTFT; or the TTFT through the
-instances' real queues and paced egress, whenever the window starts) is declined at once:
-429, ``Retry-After`` and an :class:`~prfaas_core.api.AdmissionDecline`
-(``link_window`` with the earliest start and the predicted TTFT; ``overloaded`` when ``maxWaiting`` prefills
-already wait). The headers never reach the engine (the gateway forwards only ``x-request-id``).
-
-**Pulls on the wire.** The calendar plans from predicted times, but a pull starts when its router gets the
+"""**Pulls on the wire.** The calendar plans from predicted times, but a pull starts when its router gets the
 answer: the answer is held until its pull fits next to the pulls already on the wire (:meth:`LinkAdmission.release`),
 and a pull counts there until its router reports it over (``POST`` :data:`~prfaas_core.names.PULL_DONE_PATH`, the id
 from :data:`~prfaas_core.names.HEADER_PULL_ID`) or its lease runs out. Exported as
 ``prfaas_gateway_pulls_total{link,end}`` and ``prfaas_gateway_pull_hold_seconds{link}``.
-
-**Available bandwidth.** The routers measure what the link delivers (:mod:`prfaas_core.policy.link_estimate`,
-from their pulls' timing) and send it along while it bounds the configured capacity
-(:data:`~prfaas_core.names.HEADER_LINK_AVAILABLE_GBPS`); the calendar books under the lowest report of the last
-``REPORT_MAX_AGE_S`` (model seconds), this replica's share of it. Exported as
-``prfaas_gateway_link_available_gbps{link,source}`` next to ``prfaas_gateway_admissions_total{link,result}`` and
-``prfaas_gateway_admission_wait_seconds{link}``.
 
 **Gateway replicas.** Each of N replicas (``gateway.admission.replicas``) starts with ``1 / N`` of the link's
 ceiling (:class:`~prfaas_core.policy.link_shares.LinkShares`); the calendar plans in that share. A pull that does not
@@ -50,17 +29,16 @@ import structlog
 from aiohttp import web
 
 from prfaas_core import names
-from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterConfig, RouterLink
+from prfaas_core.api import AdmissionDecline, GatewayAdmission
 from prfaas_core.names import GBPS_BITS
-from prfaas_core.policy.link_admission import AdmitTick, Decline, WireTick, admit, book, wire_turn
-from prfaas_core.policy.link_calendar import Deadline, Window, booked_gbps, ceiling_gbps
+from prfaas_core.policy.link_admission import WireTick, wire_turn
+from prfaas_core.policy.link_calendar import Deadline, Window, ceiling_gbps
 from prfaas_core.policy.link_estimate import Available
 from prfaas_core.policy.link_shares import EPS, LinkShares
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
 
-from .http_util import json_error
-from .metrics import RouterMetrics
-from .peer_loans import PeerLoans
+from ..state.metrics import RouterMetrics
+from ..state.peers import PeerLoans
 
 log = structlog.get_logger("prfaas.router.admission")
 
@@ -97,12 +75,6 @@ class KvLeaseOver(Exception):
         self.held_s = held_s
 
 
-def _params(link: RouterLink, share: float) -> LinkParams:
-    return LinkParams(
-        link.name, link.capacity_gbps * share, link.max_utilization, link.scarce_watermark, link.abundant_watermark
-    )
-
-
 @dataclass
 class Booking:
     key: str
@@ -112,109 +84,43 @@ class Booking:
     instances' queues and egress are (the answer's ``Server-Timing: predicted``)."""
 
 
-class LinkAdmission:
-    """One gateway replica's share of its link's calendar."""
+class PullsOnWire:
+    """One gateway replica's pulls on the wire, the routers' bandwidth reports and the loans between replicas'
+    shares: the base of :class:`~.admission.LinkAdmission`, which sets these fields."""
 
-    def __init__(
-        self,
-        spec: GatewayAdmission,
-        link: RouterLink,
-        time_scale: float,
-        metrics: RouterMetrics | None = None,
-        replica: str = "",
-        peers: PeerLoans | None = None,
-    ) -> None:
-        self.metrics = metrics
-        self.replica = replica or os.urandom(6).hex()
-        """This replica's id: the prefix of its pulls' ids, and how it recognises itself among ``peers``."""
-        self.peers = peers
-        self._reports: dict[float, float] = {}
-        """Routers' available-bandwidth reports: model time -> Gbps (the whole link's)."""
-        self.shares = LinkShares()
-        self._apply(spec, link, time_scale)
-        self._loans_of: dict[str, list[tuple[str, str]]] = {}
-        """A pull's borrowed loans: key -> [(lender URL, loan id)]."""
-        self._held_since: dict[str, float] = {}
-        """Held answers: key -> when held from, Unix time (one order across replicas and hosts: the oldest goes
-        first; a clock skew between hosts shifts the turns, never stops them)."""
-        self._deadlines: dict[str, Deadline] = {}
-        """Each booking's place in the lanes' order (``laneOrder: deadline``; model time)."""
-        self._older_peer_until = 0.0
-        """Model time until which a peer holds an older answer than any here: this replica's own wait."""
-        self._wire_lock = asyncio.Lock()
-        if metrics is not None:  # every series of the link from the start, at 0: rates and alerts see them
-            metrics.gateway_link_share.labels(self.link).set(self.shares.base)
-            for result in ("booked", "link_window", "overloaded", "kv_lease"):
-                metrics.gateway_admissions.labels(self.link, result)
-            for end in ("reported", "lease"):
-                metrics.gateway_pulls.labels(self.link, end)
-            for result in ("borrowed", "lent", "refused", "unreachable", "expired"):
-                metrics.gateway_loans.labels(self.link, result)
-            metrics.gateway_pull_hold.labels(self.link)
-            metrics.gateway_admission_wait.labels(self.link)
-        self.ledger = EgressLedger(expire_s=600.0)
-        self.waiting = 0
-        self.holding = 0
-        """Prefill answers held until their pull fits on the wire."""
-        self._on_wire: dict[str, float] = {}
-        """Pulls let onto the wire and not over: id -> booked Gbps."""
-        self._instance_of: dict[str, str] = {}
-        """The PrFaaS instance whose KV a pull on the wire moves: id -> instance (when known)."""
-        self._egress_work: dict[str, dict[str, tuple[float, float | None]]] = {}
-        """With paced instances: each instance's pulls from the prefill's start until they leave the wire, its
-        egress's work ahead of a new pull: instance -> id -> (model Gbit, model time on the wire from or None)."""
-        self._leases: dict[str, asyncio.TimerHandle] = {}
-        self._min_end: dict[str, tuple[float, Callable[[], float]]] = {}
-        """A pull's earliest end on the wire (its bytes at its rate; model time) and the clock it is read on."""
-        self._reported: set[str] = set()
-        """Pulls reported over that still count on the wire until their earliest end."""
-        self._changed = asyncio.Event()
-
-    @property
-    def link(self) -> str:
-        return self.params.name
-
-    def _apply(self, spec: GatewayAdmission, link: RouterLink, time_scale: float) -> None:
-        """What the spec, the link and the scale set (at start and on a reload)."""
-        self.spec, self.time_scale = spec, time_scale
-        self.shares.replicas, self.shares.peers = spec.replicas, bool(spec.peers)
-        self.whole = _params(link, 1.0)
-        self.params = _params(link, self.share)
-        """This replica's base share: what its calendar plans in."""
+    metrics: RouterMetrics | None
+    replica: str
+    peers: PeerLoans | None
+    shares: LinkShares
+    spec: GatewayAdmission
+    time_scale: float
+    whole: LinkParams
+    params: LinkParams
+    ledger: EgressLedger
+    waiting: int
+    holding: int
+    _reports: dict[float, float]
+    _loans_of: dict[str, list[tuple[str, str]]]
+    _held_since: dict[str, float]
+    _deadlines: dict[str, Deadline]
+    _older_peer_until: float
+    _wire_lock: asyncio.Lock
+    _on_wire: dict[str, float]
+    _instance_of: dict[str, str]
+    _egress_work: dict[str, dict[str, tuple[float, float | None]]]
+    _leases: dict[str, asyncio.TimerHandle]
+    _min_end: dict[str, tuple[float, Callable[[], float]]]
+    _reported: set[str]
+    _changed: asyncio.Event
 
     @property
     def share(self) -> float:
         """This replica's base share of the link (``1 / replicas``)."""
         return self.shares.base
 
-    def reconfigure(
-        self, spec: GatewayAdmission, link: RouterLink, time_scale: float, token: Callable[[], bytes | None]
-    ) -> bool:
-        """A reloaded config on the same link: the new spec, capacity and peers in place (the ledger, the pulls on
-        the wire and the loans kept; a loan from a peer no longer listed is still given back to it). False: it is
-        the same config."""
-        if spec == self.spec and _params(link, 1.0) == self.whole and time_scale == self.time_scale:
-            return False
-        self._apply(spec, link, time_scale)
-        self._changed.set()  # held answers re-check under the new ceiling
-        if not spec.peers:
-            if self.peers is not None:
-                self.peers.close_soon()
-                self.peers = None
-            return True
-        if self.peers is None or self.peers.ca_file != spec.peer_ca_file:
-            if self.peers is not None:  # its loans out return by their leases
-                self.peers.close_soon()
-            self.peers = PeerLoans(spec.peers, token, spec.peer_ca_file)
-        else:
-            self.peers.urls = list(spec.peers)
-        return True
-
-    def set_lanes(self, lanes: int) -> None:
-        self.ledger.set_lanes(lanes)
-
-    def booked_gbps(self, now_s: float) -> float:
-        return booked_gbps(self.ledger.transfers(now_s), now_s)
+    @property
+    def link(self) -> str:
+        return self.params.name
 
     def report(self, headers: Mapping[str, str], now_s: float) -> None:
         """A router's available-bandwidth header (already checked a non-negative number by the allow-list)."""
@@ -236,79 +142,6 @@ class LinkAdmission:
     def _count(self, result: str) -> None:
         if self.metrics is not None:
             self.metrics.gateway_admissions.labels(self.link, result).inc()
-
-    def decide(
-        self,
-        key: str,
-        headers: Mapping[str, str],
-        kv_bytes: float,
-        prefill_s: float,
-        now_s: float,
-        ready_s: float | None = None,
-    ) -> Booking | web.Response:
-        """Book a window (the caller then holds until :meth:`hold` returns) or the 400/429 answer. ``ready_s``: when
-        the best PrFaaS instance, as the gateway sees it now, would have prefilled the request and have its egress
-        free (model seconds from now; the instance pick's prediction). The calendar plans on lanes; the instances'
-        real queues (requests run longer or shorter than predicted, other work) and, on paced instances, their
-        egress can be later: a request whose TTFT through them passes what the caller accepts is declined even when
-        the calendar's window starts now (a spill sent behind a long prefill missed by seconds)."""
-        try:
-            nbytes = float(headers.get(names.HEADER_KV_BYTES, kv_bytes))
-            max_wait_ms = float(headers.get(names.HEADER_MAX_WAIT_MS, "inf"))
-            max_ttft_ms = float(headers.get(names.HEADER_MAX_TTFT_MS, "inf"))
-            slo_ttft_ms = float(headers.get(names.HEADER_SLO_TTFT_MS, max_ttft_ms))
-        except ValueError:
-            return json_error(
-                400,
-                f"{names.HEADER_KV_BYTES}, {names.HEADER_MAX_WAIT_MS}, {names.HEADER_MAX_TTFT_MS} and "
-                f"{names.HEADER_SLO_TTFT_MS} must be numbers (bytes, ms)",
-            )
-        if not (nbytes >= 0 and math.isfinite(nbytes)) or not min(max_wait_ms, max_ttft_ms, slo_ttft_ms) >= 0:
-            return json_error(
-                400,
-                f"{names.HEADER_KV_BYTES} must be finite and >= 0, {names.HEADER_MAX_WAIT_MS}, "
-                f"{names.HEADER_MAX_TTFT_MS} and {names.HEADER_SLO_TTFT_MS} >= 0",
-            )
-        link = headers.get(names.HEADER_LINK)
-        if link is not None and link != self.link:
-            return json_error(400, f"{names.HEADER_LINK}: this gateway schedules link {self.link!r}, not {link!r}")
-        self.report(headers, now_s)
-        avail = self.available(now_s)
-        params = avail.bound(self.params)
-        if self.metrics is not None:
-            source = "configured" if avail.gbps is None else "reported"
-            for s in ("configured", "reported"):
-                self.metrics.gateway_link_available.labels(self.link, s).set(
-                    params.capacity_gbps if s == source else 0.0
-                )
-        answer = admit(
-            self.ledger,
-            self._deadlines,
-            AdmitTick(
-                now_s,
-                nbytes,
-                prefill_s,
-                params,
-                self.spec.stream_timing,
-                self.spec.lane_order,
-                slo_ttft_s=slo_ttft_ms / 1000.0,
-                max_wait_s=max_wait_ms / 1000.0,
-                max_ttft_s=max_ttft_ms / 1000.0,
-                ready_s=ready_s,
-                waiting=self.waiting,
-                max_waiting=self.spec.max_waiting,
-                pull_gbps=self.spec.pull_gbps,
-            ),
-        )
-        if isinstance(answer, Decline):
-            return self._decline(answer.reason, answer.window, answer.message)
-        book(self.ledger, self._deadlines, key, answer)
-        if self.metrics is not None:
-            self.metrics.gateway_lane_reorders.labels(self.link).inc(len(answer.moved))
-        self._count("booked")
-        if self.metrics is not None:
-            self.metrics.gateway_admission_wait.labels(self.link).observe(answer.window.wait_s)
-        return Booking(key, answer.window, answer.predicted_ttft_s)
 
     def _decline(self, reason: str, window: Window | None, why: str) -> web.Response:
         self._count(reason)
@@ -615,43 +448,3 @@ class LinkAdmission:
         self.ledger.finish(key)
         self._give_back(key)
         self._changed.set()
-
-
-def admission_for(
-    config: RouterConfig,
-    current: LinkAdmission | None,
-    metrics: RouterMetrics | None = None,
-    replica: str = "",
-    token: Callable[[], bytes | None] = lambda: None,
-) -> LinkAdmission | None:
-    """The gateway's admission for ``config`` (None: not configured). The current one is kept while its link is
-    the same, reconfigured in place: its calendar, its pulls on the wire and its loans outlive a reload.
-    ``replica``: this gateway's id among its peers; ``token``: its bearer token now (its peers accept the same)."""
-    gw = config.gateway
-    if gw is None or gw.admission is None:
-        return None
-    spec = gw.admission
-    links = {link.name: link for link in config.links}
-    if spec.link not in links:
-        raise ValueError(f"gateway.admission.link: {spec.link!r} is not one of links[].name")
-    link = links[spec.link]
-    if current is not None and current.link == link.name:
-        if not current.reconfigure(spec, link, config.scale.time_scale, token):
-            return current
-        fresh = current
-    else:
-        fresh = LinkAdmission(spec, link, config.scale.time_scale, metrics, replica)
-        if spec.peers:
-            fresh.peers = PeerLoans(spec.peers, token, spec.peer_ca_file)
-    share = fresh.params.cap_gbps
-    if spec.replicas > 1 and not spec.peers and spec.pull_gbps is not None and spec.pull_gbps > share:
-        log.warning(
-            "one pull is faster than this replica's share of the cap and no peers are configured to lend theirs: "
-            "each replica lets one pull at a time, so the replicas together can pass the cap; list the replicas "
-            "in gateway.admission.peers, or run one gateway replica on this link",
-            link=spec.link,
-            pull_gbps=spec.pull_gbps,
-            share_gbps=round(share, 3),
-            replicas=spec.replicas,
-        )
-    return fresh

@@ -32,15 +32,26 @@ from prfaas_core.policy.decode_prefix import decode_cached_header
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.request.tokens import block_hashes
 
-from . import server_timing
-from .aborts import Aborts, SideLost, engine_side
-from .admission import Booking, KvLeaseOver, LinkAdmission, admission_for
-from .http_util import JSON_CONTENT, is_chat, json_bytes, json_error
-from .legs import LINK_HEADER, LINK_LABEL, UNKNOWN_LINK, reported_prompt_tokens
-from .metrics import RouterMetrics
-from .runtime import EngineLoad, Runtime
-from .security import forwarded_headers, refused_field
-from .tokenizer import count_prompt
+from ..state.config import count_prompt
+from ..state.metrics import RouterMetrics
+from ..state.runtime import EngineLoad, Runtime
+from ..state.security import forwarded_headers, refused_field
+from ..state.wire import (
+    JSON_CONTENT,
+    LINK_HEADER,
+    LINK_LABEL,
+    UNKNOWN_LINK,
+    Aborts,
+    SideLost,
+    engine_side,
+    is_chat,
+    json_bytes,
+    json_error,
+    reported_prompt_tokens,
+    timing_header,
+)
+from .admission import LinkAdmission, admission_for
+from .pulls import Booking, KvLeaseOver
 
 ENGINE = engine_kind()
 
@@ -146,7 +157,7 @@ class Gateway:
                 ("release", time.perf_counter() - prefilled),
                 ("predicted", booking.predicted_ttft_s / c.scale.time_scale),
             ]
-        resp.headers[names.SERVER_TIMING] = server_timing.header(timings)
+        resp.headers[names.SERVER_TIMING] = timing_header(timings)
         return resp
 
     async def pull_done(self, request: web.Request) -> web.Response:

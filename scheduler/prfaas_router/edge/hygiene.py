@@ -21,8 +21,10 @@ A reloaded config changes every limit for the connections made after the reload 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -32,8 +34,98 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prfaas_core import names
 from prfaas_core.api.router_config import RouterSecurity
 
-from .conn_budget import ConnBudget
-from .http_util import json_error
+from ..state.wire import json_error
+
+# --- Who holds the listener's connections: per-client and (gateway) per-token budgets under ``maxConnections``.
+
+
+@dataclass(slots=True)
+class Conn:
+    source: str
+    transport: asyncio.BaseTransport
+    token: str | None = None
+    """The key of the token it authenticated with (None: not yet)."""
+    by_source: bool = True
+    """Counted in its source's budget (until it authenticates on a gateway, or is evicted)."""
+
+
+def source_of(transport: asyncio.BaseTransport) -> str:
+    """The peer's address (its IP; ``""`` where there is none, e.g. a Unix socket)."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
+class ConnBudget:
+    """The connections open on one listener by source and by token. ``authenticating``: a gateway with a token
+    (connections move from their source's budget to their token's on their first authenticated request)."""
+
+    def __init__(self, authenticating: bool = False) -> None:
+        self.authenticating = authenticating
+        self.conns: dict[object, Conn] = {}
+        self.by_source: collections.Counter[str] = collections.Counter()
+        self.by_token: collections.Counter[str] = collections.Counter()
+        self.unauthenticated: dict[object, None] = {}
+        """Gateway: the connections not yet authenticated, oldest first."""
+
+    def admit(self, key: object, transport: asyncio.BaseTransport, limits: RouterSecurity) -> str | None:
+        """A new connection: None when admitted, else why it is refused (``client_limit``). On a gateway an
+        admitted one may push the oldest unauthenticated connection out (closed, counted by :meth:`evicted`)."""
+        source = source_of(transport)
+        per_client = limits.per_client()
+        if self.authenticating:
+            per_client = min(per_client, limits.unauthenticated())
+        if self.by_source[source] >= per_client:
+            return "client_limit"
+        self.conns[key] = Conn(source, transport)
+        self.by_source[source] += 1
+        if self.authenticating:
+            self.unauthenticated[key] = None
+        return None
+
+    def evict_over(self, limits: RouterSecurity) -> list[asyncio.BaseTransport]:
+        """Gateway: the oldest unauthenticated connections past ``maxUnauthenticatedConnections``, taken out of the
+        budgets (the caller closes them)."""
+        out = []
+        while len(self.unauthenticated) > limits.unauthenticated():
+            key = next(iter(self.unauthenticated))
+            conn = self.conns[key]
+            self._leave_source(key, conn)
+            out.append(conn.transport)
+        return out
+
+    def authenticated(self, key: object, token: str, limits: RouterSecurity) -> bool:
+        """A request on ``key`` carried the token ``token`` (a key of it, not the token): False when the token's
+        connections are at ``maxConnectionsPerToken`` already (the caller refuses and closes it)."""
+        conn = self.conns.get(key)
+        if conn is None or conn.token is not None or not self.authenticating:
+            return True
+        if self.by_token[token] >= limits.per_token():
+            return False
+        self._leave_source(key, conn)
+        conn.token = token
+        self.by_token[token] += 1
+        return True
+
+    def lost(self, key: object) -> None:
+        conn = self.conns.pop(key, None)
+        if conn is None:
+            return
+        self._leave_source(key, conn)
+        if conn.token is not None:
+            self.by_token[conn.token] -= 1
+            if self.by_token[conn.token] <= 0:
+                del self.by_token[conn.token]
+
+    def _leave_source(self, key: object, conn: Conn) -> None:
+        self.unauthenticated.pop(key, None)
+        if conn.by_source:
+            conn.by_source = False
+            self.by_source[conn.source] -= 1
+            if self.by_source[conn.source] <= 0:
+                del self.by_source[conn.source]
+
+
+# --- Connection hygiene of the router's and the gateway's listener: bounds no client can stretch
 
 log = structlog.get_logger("prfaas.router")
 

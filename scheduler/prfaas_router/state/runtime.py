@@ -1,5 +1,7 @@
-"""The router's state: the compiled configuration, the mutable counters the data plane updates, and the
-immutable snapshot the hot path reads (swapped by reference by the signals refresher).
+"""The router's long-lived state: the mutable counters the data plane updates (ledgers, breakers, link
+estimators, this replica's prefill books) and the immutable snapshot the hot path reads (swapped by reference by
+the signals refresher), with the hot path's route over them. Per-request data is the request path's
+(:class:`prfaas_router.path.call.Call`); the compiled configuration is :mod:`.config`'s.
 
 Units: the router works in *model* time and bytes (ScaleSettings): ``model_now = wall * time_scale``, so the
 same policies and profiles apply to real engines (scale 1) and to the time-scaled emulated stack.
@@ -12,13 +14,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
 
-from prfaas_core.api import RemoteGateway, RouterConfig, RouterEndpoint
-from prfaas_core.capacity.hardware import HardwareProfile, builtin_hardware, hardware_from_spec
-from prfaas_core.capacity.kv import KvModel, kv_model_from_profile
-from prfaas_core.launch.emulation import ScaleSettings
-from prfaas_core.policy.breaker import Breaker, BreakerBoard, BreakerParams, Transition
+from prfaas_core.api import RemoteGateway, RouterEndpoint
+from prfaas_core.policy.breaker import Breaker, BreakerBoard, Transition
 from prfaas_core.policy.decode_prefix import DecodeHoldings
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
@@ -37,96 +35,11 @@ from prfaas_core.policy.short_term import (
     refresh,
     route,
 )
-from prfaas_core.policy.threshold import ThresholdBounds, ThresholdDecision
+from prfaas_core.policy.threshold import ThresholdDecision
 from prfaas_core.request.slo import ttft_objective_s
-from prfaas_core.request.tokens import PrefixIndex, Tokenizer
+from prfaas_core.request.tokens import PrefixIndex
 
-from .tokenizer import router_tokenizer
-
-
-def _profile(spec_hw: object, default: str) -> HardwareProfile:
-    if spec_hw is not None:
-        return hardware_from_spec(spec_hw)  # type: ignore[arg-type]
-    profile = builtin_hardware(default)
-    assert profile is not None
-    return profile
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """Everything derived from one RouterConfig (rebuilt on reload, never mutated)."""
-
-    config: RouterConfig
-    kv: KvModel
-    pd: HardwareProfile
-    prfaas: HardwareProfile
-    links: dict[str, LinkParams]
-    remotes: tuple[RemoteGateway, ...]
-    bounds: ThresholdBounds
-    tokenizer: Tokenizer
-    scale: ScaleSettings
-    prefill: tuple[RouterEndpoint, ...]
-    decode: tuple[RouterEndpoint, ...]
-    both: tuple[RouterEndpoint, ...]
-    draining: frozenset[str]
-    decode_slots: int
-    breaker: BreakerParams
-
-    @cached_property
-    def prefill_capable(self) -> frozenset[str]:
-        """The instances that prefill (role prefill, or both when there is no prefill tier)."""
-        return frozenset(e.name for e in (self.prefill or self.both))
-
-    @cached_property
-    def guaranteed_links(self) -> frozenset[str]:
-        """The links whose capacity is guaranteed (``availableBandwidth: Configured``): never estimated lower."""
-        return frozenset(link.name for link in self.config.links if link.available_bandwidth == "Configured")
-
-    @cached_property
-    def by_name(self) -> dict[str, RouterEndpoint]:
-        """Built once per configuration (the hot path looks endpoints up on every leg)."""
-        return {e.name: e for e in self.config.endpoints}
-
-
-def compile_config(config: RouterConfig) -> Compiled:
-    links = {
-        link.name: LinkParams(
-            link.name, link.capacity_gbps, link.max_utilization, link.scarce_watermark, link.abundant_watermark
-        )
-        for link in config.links
-    }
-    for remote in config.remotes:
-        if remote.link not in links:
-            raise ValueError(f"remotes[{remote.name}].link {remote.link!r} names no entry of links")
-    adm = config.gateway.admission if config.gateway else None
-    if adm is not None and adm.link not in links:
-        raise ValueError(f"gateway.admission.link: {adm.link!r} is not one of links[].name")
-    pd = _profile(config.pd_hardware, "H20")
-    return Compiled(
-        config=config,
-        # the engines hold and move whole KV blocks of prefixBlockTokens (the engines' block size)
-        kv=kv_model_from_profile(config.model).with_default_blocks(config.routing.prefix_block_tokens),
-        pd=pd,
-        prfaas=_profile(config.prfaas_hardware, "H200"),
-        links=links,
-        remotes=tuple(config.remotes),
-        bounds=ThresholdBounds(config.threshold_min_tokens, config.threshold_max_tokens),
-        tokenizer=router_tokenizer(config),
-        scale=ScaleSettings(config.scale.time_scale, config.scale.byte_scale),
-        prefill=tuple(e for e in config.endpoints if e.role == "prefill"),
-        decode=tuple(e for e in config.endpoints if e.role == "decode"),
-        both=tuple(e for e in config.endpoints if e.role == "both"),
-        draining=frozenset(config.draining),
-        decode_slots=pd.decode.max_batch_size if pd.decode is not None else 1,
-        breaker=BreakerParams(
-            config.routing.breaker_failure_threshold,
-            config.routing.breaker_open_seconds,
-            config.routing.breaker_probes,
-            # a probe reports back within its leg's timeouts; past them its slot is freed
-            max((r.timeout_seconds for r in config.remotes), default=0.0) + config.timeouts.kv_pull_seconds,
-        ),
-    )
-
+from .config import Compiled
 
 GUARANTEED = Available(None, "configured", "availableBandwidth: Configured (the capacity is guaranteed)")
 
@@ -162,15 +75,6 @@ class Snapshot:
     """Remote name -> its gateway books this router's link to it in a calendar (``GatewayStatus.scheduledLinks``)."""
 
 
-@dataclass(frozen=True)
-class LocalPlan:
-    prefill: str | None
-    """Prefill instance (None: one instance does both, or none can: ``no_prefill``)."""
-    decode: str
-    no_prefill: str | None = None
-    """Why no local prefill instance can take it (the remote must prefill it), None when one can."""
-
-
 @dataclass
 class Runtime:
     """Mutable router state behind methods (the request path and the refresher call them; nothing reaches into
@@ -200,7 +104,7 @@ class Runtime:
     replica: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     """This router replica's id in the books it sends its peers (new at each start)."""
     peer_books: ReplicaBooks = field(default_factory=ReplicaBooks)
-    """The other router replicas' PD prefill books, as last heard (:mod:`.replica_sync` sends and receives them)."""
+    """The other router replicas' PD prefill books, as last heard (:mod:`.peers` sends and receives them)."""
     books_changed: Callable[[], None] | None = None
     """Called whenever this router's own books change (the replica sync sends them at once)."""
     _books_seq: int = 0
@@ -208,16 +112,8 @@ class Runtime:
     _estimators: dict[str, LinkEstimator] = field(default_factory=dict)
     _pulls: dict[str, tuple[str, Pull]] = field(default_factory=dict)
     """KV pulls across a link in flight: key -> (link, pull), timed for the link's estimator."""
-    gateway_pulls: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Pulls a gateway let onto the wire for this router's requests: key -> (remote, the gateway's pull id),
-    reported over once the decode holds the KV (:func:`.release.report_pull_over`)."""
-    gateway_timing: dict[str, str] = field(default_factory=dict)
-    """The gateway's ``Server-Timing`` for a request in flight whose remote prefill answered (key -> value): passed
-    on in the router's own answer, dropped when the request ends."""
     available: dict[str, Available] = field(default_factory=dict)
     """Each link's available bandwidth as last estimated (:mod:`prfaas_core.policy.link_estimate`)."""
-    last_prefix: tuple[int, int] = (0, 0)
-    """The last routed request's prefix hits (tokens): (PD prefill instances, PrFaaS)."""
 
     def __post_init__(self) -> None:
         r = self.compiled.config.routing
@@ -453,13 +349,22 @@ class Runtime:
     ) -> RoutePlan:
         """Prefix lookups (PD cluster, remote), then the core's route: decision and local instance picks
         (``exclude``: instances left out, e.g. one whose leg just failed)."""
+        return self.route_prefixed(total_tokens, hashes, pd_hits, exclude)[0]
+
+    def route_prefixed(
+        self,
+        total_tokens: int,
+        hashes: list[bytes],
+        pd_hits: dict[str, int] | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> tuple[RoutePlan, tuple[int, int]]:
+        """:meth:`route`, and the prefix hits it found (tokens): (PD prefill instances, PrFaaS)."""
         c, snap = self.compiled, self.snapshot
         hits = self.pd_index.match(hashes) if pd_hits is None else pd_hits
         # the PD prefix that counts is one an instance that can prefill the next turn holds: the decode
         # instance's copy (it decoded the last turn) saves a prefill instance nothing
         l_pd = max((v for k, v in hits.items() if k in c.prefill_capable and k not in c.draining), default=0)
         remote_hits = self.remote_index.match(hashes) if c.remotes else {}
-        self.last_prefix = (l_pd, max(remote_hits.values(), default=0))
         remotes = [
             RemoteSide(
                 r.name,
@@ -471,7 +376,7 @@ class Runtime:
             for r in c.remotes
         ]
         views = self._views(hits, exclude)
-        return route(
+        plan = route(
             RouteTick(
                 self.model_now(),
                 RouteRequest(
@@ -487,7 +392,7 @@ class Runtime:
                 snap.links,
                 self._ledgers,
                 remotes,
-                local_wait_s=self._local_wait_s(),
+                local_wait_s=self.local_wait_s(),
                 breakers=self._breakers,
                 breaker_now_s=self.clock(),
                 breaker_params=c.breaker,
@@ -497,6 +402,7 @@ class Runtime:
             ),
             self.policy,
         )
+        return plan, (l_pd, max(remote_hits.values(), default=0))
 
     def decide(
         self, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None
@@ -509,24 +415,6 @@ class Runtime:
         if plan.remote is None:
             return None
         return next(r for r in self.compiled.remotes if r.name == plan.remote.name)
-
-    def local_plan(self, plan: RoutePlan) -> LocalPlan | None:
-        """Prefill and decode instances for a local request (cache-affine prefill, least-loaded decode)."""
-        decode = plan.decode
-        if decode is None or decode.name is None:
-            return None
-        if plan.prefill is None:
-            return LocalPlan(None, decode.name)
-        if plan.prefill.name is None:
-            if self.compiled.both:
-                return LocalPlan(None, decode.name)
-            return LocalPlan(None, decode.name, plan.prefill.reason)
-        return LocalPlan(plan.prefill.name, decode.name)
-
-    def plan_local(
-        self, total_tokens: int, hashes: list[bytes], pd_hits: dict[str, int] | None = None
-    ) -> LocalPlan | None:
-        return self.local_plan(self.route(total_tokens, hashes, pd_hits))
 
     def _views(
         self, hits: dict[str, int], exclude: frozenset[str] = frozenset()
@@ -552,11 +440,8 @@ class Runtime:
         return max(0.0, load.probe_s - SLOW_PROBE_S) * self.compiled.scale.time_scale
 
     def local_wait_s(self) -> float | None:
-        """The predicted wait on the least-loaded PD prefill instance (the local alternative's queue)."""
-        return self._local_wait_s()
-
-    def _local_wait_s(self) -> float | None:
-        """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance."""
+        """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance (the local
+        alternative's queue)."""
         c, engines = self.compiled, self.snapshot.engines
         waits = [
             self.queued_work_s(e.name, load)

@@ -18,17 +18,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prfaas_core import names
 from prfaas_core.api import RouterConfig
 
-from .config import ConfigWatcher, load_config
-from .gateway import Gateway
-from .http_util import CLIENT_KEEPALIVE_S, error_body
+from ..gateway.gateway import Gateway
+from ..path.proxy import Proxy
+from ..state.config import ConfigWatcher, compile_config, load_config
+from ..state.metrics import RouterMetrics
+from ..state.peers import NO_PEERS, ReplicaPeers, ReplicaSync
+from ..state.runtime import Runtime
+from ..state.security import InsecureGatewayError, SecurityMetrics, TlsReloader, TokenAuth, auth_middleware
+from ..state.signals import Signals, not_ready_reason
+from ..state.wire import CLIENT_KEEPALIVE_S, error_body
 from .hygiene import Hygiene, start_listener
-from .metrics import RouterMetrics
-from .proxy import Proxy
-from .readiness import not_ready_reason
-from .replica_sync import NO_PEERS, ReplicaPeers, ReplicaSync
-from .runtime import Runtime, compile_config
-from .security import InsecureGatewayError, SecurityMetrics, TlsReloader, TokenAuth, auth_middleware
-from .signals import Signals
 
 log = structlog.get_logger("prfaas.router")
 

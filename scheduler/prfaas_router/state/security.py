@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prfaas_core import names
 from prfaas_core.launch.kinds import engine_kind
 
-from .http_util import json_error
+from .wire import json_error
 
 ENGINE = engine_kind()
 

@@ -1,27 +1,114 @@
-"""Signals refreshed off the hot path, about once a second: engine health and load (their /metrics), each
-link's measured egress (its metrics endpoint), each remote gateway's status; then the link states and the
-threshold are recomputed with the core's policies and a new :class:`Snapshot` is swapped in by reference."""
+"""Signals refreshed off the hot path, about once a second: engine health and load (their /metrics; health over
+consecutive probes), each link's measured egress (its metrics endpoint), each remote gateway's status; then the
+link states and the threshold are recomputed with the core's policies and a new :class:`Snapshot` is swapped in
+by reference. Also whether the router can serve (``/ready``)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 import httpx
 import structlog
 
 from prfaas_core import names
-from prfaas_core.api import GatewayStatus
+from prfaas_core.api import GatewayStatus, RouterEndpoint
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_estimate import ESTIMATE_SOURCES
 from prfaas_core.policy.short_term import Refreshed
 
-from .aborts import Aborts, engine_side, remote_side
-from .health import HealthBook
-from .metrics import RouterMetrics
-from .prom_text import sample_sum, sample_sums
-from .readiness import not_ready_reason
+from .metrics import RouterMetrics, sample_sum, sample_sums
 from .runtime import EngineLoad, Runtime, Snapshot
+from .wire import Aborts, engine_side, remote_side
+
+# --- Engine health over consecutive probes: an engine is unhealthy only after ``unhealthy_after_failures`` failed
+# probes in a row (one slow or lost read does not take it out), and healthy again at its next good probe. While
+# it is still counted healthy between failures, its last good load is kept. An engine never seen answering is
+# unhealthy. Each change is queued as a transition for the refresher's log line.
+
+SLOW_PROBES = 3
+"""Good probes in a row an engine must be slow at before its slowness counts."""
+
+
+@dataclass
+class HealthBook:
+    _failures: dict[str, int] = field(default_factory=dict)
+    _last: dict[str, EngineLoad] = field(default_factory=dict)
+    _healthy: dict[str, bool] = field(default_factory=dict)
+    _transitions: list[tuple[str, bool, str]] = field(default_factory=list)
+    _durations: dict[str, deque[float]] = field(default_factory=dict)
+
+    def _set(self, name: str, healthy: bool, why: str) -> None:
+        before = self._healthy.get(name)
+        self._healthy[name] = healthy
+        if before != healthy and (before is not None or not healthy):
+            self._transitions.append((name, healthy, why))
+
+    def probed(self, name: str, load: EngineLoad, seconds: float) -> EngineLoad:
+        """A good probe that took ``seconds``; the load it returns carries the fastest of the last few."""
+        self._failures[name] = 0
+        recent = self._durations.setdefault(name, deque(maxlen=SLOW_PROBES))
+        recent.append(seconds)
+        load = replace(load, healthy=True, probe_s=min(recent))
+        self._last[name] = load
+        self._set(name, True, f"probe answered in {seconds:.3f} s")
+        return load
+
+    def failed(self, name: str, why: str, threshold: int) -> EngineLoad:
+        """A failed probe: still the last good load until ``threshold`` failures in a row."""
+        fails = self._failures[name] = self._failures.get(name, 0) + 1
+        last = self._last.get(name)
+        if last is not None and fails < threshold:
+            return last
+        self._set(name, False, f"{fails} consecutive failed probe(s), last: {why}")
+        return EngineLoad(healthy=False)
+
+    def healthy(self, name: str) -> bool:
+        return self._healthy.get(name, False)
+
+    def take_transitions(self) -> list[tuple[str, bool, str]]:
+        out, self._transitions = self._transitions, []
+        return out
+
+
+# --- Whether the router can serve, and why not: ``/ready`` answers 503 with the reason (a load balancer then
+# sends its clients to a router that can), the refresher logs each change once and sets
+# ``prfaas_router_ready``.
+
+
+def not_ready_reason(rt: Runtime) -> str | None:
+    """None when the router can serve, else why not (one line)."""
+    c, snap = rt.compiled, rt.snapshot
+    if not snap.engines:
+        return "no engine probed yet"
+
+    def serving(e: RouterEndpoint) -> bool:
+        load = snap.engines.get(e.name)
+        return load is not None and load.healthy and e.name not in c.draining
+
+    if c.config.mode == "gateway":  # prefill legs only
+        if any(serving(e) for e in c.prefill or c.both):
+            return None
+        return "no healthy, non-draining PrFaaS prefill instance"
+    decoders = c.decode or c.both
+    if not decoders:
+        return "no decode instance configured"
+    if not any(serving(e) for e in decoders):
+        return f"no healthy, non-draining decode instance (of {len(decoders)})"
+    if c.both or not c.prefill or any(serving(e) for e in c.prefill):
+        return None
+    why = []
+    for r in c.remotes:
+        status = snap.remote_ready.get(r.name)
+        if status is None and not rt.breaker(r.name).is_open:
+            return None
+        why.append(f"{r.name}: {status or rt.breaker(r.name).reason}")
+    remote = "; ".join(why) or "no remote PrFaaS cluster configured"
+    return f"no healthy, non-draining prefill instance (of {len(c.prefill)}) and no usable remote ({remote})"
+
+
+# --- Signals refreshed off the hot path, about once a second (see the module's docstring)
 
 log = structlog.get_logger("prfaas.router.signals")
 

@@ -22,20 +22,46 @@ import orjson
 import structlog
 from aiohttp import web
 
+from prfaas_core.policy.routing import RouteDecision
+from prfaas_core.policy.short_term import RoutePlan
 from prfaas_core.request.params import check_request
 from prfaas_core.request.tokens import block_hashes
 
-from . import prefill_legs, release
-from .aborts import Aborts, remote_side
-from .answer import PROMPT_TOKENS_HEADER, ROUTE_HEADER, DecodeLeg, answer_stream, answer_whole, failure_kind
-from .http_util import JSON_CONTENT, LegSession, is_chat, json_bytes, json_error, model_not_found, read_token
-from .legs import ENGINE, LegError, decode_body
-from .metrics import RouterMetrics
-from .retry import prefill_with_retry
-from .runtime import LocalPlan, Runtime
-from .security import RequestIds
-from .tokenizer import count_prompt
-from .ttft_limit import over_limit, retry_after_s
+from ..state.config import count_prompt
+from ..state.metrics import RouterMetrics
+from ..state.runtime import Runtime
+from ..state.security import RequestIds
+from ..state.wire import (
+    ENGINE,
+    JSON_CONTENT,
+    Aborts,
+    LegError,
+    LegSession,
+    decode_body,
+    is_chat,
+    json_bytes,
+    json_error,
+    model_not_found,
+    read_token,
+    remote_side,
+)
+from .call import (
+    PROMPT_TOKENS_HEADER,
+    ROUTE_HEADER,
+    Call,
+    DecodeLeg,
+    LocalPlan,
+    abandon,
+    answer_stream,
+    answer_whole,
+    failure_kind,
+    local_plan,
+    over_limit,
+    plan_local,
+    report_pull_over,
+    retry_after_s,
+)
+from .prefill import local_prefill, prefill_with_retry, remote_in_window
 
 log = structlog.get_logger("prfaas.router")
 
@@ -134,9 +160,12 @@ class Proxy:
             return json_error(400, "'stream' must be a boolean")
         if self.models is not None and body.get("model") not in self.models:
             return model_not_found(body.get("model"))
+        # the ledger keys on an id the router makes; the client's x-request-id only travels for tracing
+        request_ids = RequestIds(os.urandom(12).hex(), request.headers.get("x-request-id", "")[:200])
+        call = Call(request_ids, m, request.path, body, len(ids), started, prompt_ids=ids)
         if rt.in_flight >= limits.max_in_flight:
-            m.requests.labels("none", "rejected").inc()
-            return json_error(
+            return call.refuse(
+                "rejected",
                 429,
                 "router at its in-flight limit; retry later",
                 "rate_limit_error",
@@ -144,143 +173,153 @@ class Proxy:
             )
         rt.in_flight += 1
         m.in_flight.set(rt.in_flight)
-        # the ledger keys on an id the router makes; the client's x-request-id only travels for tracing
-        request_id = RequestIds(os.urandom(12).hex(), request.headers.get("x-request-id", "")[:200])
         try:
-            return await self._serve(request, body, ids, request_id, started)
+            return await self._serve(request, call, ids)
+        except BaseException as exc:  # the client went away (or a fault): counted once, as the call ends
+            cancelled = isinstance(exc, (asyncio.CancelledError, ConnectionResetError))
+            call.report("cancelled" if cancelled else "error")
+            raise
         finally:
-            rt.gateway_timing.pop(request_id.key, None)
+            report_pull_over(self, call)  # once per pull: a no-op when its decode reported it
             rt.in_flight -= 1
             m.in_flight.set(rt.in_flight)
 
-    async def _serve(
-        self, request: web.Request, body: dict[str, Any], ids: list[int], request_id: RequestIds, started: float
-    ) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, call: Call, ids: list[int]) -> web.StreamResponse:
+        """Route, prefill, decode; a step that ends the request answers the client itself (its outcome counted)."""
+        routed = self._route(call, ids)
+        refused = self._refusal(call, routed)
+        if refused is not None:
+            return refused
+        failed = await self._prefill(call, routed.decision)
+        if failed is not None:
+            return failed
+        return await self._decode_or_fall_back(request, call)
+
+    def _route(self, call: Call, ids: list[int]) -> RoutePlan:
+        """The routing decision (timed, its prefix hits and lengths counted): the call's route, remote, probe
+        ticket and local plan."""
         rt, m = self.rt, self.metrics
         c = rt.compiled
-        hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
-        pd_hits = rt.pd_index.match(hashes)
+        call.hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
+        call.pd_hits = rt.pd_index.match(call.hashes)
         t0 = time.perf_counter()
-        routed = rt.route(len(ids), hashes, pd_hits)
+        routed, (l_pd, l_prfaas) = rt.route_prefixed(len(ids), call.hashes, call.pd_hits)
         m.decision_seconds.observe(time.perf_counter() - t0)
-        l_pd, l_prfaas = rt.last_prefix
         m.prefix_queries.labels("pd").inc(len(ids))
         m.prefix_hits.labels("pd").inc(l_pd)
         if c.remotes:
             m.prefix_queries.labels("prfaas").inc(len(ids))
             m.prefix_hits.labels("prfaas").inc(l_prfaas)
-        decision, remote = routed.decision, rt.remote_gateway(routed)
+        decision = routed.decision
+        call.remote, call.probe, call.route = rt.remote_gateway(routed), routed.probe, decision.target
+        call.plan = local_plan(rt, routed)
         rt.remember_length(decision.uncached_tokens, rt.model_now())
         m.uncached_tokens.observe(decision.uncached_tokens)
-        route: str = decision.target
-        m.decisions.labels(route, decision.kind).inc()
-        kv: dict[str, Any] | None = None
-        plan = rt.local_plan(routed)
+        m.decisions.labels(call.route, decision.kind).inc()
+        return routed
+
+    def _refusal(self, call: Call, routed: RoutePlan) -> web.Response | None:
+        """503 when nothing can serve the request, 429 when its predicted TTFT exceeds the limit; None: serve it."""
+        plan, remote = call.plan, call.remote
         if plan is None:
-            m.requests.labels(route, "unavailable").inc()
             why = routed.decode.reason if routed.decode is not None else "no decode instance"
-            return json_error(503, f"cannot serve: {why}", "service_unavailable")
+            return call.refuse("unavailable", 503, f"cannot serve: {why}", "service_unavailable")
         if remote is None and plan.no_prefill is not None:
-            m.requests.labels(route, "unavailable").inc()
-            return json_error(503, f"cannot serve: {plan.no_prefill}; {decision.reason}", "service_unavailable")
+            why = f"{plan.no_prefill}; {routed.decision.reason}"
+            return call.refuse("unavailable", 503, f"cannot serve: {why}", "service_unavailable")
         legs = self.aborts.in_flight(remote_side(remote.name)) if remote is not None else 0
-        overloaded = over_limit(rt, routed, remote, legs)
-        if overloaded is not None:
-            if remote is not None:
-                rt.remote_cancelled(remote.name, routed.probe)
-            m.requests.labels(route, "rejected").inc()
-            predicted, limit = overloaded
-            return json_error(
-                429,
-                f"predicted time to first token {predicted:.1f} s on the {route} side exceeds {limit:g} s; retry later",
-                "rate_limit_error",
-                **{"Retry-After": str(retry_after_s(predicted, limit))},
-            )
+        overloaded = over_limit(self.rt, routed, remote, legs)
+        if overloaded is None:
+            return None
+        if remote is not None:
+            self.rt.remote_cancelled(remote.name, call.probe)
+        predicted, limit = overloaded
+        return call.refuse(
+            "rejected",
+            429,
+            f"predicted time to first token {predicted:.1f} s on the {call.route} side exceeds {limit:g} s; "
+            "retry later",
+            "rate_limit_error",
+            **{"Retry-After": str(retry_after_s(predicted, limit))},
+        )
+
+    async def _prefill(self, call: Call, decision: RouteDecision) -> web.Response | None:
+        """The prefill leg: remote in its link window (a failure falls back to local), else local with one retry.
+        Sets the call's KV handle, plan and route; an answer when the request ends here."""
+        rt, m = self.rt, self.metrics
+        plan, remote = call.plan, call.remote
+        assert plan is not None
         if remote is not None:
             try:
-                held = rt.decode_held.held_tokens(ids, plan.decode)
-                kv, route = await prefill_legs.remote_in_window(
-                    self, remote, request.path, body, request_id, decision, len(ids), routed.probe, held
-                )
-                if kv is not None:
-                    rt.remote_index.insert(hashes, remote.name)
+                call.decode_cached = rt.decode_held.held_tokens(call.prompt_ids, plan.decode)
+                call.kv, call.route = await remote_in_window(self, call, remote, decision)
+                if call.kv is not None:
+                    rt.remote_index.insert(call.hashes, remote.name)
             except LegError as exc:
-                route = "fallback"
+                call.route = "fallback"
                 m.fallbacks.labels(failure_kind(str(exc))).inc()
                 log.warning(
                     "remote prefill failed; prefilling locally",
-                    request_id=request_id.trace,
+                    request_id=call.ids.trace,
                     remote=remote.name,
                     error=str(exc),
                 )
                 if plan.no_prefill is not None:
-                    m.requests.labels(route, "unavailable").inc()
-                    return json_error(503, f"cannot serve: {plan.no_prefill}; {exc}", "service_unavailable")
-        if kv is None and plan.no_prefill is not None:  # the remote declined it and nothing local can prefill
-            m.requests.labels(route, "unavailable").inc()
-            return json_error(503, f"cannot serve: {plan.no_prefill}; the remote declined it", "service_unavailable")
-        remote_kv = kv is not None
-        plan = self._replan(plan, len(ids), hashes)
-        if kv is None and plan.prefill is not None:
+                    return call.refuse(
+                        "unavailable", 503, f"cannot serve: {plan.no_prefill}; {exc}", "service_unavailable"
+                    )
+        if call.kv is None and plan.no_prefill is not None:  # the remote declined it and nothing local can prefill
+            why = f"{plan.no_prefill}; the remote declined it"
+            return call.refuse("unavailable", 503, f"cannot serve: {why}", "service_unavailable")
+        call.remote_kv = call.kv is not None
+        call.plan = plan = self._replan(plan, call.prompt_tokens, call.hashes)
+        if call.kv is None and plan.prefill is not None:
             try:
-                done = await prefill_with_retry(
-                    self,
-                    plan,
-                    route,
-                    request.path,
-                    body,
-                    request_id,
-                    decision.uncached_tokens,
-                    len(ids),
-                    hashes,
-                    pd_hits,
-                )
+                done = await prefill_with_retry(self, call, plan, call.route, decision.uncached_tokens)
             except LegError as exc:
-                m.requests.labels(route, "error").inc()
-                return json_error(exc.status, f"prefill failed: {exc}", "upstream_error")
-            kv, plan, route, remote_kv = done.kv, done.plan, done.route, done.remote is not None
-            remote = done.remote or remote
+                return call.refuse("error", exc.status, f"prefill failed: {exc}", "upstream_error")
+            call.kv, call.plan, call.route, call.remote_kv = done.kv, done.plan, done.route, done.remote is not None
+            call.remote = done.remote or remote
             if done.remote is not None:
-                rt.remote_index.insert(hashes, done.remote.name)
-            elif plan.prefill is not None:
-                rt.pd_index.insert(hashes, plan.prefill)
-        prefilled = time.perf_counter() if kv is not None else None
-        plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
+                rt.remote_index.insert(call.hashes, done.remote.name)
+            elif done.plan.prefill is not None:
+                rt.pd_index.insert(call.hashes, done.plan.prefill)
+        call.prefilled = time.perf_counter() if call.kv is not None else None
+        return None
+
+    async def _decode_or_fall_back(self, request: web.Request, call: Call) -> web.StreamResponse:
+        """The decode leg; when it cannot use the remote KV (link cut, handle expired), prefill locally and decode
+        again. The decode instance's prefix is indexed once it answered."""
+        rt = self.rt
+        assert call.plan is not None
+        call.plan = self._replan(call.plan, call.prompt_tokens, call.hashes, keep_prefill=True)
         try:
-            response = await self._decode(
-                request, plan, body, kv, request_id, route, started, remote_kv, prefilled, prompt_tokens=len(ids)
-            )
+            response = await self._decode(request, call, call.kv, call.remote_kv)
         except LegError as exc:
-            if remote is not None and remote_kv:
-                rt.remote_failed(remote.name, str(exc))
-            if kv is not None:  # no decode will pull it: have a consumer release it (else it waits out its lease)
-                release.abandon(self, kv, "prfaas" if remote_kv else "pd", plan.decode, request_id, str(exc))
-            if not (remote_kv and exc.retriable):
-                m.requests.labels(route, "error").inc()
-                return json_error(exc.status, str(exc), "upstream_error")
+            if call.remote is not None and call.remote_kv:
+                rt.remote_failed(call.remote.name, str(exc))
+            if call.kv is not None:  # no decode will pull it: have a consumer release it (else it waits out its lease)
+                cluster = "prfaas" if call.remote_kv else "pd"
+                abandon(self, call.kv, cluster, call.plan.decode, call.ids, str(exc))
+            if not (call.remote_kv and exc.retriable):
+                return call.refuse("error", exc.status, str(exc), "upstream_error")
             # the remote KV could not be used (link cut, handle expired): prefill locally, decode again
-            route = "fallback"
-            m.fallbacks.labels("decode-kv-pull").inc()
+            call.route = "fallback"
+            self.metrics.fallbacks.labels("decode-kv-pull").inc()
             log.warning(
-                "decode could not use the remote KV; prefilling locally", request_id=request_id.trace, error=str(exc)
+                "decode could not use the remote KV; prefilling locally", request_id=call.ids.trace, error=str(exc)
             )
-            plan = self._replan(plan, len(ids), hashes)
+            plan = self._replan(call.plan, call.prompt_tokens, call.hashes)
             try:
-                kv = (
-                    await prefill_legs.local_prefill(self, plan, request.path, body, request_id, len(ids))
-                    if plan.prefill
-                    else None
-                )
-                prefilled = time.perf_counter() if kv is not None else None
-                plan = self._replan(plan, len(ids), hashes, keep_prefill=True)
-                response = await self._decode(
-                    request, plan, body, kv, request_id, route, started, False, prefilled, prompt_tokens=len(ids)
-                )
+                call.kv = await local_prefill(self, call, plan, call.prompt_tokens) if plan.prefill else None
+                call.remote_kv = False
+                call.prefilled = time.perf_counter() if call.kv is not None else None
+                call.plan = self._replan(plan, call.prompt_tokens, call.hashes, keep_prefill=True)
+                response = await self._decode(request, call, call.kv)
             except LegError as again:
-                m.requests.labels(route, "error").inc()
-                return json_error(again.status, str(again), "upstream_error")
-        rt.pd_index.insert(hashes, plan.decode)
-        rt.decode_held.learn(ids, plan.decode)
+                return call.refuse("error", again.status, str(again), "upstream_error")
+        rt.pd_index.insert(call.hashes, call.plan.decode)
+        rt.decode_held.learn(call.prompt_ids, call.plan.decode)
         return response
 
     def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes], keep_prefill: bool = False) -> LocalPlan:
@@ -298,51 +337,44 @@ class Proxy:
         bad_decode = stale(plan.decode, "decode")
         if not (bad_prefill or bad_decode):
             return plan
-        fresh = self.rt.plan_local(tokens, hashes)
+        fresh = plan_local(self.rt, tokens, hashes)
         if fresh is None:
             return plan
         return LocalPlan(fresh.prefill if bad_prefill else plan.prefill, fresh.decode if bad_decode else plan.decode)
 
     async def _decode(
-        self,
-        request: web.Request,
-        plan: LocalPlan,
-        body: dict[str, Any],
-        kv: dict[str, Any] | None,
-        request_id: RequestIds,
-        route: str,
-        started: float,
-        kv_crosses_link: bool = False,
-        prefilled: float | None = None,
-        prompt_tokens: int = 0,
+        self, request: web.Request, call: Call, kv: dict[str, Any] | None, kv_crosses_link: bool = False
     ) -> web.StreamResponse:
-        """The decode leg, streamed or not; ``prefilled`` is when the prefill leg returned the first token."""
-        rt = self.rt
-        leg = DecodeLeg(request, plan.decode, body, route, started, prompt_tokens, prefilled)
-        leg.gateway_timing = rt.gateway_timing.get(request_id.key, "") if kv_crosses_link else ""
+        """The decode leg on the call's plan, streamed or not (the call's ``prefilled``: when the prefill leg
+        returned the KV handle)."""
+        rt, plan = self.rt, call.plan
+        assert plan is not None
+        leg = DecodeLeg(request, plan.decode, call.body, call.route, call.started, call.prompt_tokens, call.prefilled)
+        leg.gateway_timing = call.gateway_timing if kv_crosses_link else ""
         try:
-            with rt.decoding(plan.decode, request_id.key if kv_crosses_link else None):
+            with rt.decoding(plan.decode, call.key if kv_crosses_link else None):
                 # the decode has *started* once its first byte arrives: until then a failure may be retried
                 # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
                 limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
-                chunks, first = await self._open_decode(leg, kv, request_id, limit)
-                self._transfer_over(request_id.key, pulled=kv_crosses_link)
-                if not body.get("stream"):
-                    return await answer_whole(self.metrics, leg, chunks, first, prefilled, self.rt.compiled.config.slo)
-                return await answer_stream(self.metrics, leg, chunks, first, self.rt.compiled.config.slo)
+                chunks, first = await self._open_decode(leg, kv, call.ids, limit)
+                self._transfer_over(call, pulled=kv_crosses_link)
+                slo = rt.compiled.config.slo
+                if not call.body.get("stream"):
+                    return await answer_whole(self.metrics, call, leg, chunks, first, call.prefilled, slo)
+                return await answer_stream(self.metrics, call, leg, chunks, first, slo)
         except (asyncio.CancelledError, ConnectionResetError):
-            self.metrics.requests.labels(route, "cancelled").inc()
+            call.report("cancelled")
             raise
         finally:
-            self._transfer_over(request_id.key)
+            self._transfer_over(call)
             leg.close()
 
-    def _transfer_over(self, key: str, pulled: bool = False) -> None:
+    def _transfer_over(self, call: Call, pulled: bool = False) -> None:
         """The request's KV stream is over (its decode's first byte, or the decode ended): the router's ledger
         and link estimator learn it (:meth:`Runtime.finish_transfer`), and the gateway that let its pull onto
-        the wire is told (:func:`.release.report_pull_over`). Both are once per stream."""
-        self.rt.finish_transfer(key, pulled=pulled)
-        release.report_pull_over(self, key)
+        the wire is told (:func:`.call.report_pull_over`). Both are once per stream."""
+        self.rt.finish_transfer(call.key, pulled=pulled)
+        report_pull_over(self, call)
 
     async def _open_decode(
         self, leg: DecodeLeg, kv: dict[str, Any] | None, request_id: RequestIds, limit: float | None
