@@ -88,8 +88,7 @@ class Runtime:
     in_flight: int = 0
     pd_index: PrefixIndex = field(init=False)
     remote_index: PrefixIndex = field(init=False)
-    decode_held: DecodeHoldings = field(init=False)
-    """What each decode instance holds of the prompts it served (a remote request's KV bytes leave it out)."""
+    decode_held: DecodeHoldings = field(init=False)  # what each decode instance holds of the prompts it served
     _ledgers: dict[str, EgressLedger] = field(default_factory=dict)
     _breakers: BreakerBoard = field(default_factory=BreakerBoard)
     _recent: RecentLengths = field(default_factory=RecentLengths)
