@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from prfaas_core.capacity.model_config import ModelConfigError
+from prfaas_local.formats import render
 from prfaas_local.model_profile import PROFILED_ON, check_profile, engine_version, profile_from_model_dir
+
+from .output import EXIT_USAGE, add_output_arg, emit, error
 
 
 def register(sub: Any) -> None:
@@ -41,15 +43,16 @@ def register(sub: Any) -> None:
     p.add_argument("--check-decode", metavar="URL", help="a kv_consumer engine serving the model")
     p.add_argument("--check-lengths", default="300,700,1100", help="prompt lengths in tokens (about) to check at")
     p.add_argument("--tolerance", type=float, default=0.02, help="largest relative error allowed (default 0.02)")
-    p.add_argument("--out", "-o", help="write the YAML here (default: stdout)")
+    add_output_arg(p, human=None)
+    p.set_defaults(output="yaml")  # a ModelProfile manifest, as kubectl apply takes it
+    p.add_argument("--out", metavar="FILE", help="write the profile here (default: stdout)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model_dir)
     if not (model_dir / "config.json").is_file():
-        print(f"prfaas profile: {model_dir}/config.json: no such file", file=sys.stderr)
-        return 2
+        return error(f"{model_dir}/config.json: no such file")
     tokenizer = model_dir / "tokenizer.json"
     try:
         profile = profile_from_model_dir(
@@ -60,23 +63,19 @@ def run(args: argparse.Namespace) -> int:
             args.state_dtype,
         )
     except (ModelConfigError, ValueError) as exc:
-        print(f"prfaas profile: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc))
     rc = 0
     if (args.check_prefill is None) != (args.check_decode is None):
-        print("prfaas profile: --check-prefill and --check-decode go together", file=sys.stderr)
-        return 2
+        return error("--check-prefill and --check-decode go together", EXIT_USAGE)
     if args.check_prefill:
         from prfaas_local.vllm_engines import Prompts
 
         if not tokenizer.is_file():
-            print(f"prfaas profile: {tokenizer}: needed to size the check's prompts", file=sys.stderr)
-            return 2
+            return error(f"{tokenizer}: no such file (needed to size the check's prompts)")
         try:
             lengths = [int(x) for x in args.check_lengths.split(",") if x.strip()]
         except ValueError:
-            print(f"prfaas profile: --check-lengths: not integers: {args.check_lengths!r}", file=sys.stderr)
-            return 2
+            return error(f"--check-lengths: not integers: {args.check_lengths!r}", EXIT_USAGE)
         prompts = Prompts(str(tokenizer), seed=len(lengths))
         model = args.served_model_name or str(model_dir)
         try:
@@ -84,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
                 profile, args.check_prefill, args.check_decode, [prompts.text(n) for n in lengths], model
             )
         except (httpx.HTTPError, RuntimeError) as exc:
-            print(f"prfaas profile: the check failed: {exc}", file=sys.stderr)
-            return 1
+            return error(f"the check failed: {exc}")
         meta = profile.metadata.model_copy(
             update={"annotations": {**profile.metadata.annotations, PROFILED_ON: engine_version(args.check_decode)}}
         )
@@ -98,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
                 f"({c.error:+.2%}){'' if ok else '  OUT OF TOLERANCE'}",
                 file=sys.stderr,
             )
-    text = yaml.safe_dump(profile.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
     if args.out:
-        Path(args.out).write_text(text)
+        Path(args.out).write_text(render(data, args.output))
     else:
-        sys.stdout.write(text)
+        emit(data, args.output)
     return rc

@@ -20,7 +20,8 @@ from prfaas_cli.main import main
 from prfaas_core.api import ModelProfile
 from prfaas_core.capacity.kv import kv_model_from_architecture
 from prfaas_core.capacity.model_config import ModelConfigError, architecture_from_config, engine_block_tokens
-from prfaas_core.launch.engines import EngineSpec, engine_launch
+from prfaas_core.launch.engines import EngineSpec
+from prfaas_core.launch.kinds import engine_launch
 from prfaas_core.launch.render import hybrid_fields
 from prfaas_core.policy.decode_prefix import DecodeHoldings, decode_cached_header
 
@@ -183,7 +184,7 @@ def test_validate_refuses_a_mamba2_hybrid_with_prefix_caching_on(
     docs = _hybrid_example("Mamba2")
     docs[PD]["spec"]["engine"].setdefault("extraArgs", []).append("--enable-prefix-caching")
     code, report = _validate(tmp_path, docs, capsys)
-    assert code == 2
+    assert code == 1
     assert any(p == "spec.engine.extraArgs" and "Mamba2" in m for p, m in _found(report, "PDCluster")), report
 
 
@@ -192,7 +193,7 @@ def test_validate_refuses_unequal_block_sizes_for_a_hybrid(tmp_path: Path, capsy
     for where, size in ((PD, 128), (PFC, 256), (REMOTE, 256)):
         docs[where]["spec"]["engine"]["blockSize"] = size
     code, report = _validate(tmp_path, docs, capsys)
-    assert code == 2
+    assert code == 1
     assert any(p == "spec.engine.blockSize" and "hybrid" in m for p, m in _found(report, "PDCluster")), report
 
 
@@ -205,7 +206,7 @@ def test_prfaas_profile_writes_a_model_profile(tmp_path: Path, capsys: pytest.Ca
     assert profile.metadata.name == "tiny-qwen3next" and profile.spec.served_model_name == "tiny-hybrid"
     assert profile.spec.architecture == architecture_from_config(TINY_QWEN3_NEXT, 128)
     (model / "config.json").write_text(json.dumps({**TINY_QWEN3_NEXT, "architectures": ["Nope"]}))
-    assert main(["profile", str(model)]) == 2
+    assert main(["profile", str(model)]) == 1
     assert "architectures" in capsys.readouterr().err
 
 
