@@ -30,6 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from ..capacity.hardware import HardwareProfile
+from ..capacity.kv import KvModel
+from ..request.slo import SloLike, ttft_objective_s
+
 Blocked = Literal["max", "budget"]
 
 
@@ -124,6 +128,72 @@ def link_bound_instances(cap_gbps: float, gbits_per_prompt_token: float, instanc
     if gbits_per_prompt_token <= 0 or instance_tokens_per_s <= 0:
         return math.inf
     return max(0.0, cap_gbps) / (gbits_per_prompt_token * instance_tokens_per_s)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a cluster's engines report over the rate window, summed over its pods (vLLM's series)."""
+
+    prompt_tokens_per_s: float = 0.0
+    requests_per_s: float = 0.0
+    waiting: float = 0.0
+    generation_tokens_per_s: float = 0.0
+    decode_waiting: float = 0.0
+
+    def mean_prompt_tokens(self, default: float = 1024.0) -> float:
+        if self.requests_per_s > 1e-9 and self.prompt_tokens_per_s > 0:
+            return self.prompt_tokens_per_s / self.requests_per_s
+        return default
+
+
+def _prefill_part(load: Load, hw: HardwareProfile, slo: SloLike, utilization: float) -> tuple[float, float, float]:
+    """(instances, mean prompt, one instance's tokens/s at that length)."""
+    length = load.mean_prompt_tokens()
+    per_instance = length / hw.prefill_seconds(length)
+    backlog = load.waiting * length
+    need = prefill_demand(load.prompt_tokens_per_s, backlog, per_instance, ttft_objective_s(slo, length), utilization)
+    return need, length, per_instance
+
+
+def site_demand(
+    load: Load,
+    hw: HardwareProfile,
+    slo: SloLike,
+    utilization: float,
+    kv: KvModel | None = None,
+    link_cap_gbps: float | None = None,
+) -> tuple[float, str]:
+    """The PrFaaS site's demand in instances, and what it came from; bounded by what the link's cap carries at
+    the mean prompt (``kv`` and ``link_cap_gbps`` given: the site schedules its link)."""
+    need, length, per_instance = _prefill_part(load, hw, slo, utilization)
+    why = (
+        f"{load.prompt_tokens_per_s:.0f} prompt tok/s, {load.waiting:.0f} waiting, mean prompt {length:.0f}, "
+        f"{per_instance:.0f} tok/s per instance"
+    )
+    if kv is not None and link_cap_gbps is not None:
+        gbits_per_token = kv.kv_bytes(length) * 8 / 1e9 / length
+        bound = link_bound_instances(link_cap_gbps, gbits_per_token, per_instance)
+        if bound < need:
+            why += f"; the link's cap {link_cap_gbps:g} Gbps carries the KV of {bound:.2f}"
+            need = bound
+    return need, why
+
+
+def pd_demand(
+    prefill: Load, decode: Load, hw: HardwareProfile, slo: SloLike, utilization: float
+) -> tuple[float, str]:
+    """A PD cluster's total demand (prefill it serves itself + decode of everything), and what it came from."""
+    p_need, length, per_instance = _prefill_part(prefill, hw, slo, utilization)
+    if hw.decode is None:
+        raise ValueError(f"hardware {hw.accelerator!r} has no decode capacity: give spec.hardware.decode")
+    d_need = decode_demand(decode.generation_tokens_per_s, hw.decode.tokens_per_second, utilization)
+    d_need += max(0.0, decode.decode_waiting) / (hw.decode.max_batch_size * utilization)  # a batch slot each
+    why = (
+        f"prefill {p_need:.2f} ({prefill.prompt_tokens_per_s:.0f} prompt tok/s, {prefill.waiting:.0f} waiting, "
+        f"mean prompt {length:.0f}) + decode {d_need:.2f} ({decode.generation_tokens_per_s:.0f} out tok/s, "
+        f"{decode.decode_waiting:.0f} waiting)"
+    )
+    return p_need + d_need, why
 
 
 def forecast(samples: Sequence[tuple[float, float]], horizon_s: float) -> float:
