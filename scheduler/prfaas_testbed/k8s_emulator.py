@@ -5,7 +5,8 @@ creationTimestamp, resourceVersion or generation, lists carry no ``kind``, the U
 into created objects, and it never answers 409 by itself. This subclass adds: uid + creationTimestamp on
 create; a fresh resourceVersion on every write; ``generation`` bumped only when ``spec`` changes (so
 ``observedGeneration`` settles); ``kind: XList`` on lists; the URL namespace in ``metadata.namespace``;
-the ``scale`` subresource as the API server serves it (:mod:`.k8s_scale`); optimistic concurrency (a merge patch carrying ``metadata.resourceVersion`` that is stale gets 409, as the
+the ``scale`` subresource as the API server serves it (:mod:`.k8s_scale`);
+optimistic concurrency (a merge patch carrying ``metadata.resourceVersion`` that is stale gets 409, as the
 real API server does; a failed JSON-patch ``test`` gets 422); the core group's discovery as kubectl reads it;
 fault injection (N answers of a status for requests matching a method and path); and counts of WATCH requests
 per resource and of all requests by verb and resource (``requests``; benchmarks read API calls per cycle from it).

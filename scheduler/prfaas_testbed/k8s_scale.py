@@ -97,7 +97,7 @@ def scale_write(raw: dict[str, Any], data: Any, paths: ScalePaths) -> dict[str, 
     if rv is not None:
         patch["metadata"] = {"resourceVersion": rv}
     if paths.kind is not None:
-        after = dicts.patch_dict(copy.deepcopy(raw), patch)
+        after = dict(dicts.patch_dict(copy.deepcopy(raw), patch))
         after.pop("status", None)
         for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
             (after.get("metadata") or {}).pop(key, None)

@@ -251,11 +251,19 @@ class PDClusterSpec(ApiModel):
             field_path=".overrides.prefillInstances",
         ),
         CelRule(
+            rule="self.scaling.mode == 'Fixed' || self.roleAssignment.mode == 'Relabel'",
+            message="scaling.mode Operator or External sizes the shared workload: it needs roleAssignment.mode "
+            "Relabel (Scale mode's two workloads are sized by hand)",
+            check=lambda s: s.scaling.mode == "Fixed" or s.role_assignment.mode == "Relabel",
+            field_path=".scaling.mode",
+        ),
+        CelRule(
             rule="self.scaling.mode == 'Fixed' || self.scaling.minInstances >= self.roles.prefill.min + "
             "self.roles.decode.min",
             message="scaling.minInstances is below roles.prefill.min + roles.decode.min",
-            check=lambda s: s.scaling.mode == "Fixed"
-            or s.scaling.min_instances >= s.roles.prefill.min + s.roles.decode.min,
+            check=lambda s: (
+                s.scaling.mode == "Fixed" or s.scaling.min_instances >= s.roles.prefill.min + s.roles.decode.min
+            ),
             field_path=".scaling.minInstances",
         ),
         CelRule(
@@ -263,8 +271,9 @@ class PDClusterSpec(ApiModel):
             "self.instances <= self.scaling.maxInstances)",
             message="External scaling: instances (what /scale writes) must lie within scaling.minInstances and "
             "scaling.maxInstances",
-            check=lambda s: s.scaling.mode != "External"
-            or s.scaling.min_instances <= s.instances <= s.scaling.max_instances,
+            check=lambda s: (
+                s.scaling.mode != "External" or s.scaling.min_instances <= s.instances <= s.scaling.max_instances
+            ),
             field_path=".instances",
         ),
         CelRule(
@@ -272,9 +281,11 @@ class PDClusterSpec(ApiModel):
             "self.overrides.prefillInstances + self.roles.decode.min <= self.scaling.minInstances",
             message="overrides.prefillInstances leaves fewer than roles.decode.min decode instances at "
             "scaling.minInstances",
-            check=lambda s: s.scaling.mode != "Operator"
-            or s.overrides.prefill_instances is None
-            or s.overrides.prefill_instances + s.roles.decode.min <= s.scaling.min_instances,
+            check=lambda s: (
+                s.scaling.mode != "Operator"
+                or s.overrides.prefill_instances is None
+                or s.overrides.prefill_instances + s.roles.decode.min <= s.scaling.min_instances
+            ),
             field_path=".overrides.prefillInstances",
         ),
     )

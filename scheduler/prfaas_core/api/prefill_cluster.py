@@ -112,8 +112,9 @@ class PrefillClusterSpec(ApiModel):
             "self.instances <= self.scaling.maxInstances)",
             message="External scaling: instances (what /scale writes) must lie within scaling.minInstances and "
             "scaling.maxInstances",
-            check=lambda s: s.scaling.mode != "External"
-            or s.scaling.min_instances <= s.instances <= s.scaling.max_instances,
+            check=lambda s: (
+                s.scaling.mode != "External" or s.scaling.min_instances <= s.instances <= s.scaling.max_instances
+            ),
             field_path=".instances",
         ),
     )

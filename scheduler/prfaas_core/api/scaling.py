@@ -57,6 +57,16 @@ class ScalingSpec(ApiModel):
         default=300, ge=0, le=3600, description="Scale in only to the highest recommendation of this window."
     )
     scale_down_step: int = Field(default=1, ge=1, le=1000, description="Most instances removed per decision.")
+    rate_window_seconds: int = Field(
+        default=120, ge=10, le=86_400, description="Window of the engines' token and request rates the demand reads."
+    )
+    drain_timeout_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=86_400,
+        description="Longest a pod drains (no new work; in-flight requests finish, unpulled KV is released) before "
+        "a scale-in removes it anyway.",
+    )
     startup_seconds: int = Field(
         default=120,
         ge=0,
@@ -82,7 +92,7 @@ class ScalingStatus(ApiModel):
 
 
 def scaling_field() -> ScalingSpec:
-    return Field(  # type: ignore[no-any-return]
+    return Field(
         default_factory=ScalingSpec,
         description="Elastic capacity: Fixed (default), Operator or External (HPA/KEDA through /scale).",
         json_schema_extra={"default": {}},

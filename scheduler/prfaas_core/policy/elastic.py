@@ -114,9 +114,7 @@ def prefill_demand(
     return work / (instance_tokens_per_s * target_utilization)
 
 
-def decode_demand(
-    output_tokens_per_s: float, instance_tokens_per_s: float, target_utilization: float = 0.8
-) -> float:
+def decode_demand(output_tokens_per_s: float, instance_tokens_per_s: float, target_utilization: float = 0.8) -> float:
     """Instances decode needs: output tokens per second against one instance's capacity at the decode SLO."""
     if instance_tokens_per_s <= 0 or not 0 < target_utilization <= 1:
         raise ValueError("decode_demand: throughput and utilisation must be positive")
@@ -179,11 +177,9 @@ def site_demand(
     return need, why
 
 
-def pd_demand(
-    prefill: Load, decode: Load, hw: HardwareProfile, slo: SloLike, utilization: float
-) -> tuple[float, str]:
+def pd_demand(prefill: Load, decode: Load, hw: HardwareProfile, slo: SloLike, utilization: float) -> tuple[float, str]:
     """A PD cluster's total demand (prefill it serves itself + decode of everything), and what it came from."""
-    p_need, length, per_instance = _prefill_part(prefill, hw, slo, utilization)
+    p_need, length, _ = _prefill_part(prefill, hw, slo, utilization)
     if hw.decode is None:
         raise ValueError(f"hardware {hw.accelerator!r} has no decode capacity: give spec.hardware.decode")
     d_need = decode_demand(decode.generation_tokens_per_s, hw.decode.tokens_per_second, utilization)
@@ -227,7 +223,8 @@ def decide_scale(
     """The size to run now. ``current`` is the size in force (desired so far), ``demand`` the instances the load
     needs (fractional, forecast included), ``ready`` how many serve (reported, and never double-counted: a
     scale-out still starting is not asked for again). ``why`` names the demand's inputs for the reason."""
-    cap, blocked = bounds.max_instances, None
+    cap = bounds.max_instances
+    blocked: Blocked | None = None
     by_budget = bounds.budget_instances()
     if by_budget is not None and by_budget < cap:
         cap = max(bounds.min_instances, by_budget)
@@ -238,7 +235,7 @@ def decide_scale(
         blocked = "budget" if by_budget is not None and cap < bounds.max_instances else "max"
     recommended = min(max(raw, bounds.min_instances), cap)
     horizon = max(behavior.scale_up_window_s, behavior.scale_down_window_s)
-    recs = tuple((t, n) for t, n in memory.recommendations if t > now_s - horizon) + ((now_s, recommended),)
+    recs = (*((t, n) for t, n in memory.recommendations if t > now_s - horizon), (now_s, recommended))
     if current < bounds.min_instances or current > cap:  # bounds moved: obey them at once
         desired = min(max(current, bounds.min_instances), cap)
         verdict = f"bounds [{bounds.min_instances}, {cap}]"
