@@ -207,3 +207,53 @@ def test_the_operator_sizes_the_site_from_prometheus_and_never_writes_spec_insta
         assert sum(1 for w in h.emu.k8s.write_log if w[1] == path) == before
     finally:
         ctl.close()
+
+
+def test_region_b_follows_an_hpa_on_its_pd_cluster_and_the_role_loop_splits_the_new_total(h: Harness) -> None:
+    ns = h.namespace()
+    op = h.start_operator(ns)
+    h.setup(
+        ns,
+        pods=4,
+        instances=4,
+        roleAssignment={"mode": "Relabel", "initialPrefill": 2},
+        scaling={"mode": "External", "minInstances": 2, "maxInstances": 8},
+    )
+    h.ready_roles(ns, 2, 2, 30)
+    scale_url = h.path("PDCluster", ns, "pd-h20", "scale")
+    wait_until(lambda: h.http.get(scale_url).json()["status"]["replicas"] == 4, 30, "4 ready through /scale")
+    deployment_scale = h.path("Deployment", ns, "pd-engines", "scale")
+
+    # the HPA writes 6: the shared workload follows; the two pods its controller adds get roles from the loop
+    h.http.patch(scale_url, json={"spec": {"replicas": 6}}, headers=MERGE).raise_for_status()
+    wait_until(lambda: h.http.get(deployment_scale).json()["spec"]["replicas"] == 6, 30, "pd-engines at 6")
+    for i in (4, 5):
+        h.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"pd-engines-{i}", "namespace": ns, "labels": {"prfaas.io/pd-cluster": "pd-h20"}},
+                "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000 + i}]}]},
+                "status": {
+                    "phase": "Running",
+                    "podIP": "127.0.0.1",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            }
+        )
+    wait_until(lambda: all(h.roles(ns).values()) and len(h.roles(ns)) == 6, 30, "six instances with a role")
+    st = wait_until(lambda: (h.status(ns).get("scaling") or {}).get("desiredInstances") == 6 and h.status(ns), 30, "6")
+    assert st["scaling"]["reason"].startswith("External") and st["replicas"] == 6
+
+    # and in to 5: one pod drained for the scale-in (not a role flip), then the workload lowered
+    h.http.patch(scale_url, json={"spec": {"replicas": 5}}, headers=MERGE).raise_for_status()
+    wait_until(lambda: h.http.get(deployment_scale).json()["spec"]["replicas"] == 5, 30, "pd-engines at 5")
+    marked = [
+        p["metadata"]["name"]
+        for p in h.list("Pod", ns)
+        if (p["metadata"].get("annotations") or {}).get(ANNOTATION_SCALE_IN) == "removed"
+    ]
+    assert len(marked) == 1
+    op.wait_cycles(2)
+    assert h.get("PDCluster", ns, "pd-h20")["spec"]["instances"] == 5
+    assert not [d for d in h.status(ns).get("decisions") or [] if d.get("action", "").startswith("Flip")]
