@@ -4,7 +4,10 @@ the paper's throughput model (Eqs. 1–8), and compare it with homogeneous PD an
 With no FILES it plans the paper's case study (4×H200 PrFaaS, 8×H20 PD, 100 Gbps, the internal 1T model).
 With FILES (YAML manifests or directories) it validates them like ``prfaas validate`` and plans the one
 ModelProfile, PrefillCluster, PDCluster and InterDCLink they hold. ``--workload`` takes a WorkloadSpec
-(YAML) or a trace (JSONL, see ``prfaas_core.request.trace``). Exit 0 ok, 2 bad input (nothing written).
+(YAML) or a trace (JSONL, see ``prfaas_core.request.trace``). ``--budget X`` (the most throughput whose cost per
+hour fits X) and ``--cheapest-for-rate R`` size the PrFaaS site and the PD cluster together instead (cost =
+instances x pricePerInstanceHour + link GB x ``--link-price-per-gb``; exit 1 when nothing fits). Exit 0 ok, 2 bad
+input (nothing written).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from prfaas_core.schema.validation import validate_documents, validation_message
 from prfaas_local.manifests import InputError, load_documents
 from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
+from . import plan_budget
+
 KINDS_NEEDED = ("ModelProfile", "PrefillCluster", "PDCluster", "InterDCLink")
 
 
@@ -66,6 +71,7 @@ def register(sub: Any) -> None:
         "--homogeneous-instances", type=int, metavar="N", help="PD-hardware instances of the homogeneous baseline"
     )
     p.add_argument("--list-hardware", action="store_true", help="list the built-in hardware profiles and exit")
+    plan_budget.add_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -73,6 +79,18 @@ def run(args: argparse.Namespace) -> int:
     if args.list_hardware:
         _print_hardware(args.output)
         return 0
+    if plan_budget.wanted(args):
+        try:
+            inputs = build_inputs(args)
+            inputs, found = plan_budget.solve(args, inputs)
+        except (PlanCliError, InputError, plan_budget.BudgetError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if args.output == "json":
+            print(json.dumps(plan_budget.to_dict(args, inputs, found), indent=2))
+        else:
+            print(plan_budget.render(args, inputs, found))
+        return 0 if found is not None else 1
     try:
         inputs = build_inputs(args)
         result = plan(inputs)

@@ -14,6 +14,7 @@ down, removes the pod with the lowest ``pod-deletion-cost`` first (what the real
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +26,16 @@ from prfaas_testbed.prom import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+@pytest.fixture(scope="module")
+def h(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    """One emulator and Prometheus for the module (each test has its own namespace and operator)."""
+    harness = Harness(tmp_path_factory.mktemp("elastic"))
+    try:
+        yield harness
+    finally:
+        harness.close()
 
 
 class DeploymentController:
@@ -209,6 +220,7 @@ def test_the_operator_sizes_the_site_from_prometheus_and_never_writes_spec_insta
         ctl.close()
 
 
+@pytest.mark.slow  # the same scaler as the site's; kept out of the default run's 1-minute budget
 def test_region_b_follows_an_hpa_on_its_pd_cluster_and_the_role_loop_splits_the_new_total(h: Harness) -> None:
     ns = h.namespace()
     op = h.start_operator(ns)
