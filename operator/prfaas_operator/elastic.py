@@ -16,7 +16,8 @@ Scale-out writes the workload's replicas at once (absolute, idempotent). Scale-i
 ``prfaas.io/scale-in=draining`` mark and the lowest ``pod-deletion-cost``; once none of them has work in flight
 (or ``drainTimeoutSeconds`` passed) the replicas are lowered and the marks turn to ``removed`` (the workload
 deletes those pods; they count for nothing meanwhile). Demand that comes back while they drain un-drains them.
-Events: ScaledOut, ScaleInDraining, ScaledIn, ScaleOutBlocked. The decision's memory (its recent recommendations)
+Events: ScaledOut, ScaleInDraining, ScaledIn, ScaleOutBlocked, and ScaleOutPending when instances stay not ready
+past ``startupSeconds`` after a scale (Pending pods: no free GPUs). The decision's memory (its recent recommendations)
 lives in this process; a restarted operator starts its scale-down window afresh (it never scales in on its
 first look) and takes its desired count from status.
 """
@@ -69,6 +70,7 @@ class ElasticRuntime:
     samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=12))
     desired: int | None = None
     blocked: str | None = None
+    late: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,17 @@ class ElasticScaler:
             await post_event(self.api, entry.body, "Warning", "ScaleOutBlocked", reason, now_s)
         rt.blocked = blocked
         pending = max(0, desired - ready)
+        if pending:
+            reason += f"; {pending} not ready yet"
+        since = parse_iso(last_scale) if last_scale else None
+        late = pending > 0 and since is not None and now_s - since > s.startup_seconds
+        if late and not rt.late:  # pods Pending past an instance's start-up time: no GPU?
+            message = (
+                f"{pending} of {desired} instances not ready {s.startup_seconds}s after the last scale "
+                "(Pending pods: no free GPUs?); desired and ready stay reported apart"
+            )
+            await post_event(self.api, entry.body, "Warning", "ScaleOutPending", message, now_s)
+        rt.late = late
         labels = dict(req.labels)
         self.metrics.desired_instances.labels(**labels).set(desired)
         self.metrics.ready_instances.labels(**labels).set(ready)

@@ -45,6 +45,8 @@ class DeploymentController:
         self.h, self.ns = h, ns
         self.stop = threading.Event()
         self.next = 0
+        self.ready = True
+        """False: new pods stay Pending (no GPU for them)."""
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -63,7 +65,10 @@ class DeploymentController:
         pods = [p for p in self.h.list("Pod", self.ns) if LABEL_PREFILL_CLUSTER in (p["metadata"].get("labels") or {})]
         if len(pods) < want:
             for _ in range(want - len(pods)):
-                self.h.create(prefill_pod(self.ns, 100 + self.next, ready=True))
+                pod = prefill_pod(self.ns, 100 + self.next, ready=self.ready)
+                if not self.ready:
+                    pod["status"] = {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}
+                self.h.create(pod)
                 self.next += 1
         elif len(pods) > want:
 
@@ -120,7 +125,8 @@ def spec_writes(h: Harness, ns: str) -> list[tuple[str, str, Any]]:
 
 
 def test_an_hpa_drives_the_site_through_scale_and_the_operator_follows(h: Harness) -> None:
-    ns, op, ctl = site(h, {"mode": "External", "minInstances": 1, "maxInstances": 6}, 2)
+    scaling = {"mode": "External", "minInstances": 1, "maxInstances": 6, "startupSeconds": 2}
+    ns, op, ctl = site(h, scaling, 2)
     try:
         scale_url = h.path("PrefillCluster", ns, PFC, "scale")
         scale = wait_until(
@@ -130,13 +136,31 @@ def test_an_hpa_drives_the_site_through_scale_and_the_operator_follows(h: Harnes
         assert scale["spec"]["replicas"] == 2 and scale["status"]["selector"] == f"{LABEL_PREFILL_CLUSTER}={PFC}"
         wait_until(lambda: h.http.get(scale_url).json()["status"]["replicas"] == 2, 30, "status.replicas 2")
 
-        # the HPA scales out: the workload follows, the desired count is reported, spec.instances is the HPA's
+        # the HPA scales out while no GPU is free: the workload follows, desired and ready are reported apart
+        ctl.ready = False
         resp = h.http.patch(scale_url, json={"spec": {"replicas": 4}}, headers=MERGE)
         assert resp.status_code == 200 and resp.json()["spec"]["replicas"] == 4
         wait_until(lambda: replicas(h, ns) == 4, 30, "the Deployment at 4")
+        st = wait_until(
+            lambda: (s := h.status(ns, PFC, "PrefillCluster").get("scaling") or {}).get("pendingInstances") == 2 and s,
+            30,
+            "two instances pending",
+        )
+        assert (st["desiredInstances"], st["readyInstances"]) == (4, 2) and st["reason"].startswith("External")
+        wait_until(lambda: "ScaleOutPending" in [e["reason"] for e in h.events(ns)], 30, "ScaleOutPending")
+        # GPUs free up: the pods start, nothing is pending any more
+        for pod in h.list("Pod", ns):
+            if pod["status"].get("phase") == "Pending":
+                h.http.patch(
+                    h.path("Pod", ns, pod["metadata"]["name"], "status"),
+                    json={"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+                    headers=MERGE,
+                ).raise_for_status()
+        ctl.ready = True
         wait_until(lambda: h.http.get(scale_url).json()["status"]["replicas"] == 4, 30, "4 ready through /scale")
-        st = wait_until(lambda: h.status(ns, PFC, "PrefillCluster").get("scaling") or {}, 30, "status.scaling")
-        assert st["desiredInstances"] == 4 and st["reason"].startswith("External")
+        wait_until(
+            lambda: (h.status(ns, PFC, "PrefillCluster").get("scaling") or {}).get("pendingInstances") == 0, 30, "0"
+        )
 
         # and in: the pods to go are drained first (marked, lowest deletion cost), then the replicas lowered
         h.http.patch(scale_url, json={"spec": {"replicas": 1}}, headers=MERGE).raise_for_status()
