@@ -11,7 +11,8 @@ core's (:func:`prfaas_core.policy.elastic.decide_scale`); this module reads the 
   ``status.scaling.desiredInstances`` and in the workload's replicas, never in ``spec.instances``.
 
 Scale-out writes the workload's replicas at once (absolute, idempotent). Scale-in drains first: the pods to go
-(not-ready ones first; a StatefulSet's or LeaderWorkerSet's highest ordinals, a Deployment's least busy) get the
+(a StatefulSet's or LeaderWorkerSet's highest ordinals, which it removes; a Deployment's not-ready, then least busy
+ones) get the
 ``prfaas.io/draining`` label (routers and the gateway send them nothing new and release their unpulled KV), the
 ``prfaas.io/scale-in=draining`` mark and the lowest ``pod-deletion-cost``; once none of them has work in flight
 (or ``drainTimeoutSeconds`` passed) the replicas are lowered and the marks turn to ``removed`` (the workload
@@ -216,13 +217,10 @@ class ElasticScaler:
             await post_event(self.api, body, "Normal", "ScaledOut", f"{replicas} -> {desired}: {reason}", now_s)
             return
         if desired < target:
-            order = sorted(
-                serving,
-                key=lambda p: (
-                    pod_ready(p),
-                    -_ordinal(p) if req.workload.kind != "Deployment" else req.in_flight.get(name(p), 0.0),
-                ),
-            )
+            if req.workload.kind == "Deployment":  # it removes the lowest deletion cost: any pod, not-ready first
+                order = sorted(serving, key=lambda p: (pod_ready(p), req.in_flight.get(name(p), 0.0)))
+            else:  # a StatefulSet (LeaderWorkerSet) removes its highest ordinals, whatever is drained
+                order = sorted(serving, key=lambda p: -_ordinal(p))
             chosen = order[: target - desired]
             for pod in chosen:
                 await self._mark(ns, pod, now_s)
