@@ -1,11 +1,10 @@
 """What a sized cluster's engines reported this cycle, as the core's :class:`~prfaas_core.policy.elastic.Load`,
 and the core's demand from it (the model and the TTFT objective are the core's; nothing is decided here).
 
-The series are vLLM's own (``vllm:prompt_tokens_total``, ``vllm:request_success_total``,
-``vllm:generation_tokens_total`` as rates over ``scaling.rateWindowSeconds``, ``vllm:num_requests_waiting``),
-with the labels the chart's ServiceMonitor adds (``namespace``, ``prefill_cluster`` or ``pd_cluster`` and
-``role``): nothing only our emulators export. No series for the cluster (or Prometheus failing) is no demand:
-the size holds.
+The series are vLLM's own (``names.VLLM_PROMPT_TOKENS``, ``VLLM_REQUEST_SUCCESS``, ``VLLM_GENERATION_TOKENS`` as
+rates over ``scaling.rateWindowSeconds``; ``VLLM_REQUESTS_WAITING``), with the labels the chart's monitors add
+(``namespace``, ``prefill_cluster`` or ``pd_cluster`` and ``role``): nothing only our emulators export. No series
+for the cluster (or Prometheus failing) is no demand: the size holds.
 """
 
 from __future__ import annotations
