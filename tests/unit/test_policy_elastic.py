@@ -129,3 +129,20 @@ def test_forecast_adds_the_rise_over_the_startup_time_only() -> None:
 def test_bounds_reject_nonsense() -> None:
     with pytest.raises(ValueError, match="min"):
         ScaleBounds(5, 2)
+
+
+def test_site_demand_is_capped_by_what_the_link_carries() -> None:
+    from prfaas_core.capacity.kv import kv_model_from_profile
+    from prfaas_core.capacity.plan_inputs import case_study_specs
+
+    hw = builtin_hardware("H200")
+    assert hw is not None
+    kv = kv_model_from_profile(case_study_specs()[0])
+    load = Load(prompt_tokens_per_s=200_000, requests_per_s=10, waiting=0)
+    free, _ = site_demand(load, hw, SloSpec(), 0.8, kv, link_cap_gbps=1000.0)
+    tight, why = site_demand(load, hw, SloSpec(), 0.8, kv, link_cap_gbps=8.0)
+    length = 20_000
+    per_instance = length / hw.prefill_seconds(length)
+    gbits_per_token = kv.kv_bytes(length) * 8 / 1e9 / length
+    assert tight == pytest.approx(8.0 / (gbits_per_token * per_instance)) and tight < free
+    assert "the link's cap 8 Gbps carries the KV of" in why
