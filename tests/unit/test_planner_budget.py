@@ -34,10 +34,10 @@ def every(inputs: PlanInputs, max_prfaas: int, max_pd: int) -> list:  # type: ig
 def test_cheapest_for_rate_is_the_cheapest_that_sustains_it(link_price: float) -> None:
     inputs = priced_inputs()
     rate = 2.0
-    found = cheapest_for_rate(inputs, rate, link_price, max_prfaas=3, max_pd=12)
+    found = cheapest_for_rate(inputs, rate, link_price, max_prfaas=2, max_pd=10)
     assert found is not None and found.point.throughput_rps >= rate
     costs = [
-        price(inputs, pt, rate, link_price).cost_per_hour for pt in every(inputs, 3, 12) if pt.throughput_rps >= rate
+        price(inputs, pt, rate, link_price).cost_per_hour for pt in every(inputs, 2, 10) if pt.throughput_rps >= rate
     ]
     assert found.cost_per_hour == pytest.approx(min(costs))
     # the cost is instances x price + the link's GB at the rate x its price
@@ -49,24 +49,24 @@ def test_cheapest_for_rate_is_the_cheapest_that_sustains_it(link_price: float) -
 
 def test_cheap_prfaas_hardware_is_used_and_headroom_costs_more() -> None:
     inputs = priced_inputs(prfaas_price=8.0, pd_price=16.0)
-    found = cheapest_for_rate(inputs, 2.0, 0.0, max_prfaas=8, max_pd=16)
+    found = cheapest_for_rate(inputs, 2.0, 0.0, max_prfaas=6, max_pd=12)
     assert found is not None and found.point.n_prfaas > 0
-    roomy = cheapest_for_rate(inputs, 2.0, 0.0, max_prfaas=8, max_pd=16, headroom=1.5)
+    roomy = cheapest_for_rate(inputs, 2.0, 0.0, max_prfaas=6, max_pd=12, headroom=1.5)
     assert roomy is not None and roomy.point.throughput_rps >= 3.0 and roomy.cost_per_hour > found.cost_per_hour
 
 
 def test_most_goodput_within_a_budget() -> None:
     inputs = priced_inputs()
     budget = 300.0
-    found = most_goodput_within(inputs, budget, 0.0, max_prfaas=3, max_pd=12)
+    found = most_goodput_within(inputs, budget, 0.0, max_prfaas=2, max_pd=10)
     assert found is not None and found.cost_per_hour <= budget
     best = max(
         pt.throughput_rps
-        for pt in every(inputs, 3, 12)
+        for pt in every(inputs, 2, 10)
         if price(inputs, pt, pt.throughput_rps, 0.0).cost_per_hour <= budget
     )
     assert found.point.throughput_rps == pytest.approx(best, rel=0.02)
-    assert most_goodput_within(inputs, 10.0) is None  # not even two PD instances
+    assert most_goodput_within(inputs, 10.0, max_prfaas=2, max_pd=10) is None  # not even two PD instances
 
 
 def test_a_budget_needs_prices() -> None:
