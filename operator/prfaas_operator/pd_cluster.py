@@ -214,8 +214,10 @@ class PDClusterReconciler:
                 fields["scaling"] = await self.scaler.size(req, now_s)
             except ApiError as exc:
                 log.error("scaling not carried out", error=str(exc))
-        if fields.get("scaling") is None:
-            fields.pop("scaling", None)
+        if pd.spec.scaling.mode == "Fixed":
+            fields["scaling"] = None  # back to Fixed: the old sizing goes (absent already: no write)
+        elif fields.get("scaling") is None:
+            fields.pop("scaling", None)  # unreadable this cycle: the last sizing stays
         await self.writer.write(entry, PDClusterStatus(**fields))
 
     async def _resume_flips(self, entry: Entry, log: Any) -> None:

@@ -223,6 +223,8 @@ class PrefillClusterReconciler:
             sized = await self._size(entry, pfc, pods, snap, now_s)
             if sized is not None:
                 status["scaling"] = sized
+            elif pfc.spec.scaling.mode == "Fixed":
+                status["scaling"] = None  # back to Fixed: the old sizing goes (absent already: no write)
             conds = set_condition(
                 conds,
                 "Ready",
