@@ -205,6 +205,22 @@ GROUPS: list[tuple[str, list[dict[str, Any]]]] = [
                     "policy.hysteresisCycles or policy.cooldownSeconds.",
                 },
             },
+            {
+                # Elastic capacity: the demand asks for more instances than scaling.maxInstances or the budget allow.
+                "alert": "PrfaasScaleOutBlocked",
+                "expr": "max by (namespace, pd_cluster, prefill_cluster, reason) "
+                "(prfaas_operator_scaling_blocked) == 1",
+                "for": "<<alerts.scaleOutBlocked.for>>",
+                "labels": {"severity": "warning"},
+                "annotations": {
+                    "summary": "Scale-out of {{ $labels.namespace }}/"
+                    "{{ $labels.pd_cluster }}{{ $labels.prefill_cluster }} is blocked by its {{ $labels.reason }}",
+                    "description": "For <<alerts.scaleOutBlocked.for>> the demand asked for more instances than the "
+                    "cluster's scaling.maxInstances or scaling.budgetPerHour allow; it runs at the bound and the TTFT "
+                    "objective may be missed. Raise the bound or the budget, or accept the queueing "
+                    "(status.scaling.reason says by how much).",
+                },
+            },
         ],
     ),
     (

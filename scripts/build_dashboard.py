@@ -49,6 +49,9 @@ GW = f'{NS}, link=~"$link"'
 PD_ENGINE = f'{PD}, pd_cluster!=""'
 PF_ENGINE = f'{NS}, prefill_cluster=~"$prefill_cluster", prefill_cluster!=""'
 BY_PD = "namespace, pd_cluster"
+ELASTIC = f'{NS}, pd_cluster=~"$pd_cluster", prefill_cluster=~"$prefill_cluster"'
+"""Elastic capacity's series: a PD cluster's (prefill_cluster empty) or a site's (pd_cluster empty); "All" (.*)
+matches the empty label too."""
 PD_PREFILL = f'{PD_ENGINE}, role="prefill"'
 PD_DECODE = f'{PD_ENGINE}, role="decode"'
 
@@ -537,6 +540,34 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 ),
                 width=8,
                 axis_label="decisions",
+            ),
+            Panel(
+                "Capacity: desired vs ready instances",
+                "Elastic capacity (scaling.mode Operator or External): the instances each PD cluster (total) and each "
+                "PrFaaS site should run and those serving; a desired count above ready is a scale-out starting (or "
+                "pods Pending for want of GPUs). Blocked: a scale-out held at scaling.maxInstances or the budget "
+                "(PrfaasScaleOutBlocked). The PD clusters' instances in service (both roles) are drawn in every mode.",
+                (
+                    _t(
+                        f"max by (pd_cluster, prefill_cluster) ({_q('prfaas_operator_desired_instances', ELASTIC)})",
+                        "desired {{pd_cluster}}{{prefill_cluster}}",
+                    ),
+                    _t(
+                        f"max by (pd_cluster, prefill_cluster) ({_q('prfaas_operator_ready_instances', ELASTIC)})",
+                        "ready {{pd_cluster}}{{prefill_cluster}}",
+                    ),
+                    _t(
+                        f"sum by (pd_cluster) ({_q('prfaas_operator_role_instances', PD)})",
+                        "in service {{pd_cluster}}",
+                    ),
+                    _t(
+                        f"max by (pd_cluster, prefill_cluster, reason) "
+                        f"({_q('prfaas_operator_scaling_blocked', ELASTIC)}) == 1",
+                        "blocked by {{reason}} {{pd_cluster}}{{prefill_cluster}}",
+                    ),
+                ),
+                width=24,
+                axis_label="instances",
             ),
             Panel(
                 "Operator: leader, reconciles, Prometheus errors",

@@ -27,6 +27,7 @@ from prfaas_core.names import KIND_INTER_DC_LINK, KIND_MODEL_PROFILE, KIND_PD_CL
 
 from . import model_profile
 from .config import OperatorConfig
+from .elastic_demand import pd_query, site_query
 from .health import Health
 from .kube import KubeApi
 from .leader import LeaderElector
@@ -186,11 +187,21 @@ class Cycle:
     async def _collect(self, now_s: float, due: Due) -> Snapshot:
         """One Prometheus collection for everything due."""
         managed = {self.config.prometheus_url for e in due.pfcs if e.key in due.pfc and e.model.spec.mode == "Managed"}
+        sized = [  # elastic capacity (Operator mode): each region sizes what it owns
+            site_query(e, self.config.prometheus_url)
+            for e in due.pfcs
+            if e.key in due.pfc and e.model.spec.mode == "Managed" and e.model.spec.scaling.mode == "Operator"
+        ] + [
+            pd_query(e, self.pd.prometheus_url(e))
+            for e in due.pds
+            if e.key in due.pd and e.model.spec.scaling.mode == "Operator"
+        ]
         snap = await self.collector.collect(
             now_s,
             [self.pd.query(e) for e in due.pds if e.key in due.pd],
             [self.link.query(e) for e in due.links if e.key in due.link and self.link.problem(e) is None],
             managed,
+            sized,
         )
         self.last_snapshot = snap
         return snap

@@ -24,13 +24,16 @@ from prfaas_core.names import (
     METRIC_OPERATOR_API_RETRIES,
     METRIC_OPERATOR_CYCLE_SECONDS,
     METRIC_OPERATOR_DECISIONS,
+    METRIC_OPERATOR_DESIRED_INSTANCES,
     METRIC_OPERATOR_LEADER,
     METRIC_OPERATOR_PROMETHEUS_ERRORS,
     METRIC_OPERATOR_PROMETHEUS_QUERIES,
+    METRIC_OPERATOR_READY_INSTANCES,
     METRIC_OPERATOR_RECONCILE_SECONDS,
     METRIC_OPERATOR_RESYNC_REPAIRS,
     METRIC_OPERATOR_RESYNCS,
     METRIC_OPERATOR_ROLE_INSTANCES,
+    METRIC_OPERATOR_SCALING_BLOCKED,
 )
 
 from .health import Health
@@ -93,6 +96,19 @@ class OperatorMetrics:
         self.prometheus_queries = Counter(METRIC_OPERATOR_PROMETHEUS_QUERIES, "Prometheus queries sent", registry=r)
         self.role_instances = Gauge(
             METRIC_OPERATOR_ROLE_INSTANCES, "PD instances per role", ["namespace", "pd_cluster", "role"], registry=r
+        )
+        sized = ["namespace", "pd_cluster", "prefill_cluster", "role"]
+        self.desired_instances = Gauge(
+            METRIC_OPERATOR_DESIRED_INSTANCES, "Instances a cluster should run (elastic capacity)", sized, registry=r
+        )
+        self.ready_instances = Gauge(
+            METRIC_OPERATOR_READY_INSTANCES, "Instances serving (elastic capacity)", sized, registry=r
+        )
+        self.scaling_blocked = Gauge(
+            METRIC_OPERATOR_SCALING_BLOCKED,
+            "1 while a scale-out is held back by max or budget",
+            [*sized, "reason"],
+            registry=r,
         )
         self.api_retries = Counter(
             METRIC_OPERATOR_API_RETRIES,

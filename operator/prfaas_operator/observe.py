@@ -21,7 +21,10 @@ from prfaas_core.api.inter_dc_link import LinkMeasurementSpec
 from prfaas_core.api.pd_cluster import PDClusterSpec, PrometheusQueries
 from prfaas_core.names import (
     METRIC_ROUTER_REMOTE_BYTES,
+    VLLM_GENERATION_TOKENS,
     VLLM_KV_CACHE_USAGE,
+    VLLM_PROMPT_TOKENS,
+    VLLM_REQUEST_SUCCESS,
     VLLM_REQUESTS_RUNNING,
     VLLM_REQUESTS_WAITING,
 )
@@ -42,10 +45,14 @@ LINK_FAMILY = (
     f"sum by (link) (rate({METRIC_ROUTER_REMOTE_BYTES}[1m])) * 8 / 1e9"
     f" and on (link) group by (link) ({METRIC_ROUTER_REMOTE_BYTES})"
 )
+DEMAND_RATES = {"prompt": VLLM_PROMPT_TOKENS, "requests": VLLM_REQUEST_SUCCESS, "generation": VLLM_GENERATION_TOKENS}
+"""Elastic capacity's demand (vLLM's counters, as rates over the cluster's window), per cluster and role."""
+DEMAND_IN_FLIGHT = f'{{__name__=~"{VLLM_REQUESTS_RUNNING}|{VLLM_REQUESTS_WAITING}"}}'
 DEFAULT_QUERIES = PrometheusQueries()
 DEFAULT_EGRESS_QUERY = LinkMeasurementSpec().egress_query
 
 ClusterKey = tuple[str, str]
+DemandKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,10 @@ class Snapshot:
     link_egress_gbps: dict[ClusterKey, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     queries: int = 0
+    demand: dict[DemandKey, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """Elastic capacity: (label, namespace, name) -> role ('' for a site) -> rate family -> per second."""
+    prefill_in_flight: dict[ClusterKey, dict[str, float]] = field(default_factory=dict)
+    """Elastic capacity: a site's requests in flight per pod (its scale-in drains wait on them)."""
 
     def for_cluster(self, key: ClusterKey, url: str) -> tuple[ClusterMetrics | None, str | None]:
         """The cluster's metrics, or why there are none (unreachable, or no series for it)."""
@@ -86,6 +97,16 @@ class ClusterQuery:
     key: ClusterKey
     url: str
     spec: PDClusterSpec
+
+
+@dataclass(frozen=True)
+class DemandQuery:
+    """A cluster sized by the operator: its label (``pd_cluster`` or ``prefill_cluster``) and rate window."""
+
+    label: str
+    key: ClusterKey
+    url: str
+    window_s: int
 
 
 @dataclass(frozen=True)
@@ -134,12 +155,18 @@ class PrometheusCollector:
         clusters: Iterable[ClusterQuery],
         links: Iterable[LinkQuery] = (),
         prefill_urls: Iterable[str] = (),
+        demand: Iterable[DemandQuery] = (),
     ) -> Snapshot:
         clusters, links = list(clusters), list(links)
-        return await asyncio.to_thread(self._collect, now_s, clusters, links, set(prefill_urls))
+        return await asyncio.to_thread(self._collect, now_s, clusters, links, set(prefill_urls), list(demand))
 
     def _collect(
-        self, now_s: float, clusters: list[ClusterQuery], links: list[LinkQuery], prefill_urls: set[str]
+        self,
+        now_s: float,
+        clusters: list[ClusterQuery],
+        links: list[LinkQuery],
+        prefill_urls: set[str],
+        demand: list[DemandQuery] | None = None,
     ) -> Snapshot:
         snap = Snapshot(now_s)
         by_url: dict[str, list[ClusterQuery]] = {}
@@ -152,7 +179,33 @@ class PrometheusCollector:
                 )
             except Exception as exc:
                 snap.errors[url] = f"Prometheus at {url} failed: {type(exc).__name__}: {exc}"[:500]
+        for url in sorted({d.url for d in demand or ()} - set(snap.errors)):
+            try:
+                self._collect_demand(snap, url, [d for d in demand or () if d.url == url])
+            except Exception as exc:
+                snap.errors[url] = f"Prometheus at {url} failed: {type(exc).__name__}: {exc}"[:500]
         return snap
+
+    def _collect_demand(self, snap: Snapshot, url: str, demand: list[DemandQuery]) -> None:
+        """One query per (label, window, family) for every sized cluster; a site's in-flight per pod."""
+        groups: dict[tuple[str, int], set[ClusterKey]] = {}
+        for d in demand:
+            groups.setdefault((d.label, d.window_s), set()).add(d.key)
+        for (label, window_s), keys in sorted(groups.items()):
+            for key in keys:
+                snap.demand[(label, *key)] = {}
+            for family, metric in DEMAND_RATES.items():
+                promql = f"sum by (namespace, {label}, role) (rate({metric}[{window_s}s]))"
+                for labels, value in self._query(snap, url, promql):
+                    key = (labels.get("namespace", ""), labels.get(label, ""))
+                    if key in keys:
+                        roles = snap.demand[(label, *key)]
+                        roles.setdefault(labels.get("role", ""), {})[family] = value
+        if any(d.label == "prefill_cluster" for d in demand):
+            promql = f"sum by (namespace, prefill_cluster, pod) ({DEMAND_IN_FLIGHT})"
+            for labels, value in self._query(snap, url, promql):
+                key = (labels.get("namespace", ""), labels.get("prefill_cluster", ""))
+                snap.prefill_in_flight.setdefault(key, {})[labels.get("pod", "")] = value
 
     def _collect_url(
         self, snap: Snapshot, url: str, clusters: list[ClusterQuery], links: list[LinkQuery], prefill: bool

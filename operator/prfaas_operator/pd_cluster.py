@@ -26,6 +26,8 @@ from prfaas_core.policy.role_types import RoleObservation, RolePolicyParams, Ver
 from . import pods as podlib
 from . import router_config
 from .actuate import KubeActuator
+from .elastic import ElasticScaler, SizeRequest, scale_in_mark
+from .elastic_demand import pd_load_demand
 from .engine_config import CONDITION as ENGINE_CONFIG
 from .engine_config import engine_config
 from .kube import ApiError, JsonDict, KubeApi
@@ -91,6 +93,7 @@ class PDClusterReconciler:
         self.default_prometheus_url = default_prometheus_url
         self.runtimes: dict[Key, PDRuntime] = {}
         self.links = LinkIndex(world)
+        self.scaler = ElasticScaler(api, world, metrics)
 
     # --- scheduling -----------------------------------------------------------------------------------
     def runtime(self, entry: Entry) -> PDRuntime:
@@ -178,7 +181,44 @@ class PDClusterReconciler:
         if entry.model.spec.role_assignment.mode == "Scale":
             await self._resume_flips(entry, log)
         if run_loop:
+            await self._size(entry, snap, now_s, log)
             await self._cycle(entry, refs, inputs, snap, status, conds, now_s, log)
+
+    async def _size(self, entry: Entry, snap: Snapshot | None, now_s: float, log: Any) -> None:
+        """Elastic capacity (:mod:`.elastic`): the total sized on the shared workload; the role loop then splits
+        whatever instances there are. ``status.replicas``/``selector`` (the ``/scale`` view) always."""
+        pd: PDCluster = entry.model
+        every = self.world.pods_of(entry.namespace, LABEL_PD_CLUSTER, entry.name)
+        serving = [p for p in every if not podlib.retired(p) and scale_in_mark(p) is None]
+        fields: dict[str, Any] = {
+            "replicas": sum(1 for p in serving if podlib.pod_ready(p)),
+            "selector": f"{LABEL_PD_CLUSTER}={entry.name}",
+        }
+        shared = pd.spec.workloads.shared
+        if pd.spec.scaling.mode != "Fixed" and shared is not None:
+            ns = entry.namespace or ""
+            metrics = snap.clusters.get((ns, entry.name)) if snap is not None else None
+            req = SizeRequest(
+                entry=entry,
+                scaling=pd.spec.scaling,
+                declared=pd.spec.instances,
+                workload=shared,
+                pods=[p for p in every if not podlib.retired(p)],
+                in_flight=metrics.in_flight if metrics is not None else {},
+                demand=pd_load_demand(entry, pd, snap, self.prometheus_url(entry)),
+                price_per_instance_hour=pd.spec.hardware.price_per_instance_hour,
+                labels={"namespace": ns or "default", "pd_cluster": entry.name, "prefill_cluster": "", "role": "all"},
+                old=entry.read_status(PDClusterStatus).scaling,
+            )
+            try:
+                fields["scaling"] = await self.scaler.size(req, now_s)
+            except ApiError as exc:
+                log.error("scaling not carried out", error=str(exc))
+        if pd.spec.scaling.mode == "Fixed":
+            fields["scaling"] = None  # back to Fixed: the old sizing goes (absent already: no write)
+        elif fields.get("scaling") is None:
+            fields.pop("scaling", None)  # unreadable this cycle: the last sizing stays
+        await self.writer.write(entry, PDClusterStatus(**fields))
 
     async def _resume_flips(self, entry: Entry, log: Any) -> None:
         """A Scale-mode flip interrupted after the retirement: write its replica counts now (idempotent)."""
@@ -236,9 +276,9 @@ class PDClusterReconciler:
         rt.published_min_tokens = decision.published_min_tokens
 
     def _pods(self, entry: Entry) -> list[JsonDict]:
-        """Its live pods, less those retired by a Scale-mode flip."""
+        """Its live pods, less those retired by a Scale-mode flip or drained for a scale-in."""
         pods = self.world.pods_of(entry.namespace, LABEL_PD_CLUSTER, entry.name)
-        return [p for p in pods if not podlib.retired(p)]
+        return [p for p in pods if not podlib.retired(p) and scale_in_mark(p) is None]
 
     def _gather(self, c: PDCycle) -> tuple[LoopTick, str | None]:
         """The tick's input, and why there is no observation (when there is none)."""
@@ -247,6 +287,7 @@ class PDClusterReconciler:
         # every pod, the retired too: a flip whose decision never reached the status (interrupted, then resumed)
         # still starts the cooldown through its pod's last-flip stamp
         every = self.world.pods_of(c.entry.namespace, LABEL_PD_CLUSTER, c.entry.name)
+        every = [p for p in every if scale_in_mark(p) is None]  # a scale-in's drain is no flip
         state = podlib.restore_state(every, c.status, rt.verdict, rt.streak, rt.last_run_s, c.now_s)
         unassigned = podlib.unassigned(c.pods) if pd.spec.role_assignment.mode == "Relabel" else ()
         why: str | None = None

@@ -24,6 +24,8 @@ from prfaas_core.api import GatewayStatus, PrefillCluster, PrefillClusterStatus
 from prfaas_core.names import KIND_MODEL_PROFILE, KIND_PREFILL_CLUSTER, LABEL_DRAINING, LABEL_PREFILL_CLUSTER
 
 from .actuate import workload_path
+from .elastic import ElasticScaler, SizeRequest, removed
+from .elastic_demand import site_load_demand
 from .kube import ApiError, JsonDict, KubeApi, api_path
 from .logs import logger
 from .metrics import OperatorMetrics
@@ -137,6 +139,7 @@ class PrefillClusterReconciler:
         metrics: OperatorMetrics,
         default_prometheus_url: str,
         publisher: RouterConfigPublisher | None = None,
+        scaler: ElasticScaler | None = None,
     ) -> None:
         self.api = api
         self.world = world
@@ -144,6 +147,7 @@ class PrefillClusterReconciler:
         self.metrics = metrics
         self.default_prometheus_url = default_prometheus_url
         self.publisher = publisher or RouterConfigPublisher(api)
+        self.scaler = scaler or ElasticScaler(api, world, metrics)
         self.next_due: dict[tuple[str | None, str], float] = {}
         self.gateways = GatewayClients()
         self.secrets = Secrets(api)
@@ -176,7 +180,7 @@ class PrefillClusterReconciler:
                 await post_event(self.api, entry.body, "Warning", *problem, now_s)
             return
         pfc: PrefillCluster = entry.model
-        pods = self.world.pods_of(entry.namespace, LABEL_PREFILL_CLUSTER, entry.name)
+        pods = [p for p in self.world.pods_of(entry.namespace, LABEL_PREFILL_CLUSTER, entry.name) if not removed(p)]
         if pfc.spec.mode == "Managed":
             self._remote_seen.discard((entry.namespace, entry.name))
             await self._publish_gateway(entry, pfc, pods)
@@ -228,11 +232,21 @@ class PrefillClusterReconciler:
                 return
             await self._pace_egress(entry, pfc, workload, now_s)
             ready = sum(1 for p in pods if pod_ready(p) and not draining(p))
-            status.update(ready_instances=ready, last_sync_time=iso(now_s))
+            status.update(
+                ready_instances=ready,
+                replicas=ready,
+                selector=f"{LABEL_PREFILL_CLUSTER}={entry.name}",
+                last_sync_time=iso(now_s),
+            )
             if snap is not None:
                 queue = snap.prefill_queue.get((entry.namespace or "", entry.name))
                 if queue is not None:
                     status["queue_depth"] = float(queue)
+            sized = await self._size(entry, pfc, pods, snap, now_s)
+            if sized is not None:
+                status["scaling"] = sized
+            elif pfc.spec.scaling.mode == "Fixed":
+                status["scaling"] = None  # back to Fixed: the old sizing goes (absent already: no write)
             conds = set_condition(
                 conds,
                 "Ready",
@@ -245,6 +259,35 @@ class PrefillClusterReconciler:
             )
         conds = set_condition(conds, "Degraded", False, "Synced", "status refreshed this cycle", now_s, gen)
         await self.writer.write(entry, PrefillClusterStatus(**status, conditions=conds))
+
+    async def _size(
+        self, entry: Entry, pfc: PrefillCluster, pods: list[JsonDict], snap: Snapshot | None, now_s: float
+    ) -> Any:
+        """Elastic capacity (:mod:`.elastic`): the site sized from what its gateway's engines report; a failed
+        write is logged and retried next sync, it never blocks the status."""
+        if pfc.spec.scaling.mode == "Fixed" or pfc.spec.workload is None:
+            return None
+        profile = self.world.get(KIND_MODEL_PROFILE, None, pfc.spec.model_profile_ref.name)
+        demand, link_cost = site_load_demand(entry, pfc, profile, snap, self.default_prometheus_url)
+        ns = entry.namespace or ""
+        req = SizeRequest(
+            entry=entry,
+            scaling=pfc.spec.scaling,
+            declared=pfc.spec.instances,
+            workload=pfc.spec.workload,
+            pods=pods,
+            in_flight=(snap.prefill_in_flight.get((ns, entry.name), {}) if snap else {}),
+            demand=demand,
+            price_per_instance_hour=pfc.spec.hardware.price_per_instance_hour,
+            labels={"namespace": ns or "default", "pd_cluster": "", "prefill_cluster": entry.name, "role": "prefill"},
+            old=entry.read_status(PrefillClusterStatus).scaling,
+            fixed_cost_per_hour=link_cost,
+        )
+        try:
+            return await self.scaler.size(req, now_s)
+        except ApiError as exc:
+            logger(KIND_PREFILL_CLUSTER, entry.namespace, entry.name).error("scaling not carried out", error=str(exc))
+            return None
 
     async def _pace_egress(self, entry: Entry, pfc: PrefillCluster, workload: JsonDict, now_s: float) -> None:
         """The workload's pod templates to ``linkScheduling.egressPacing`` (:mod:`.pacing`); a failed write is

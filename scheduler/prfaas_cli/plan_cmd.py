@@ -4,8 +4,10 @@ the paper's throughput model (Eqs. 1–8), and compare it with homogeneous PD an
 With no FILES it plans the paper's case study (4×H200 PrFaaS, 8×H20 PD, 100 Gbps, the internal 1T model).
 With FILES (YAML manifests or directories) it validates them like ``prfaas validate`` and plans the one
 ModelProfile, PrefillCluster, PDCluster and InterDCLink they hold. ``--workload`` takes a WorkloadSpec
-(YAML) or a trace (JSONL, see ``prfaas_core.request.trace``); ``-`` reads either from standard input. Exit 0 ok,
-1 invalid input or a failure (nothing written on invalid input), 2 usage.
+(YAML) or a trace (JSONL, see ``prfaas_core.request.trace``); ``-`` reads either from standard input.
+``--budget X`` (the most throughput whose cost per hour fits X) and ``--cheapest-for-rate R`` size the PrFaaS site
+and the PD cluster together instead (cost = instances x pricePerInstanceHour + link GB x ``--link-price-per-gb``).
+Exit 0 ok, 1 invalid input, nothing that fits, or a failure (nothing written on invalid input), 2 usage.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from prfaas_local.formats import yaml_error
 from prfaas_local.manifests import STDIN, InputError, load_documents, read_input
 from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
-from .output import EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, fail
+from . import plan_budget
+from .output import EXIT_ERROR, EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, fail
 
 KINDS_NEEDED = ("ModelProfile", "PrefillCluster", "PDCluster", "InterDCLink")
 
@@ -68,6 +71,7 @@ def register(sub: Any) -> None:
         "--homogeneous-instances", type=int, metavar="N", help="PD-hardware instances of the homogeneous baseline"
     )
     p.add_argument("--list-hardware", action="store_true", help="list the built-in hardware profiles and exit")
+    plan_budget.add_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -75,6 +79,17 @@ def run(args: argparse.Namespace) -> int:
     if args.list_hardware:
         _print_hardware(args.output)
         return 0
+    if plan_budget.wanted(args):
+        try:
+            inputs = build_inputs(args)
+            inputs, found = plan_budget.solve(args, inputs)
+        except (PlanCliError, InputError, plan_budget.BudgetError, plan_budget.MissingPrices) as exc:
+            return fail(exc)
+        if args.output in STRUCTURED:
+            emit(plan_budget.to_dict(args, inputs, found), args.output)
+        else:
+            print(plan_budget.render(args, inputs, found))
+        return EXIT_OK if found is not None else EXIT_ERROR
     try:
         inputs = build_inputs(args)
         result = plan(inputs)

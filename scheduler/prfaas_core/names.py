@@ -43,6 +43,8 @@ ANNOTATION_ROUTER_CONFIG_HASH: Final = f"{API_GROUP}/router-config-hash"
 """Hash of the router configuration an object was rendered from (pods roll when it changes)."""
 ANNOTATION_DRAIN_STARTED: Final = f"{API_GROUP}/drain-started"
 """RFC 3339 time a drain began (the drain timeout is measured from it)."""
+ANNOTATION_SCALE_IN: Final = f"{API_GROUP}/scale-in"
+"""On a pod drained to be removed by a scale-in (elastic capacity): "true" until its workload removes it."""
 
 ANNOTATION_PAUSED: Final = f"{API_GROUP}/paused"
 """Set to "true" on a PrFaaS object to pause its reconciliation (the operator records that it is paused)."""
@@ -270,6 +272,13 @@ METRIC_OPERATOR_RESYNCS: Final = "prfaas_operator_resyncs_total"
 """Periodic full re-lists of the served objects, by ``result``."""
 METRIC_OPERATOR_RESYNC_REPAIRS: Final = "prfaas_operator_resync_repairs_total"
 """Cache entries a re-list repaired (a watch event the operator missed), by ``kind`` and ``action``."""
+METRIC_OPERATOR_DESIRED_INSTANCES: Final = "prfaas_operator_desired_instances"
+"""Instances a cluster should run (``scaling.mode`` Operator or External), by ``namespace``, ``pd_cluster`` or
+``prefill_cluster`` (the other empty) and ``role`` (``all`` for a PD cluster's total, ``prefill`` for a site)."""
+METRIC_OPERATOR_READY_INSTANCES: Final = "prfaas_operator_ready_instances"
+"""Instances serving, same labels as the desired count."""
+METRIC_OPERATOR_SCALING_BLOCKED: Final = "prfaas_operator_scaling_blocked"
+"""1 while a scale-out the demand asks for is held back, by ``reason`` (``max`` or ``budget``)."""
 
 # --- Metric names: vLLM's, which the engines (and our emulator) export -----------------------------------
 VLLM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"
@@ -388,6 +397,9 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_OPERATOR_ROLE_INSTANCES,
             METRIC_OPERATOR_RESYNCS,
             METRIC_OPERATOR_RESYNC_REPAIRS,
+            METRIC_OPERATOR_DESIRED_INSTANCES,
+            METRIC_OPERATOR_READY_INSTANCES,
+            METRIC_OPERATOR_SCALING_BLOCKED,
         )
     },
     **{

@@ -5,6 +5,7 @@ creationTimestamp, resourceVersion or generation, lists carry no ``kind``, the U
 into created objects, and it never answers 409 by itself. This subclass adds: uid + creationTimestamp on
 create; a fresh resourceVersion on every write; ``generation`` bumped only when ``spec`` changes (so
 ``observedGeneration`` settles); ``kind: XList`` on lists; the URL namespace in ``metadata.namespace``;
+the ``scale`` subresource as the API server serves it (:mod:`.k8s_scale`);
 optimistic concurrency (a merge patch carrying ``metadata.resourceVersion`` that is stale gets 409, as the
 real API server does; a failed JSON-patch ``test`` gets 422); the core group's discovery as kubectl reads it;
 fault injection (N answers of a status for requests matching a method and path); and counts of WATCH requests
@@ -47,6 +48,8 @@ from kmock._internal import dicts, enums, parsing
 
 from prfaas_core.api import KINDS
 from prfaas_core.names import API_GROUP, API_VERSION
+
+from .k8s_scale import SCALE, serve_scale
 
 CORE = (
     ("v1", "pods", "Pod", True, ("status",)),
@@ -112,7 +115,7 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 singular=k.singular,
                 namespaced=k.namespaced,
                 verbs=VERBS,
-                subresources={"status"},
+                subresources={"status", "scale"} if k.scale else {"status"},
                 shortnames=set(k.short_names),
             )
 
@@ -181,6 +184,8 @@ class K8sEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         sub = f"/{request.subresource}" if request.subresource else ""
         action = "WATCH" if request.action == enums.action.WATCH else method
         self.requests[f"{action} {request.resource.plural}{sub}"] += 1
+        if request.subresource == "scale" and request.resource.plural in SCALE:
+            return await serve_scale(self, request, SCALE[request.resource.plural])
         if request.action == enums.action.WATCH:
             self.watches[request.resource.plural] += 1
             return await super()._handle(request)

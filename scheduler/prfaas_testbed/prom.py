@@ -3,7 +3,9 @@
 The exporter serves vLLM's metric names per engine pod with the labels a ServiceMonitor would add
 (``namespace``, ``pd_cluster``, ``role``, ``pod``); the role of each pod is read from the Kubernetes API
 emulator at scrape time, like Prometheus' pod relabelling. Tests set queue depths per role and work in
-flight per pod, and the link's egress counter.
+flight per pod, and the link's egress counter. Pods labelled ``prfaas.io/prefill-cluster`` (a PrFaaS site's
+engines) carry ``prefill_cluster`` instead of ``pd_cluster``; tests set a site's queue and, for elastic capacity,
+token and request rates per cluster and role (``set_rates``), integrated into vLLM's counters at scrape time.
 """
 
 from __future__ import annotations
@@ -25,13 +27,21 @@ from prometheus_client.registry import Collector
 
 from prfaas_core.names import (
     LABEL_PD_CLUSTER,
+    LABEL_PREFILL_CLUSTER,
     LABEL_ROLE,
     METRIC_ROUTER_REMOTE_BYTES,
+    VLLM_GENERATION_TOKENS,
     VLLM_KV_CACHE_USAGE,
+    VLLM_PROMPT_TOKENS,
+    VLLM_REQUEST_SUCCESS,
     VLLM_REQUESTS_RUNNING,
     VLLM_REQUESTS_WAITING,
 )
 from prfaas_local.ports import free_port
+
+RateKey = tuple[str, str, str, str]
+"""(namespace, pd_cluster, prefill_cluster, role): one of them empty."""
+RATE_FAMILIES = {"prompt": VLLM_PROMPT_TOKENS, "requests": VLLM_REQUEST_SUCCESS, "generation": VLLM_GENERATION_TOKENS}
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
@@ -62,19 +72,62 @@ class EngineExporter(Collector):
         self._last_scrape = time.monotonic()
         self.http = httpx.Client(timeout=5)
         self.enabled_namespaces: set[str] = set()
+        self.site_waiting: dict[tuple[str, str], float] = {}  # (namespace, prefill_cluster) -> queue
+        self.rates: dict[RateKey, dict[str, float]] = {}  # -> family -> per second
+        self.counters: dict[RateKey, dict[str, float]] = {}
+        self._last_rates = time.monotonic()
+
+    def set_rates(
+        self,
+        namespace: str,
+        *,
+        pd_cluster: str = "",
+        prefill_cluster: str = "",
+        role: str = "",
+        prompt: float = 0.0,
+        requests: float = 0.0,
+        generation: float = 0.0,
+    ) -> None:
+        """Token and request rates (per second) the cluster's engines report from now on."""
+        with self.lock:
+            self._integrate(time.monotonic())
+            key = (namespace, pd_cluster, prefill_cluster, role)
+            self.rates[key] = {"prompt": prompt, "requests": requests, "generation": generation}
+
+    def set_site_queue(self, namespace: str, prefill_cluster: str, value: float) -> None:
+        with self.lock:
+            self.site_waiting[(namespace, prefill_cluster)] = value
+
+    def _integrate(self, now: float) -> None:
+        dt, self._last_rates = now - self._last_rates, now
+        for key, rates in self.rates.items():
+            counters = self.counters.setdefault(key, {f: 0.0 for f in RATE_FAMILIES})
+            for family, rate in rates.items():
+                counters[family] += rate * dt
 
     def set_queue(self, namespace: str, pd_cluster: str, role: str, value: float) -> None:
         with self.lock:
             self.waiting[(namespace, pd_cluster, role)] = value
 
     def collect(self) -> Iterator[Any]:
-        waiting = GaugeMetricFamily(VLLM_REQUESTS_WAITING, "waiting", labels=["namespace", "pd_cluster", "role", "pod"])
-        running = GaugeMetricFamily(VLLM_REQUESTS_RUNNING, "running", labels=["namespace", "pd_cluster", "role", "pod"])
-        kv = GaugeMetricFamily(VLLM_KV_CACHE_USAGE, "kv", labels=["namespace", "pd_cluster", "role", "pod"])
+        by = ["namespace", "pd_cluster", "prefill_cluster", "role", "pod"]
+        waiting = GaugeMetricFamily(VLLM_REQUESTS_WAITING, "waiting", labels=by)
+        running = GaugeMetricFamily(VLLM_REQUESTS_RUNNING, "running", labels=by)
+        kv = GaugeMetricFamily(VLLM_KV_CACHE_USAGE, "kv", labels=by)
+        counted = [
+            CounterMetricFamily(metric.removesuffix("_total"), family, labels=by[:4])
+            for family, metric in RATE_FAMILIES.items()
+        ]
         with self.lock:
             namespaces = sorted(self.enabled_namespaces)
             queues = dict(self.waiting)
             flights = dict(self.running)
+            site_queues = dict(self.site_waiting)
+            self._integrate(time.monotonic())
+            for key, counters in self.counters.items():
+                if key[0] in namespaces:
+                    for family, fam in zip(RATE_FAMILIES, counted, strict=True):
+                        fam.add_metric(list(key), counters[family])
         for ns in namespaces:
             if self.http.is_closed:
                 break
@@ -86,15 +139,24 @@ class EngineExporter(Collector):
             for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
                 labels = pod["metadata"].get("labels") or {}
                 pd, role, name = labels.get(LABEL_PD_CLUSTER), labels.get(LABEL_ROLE, "both"), pod["metadata"]["name"]
+                site = labels.get(LABEL_PREFILL_CLUSTER)
+                if site and not pd:  # a PrFaaS site's engine
+                    q = 0.0
+                    if ("", site) not in placed:
+                        q = site_queues.get((ns, site), 0.0)
+                        placed.add(("", site))
+                    waiting.add_metric([ns, "", site, "prefill", name], q)
+                    running.add_metric([ns, "", site, "prefill", name], flights.get((ns, name), 0.0))
+                    continue
                 if not pd:
                     continue
                 q = 0.0
                 if (pd, role) not in placed:  # a role's queue sits on its first pod
                     q = queues.get((ns, pd, role), 0.0)
                     placed.add((pd, role))
-                waiting.add_metric([ns, pd, role, name], q)
-                running.add_metric([ns, pd, role, name], flights.get((ns, name), 0.0))
-                kv.add_metric([ns, pd, role, name], 0.5)
+                waiting.add_metric([ns, pd, "", role, name], q)
+                running.add_metric([ns, pd, "", role, name], flights.get((ns, name), 0.0))
+                kv.add_metric([ns, pd, "", role, name], 0.5)
         now = time.monotonic()
         egress = CounterMetricFamily(METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"), "admitted", labels=["link"])
         with self.lock:
@@ -103,7 +165,7 @@ class EngineExporter(Collector):
             self._last_scrape = now
             for link, value in self.egress_bytes.items():
                 egress.add_metric([link], value)
-        yield from (waiting, running, kv, egress)
+        yield from (waiting, running, kv, egress, *counted)
 
 
 class PrometheusStack:

@@ -227,3 +227,19 @@ def test_plot_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "f").write_text("x")
     assert main(["plan", "--plot-dir", str(tmp_path / "f")]) == 1
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_plan_within_a_budget_and_for_a_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    prices = ["--prfaas-price", "40", "--pd-price", "16"]
+    out = run_json(capsys, "--budget", "300", *prices, "--max-prfaas", "4", "--max-pd", "16")
+    assert out["found"] and out["costPerHour"] <= 300 and out["throughputRps"] > 0
+    small = ["--max-prfaas", "4", "--max-pd", "16"]
+    out = run_json(capsys, "--cheapest-for-rate", "2", *prices, "--link-price-per-gb", "0.002", *small)
+    assert out["found"] and out["throughputRps"] >= 2
+    assert out["costPerHour"] == pytest.approx(out["instancesPerHour"] + out["linkPerHour"])
+    # bad input names the option; a budget without prices names the field
+    assert main(["plan", "--budget", "-1", *prices]) == 2
+    assert "--budget" in capsys.readouterr().err
+    assert main(["plan", "--budget", "300"]) == 1
+    assert "pricePerInstanceHour" in capsys.readouterr().err
+    assert main(["plan", "--budget", "10", *prices, *small]) == 1  # nothing fits

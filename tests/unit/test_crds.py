@@ -86,7 +86,19 @@ def test_printer_columns_point_at_schema_fields(kind: Any) -> None:
     crd = CRD_OBJECTS[f"{kind.crd_name}.yaml"]
     version = crd["spec"]["versions"][0]
     schema = version["schema"]["openAPIV3Schema"]
-    assert version["subresources"] == {"status": {}}
+    if kind.scale:  # an HPA/KEDA drives spec.instances; status.replicas and status.selector are declared
+        scale = version["subresources"]["scale"]
+        assert scale == {
+            "specReplicasPath": ".spec.instances",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        }
+        props = schema["properties"]
+        assert props["spec"]["properties"]["instances"]["type"] == "integer"
+        assert props["status"]["properties"]["replicas"]["type"] == "integer"
+        assert props["status"]["properties"]["selector"]["type"] == "string"
+    else:
+        assert version["subresources"] == {"status": {}}
     for col in version["additionalPrinterColumns"]:
         path = col["jsonPath"]
         if path.startswith(".metadata"):

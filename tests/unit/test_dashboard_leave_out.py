@@ -12,7 +12,7 @@ def test_operator_panels_are_left_out_and_the_rest_reflowed() -> None:
     doc = json.loads(DASHBOARD.read_text())
     kept, left_out = without_exporter(doc, "operator")
     assert "PD instances per role" in left_out and "Role decisions by reason" in left_out
-    assert all(t.startswith(("PD instances", "Role decisions", "Operator")) for t in left_out)
+    assert all(t.startswith(("PD instances", "Role decisions", "Operator", "Capacity")) for t in left_out)
     for panel in kept["panels"]:
         exporters = {exporter_of(m) for m in series_of(panel)}
         assert exporters - {"operator"}, panel["title"]

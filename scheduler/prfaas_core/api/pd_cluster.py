@@ -35,6 +35,7 @@ from .common import (
 )
 from .engine import EngineSettingsSpec
 from .hardware import HardwareSpec
+from .scaling import ScalingSpec, ScalingStatus, scaling_field
 
 _SELECTOR = 'namespace="$namespace", pd_cluster="$pd_cluster", role="$role"'
 
@@ -249,12 +250,55 @@ class PDClusterSpec(ApiModel):
             ),
             field_path=".overrides.prefillInstances",
         ),
+        CelRule(
+            rule="self.scaling.mode == 'Fixed' || self.roleAssignment.mode == 'Relabel'",
+            message="scaling.mode Operator or External sizes the shared workload: it needs roleAssignment.mode "
+            "Relabel (Scale mode's two workloads are sized by hand)",
+            check=lambda s: s.scaling.mode == "Fixed" or s.role_assignment.mode == "Relabel",
+            field_path=".scaling.mode",
+        ),
+        CelRule(
+            rule="self.scaling.mode == 'Fixed' || self.scaling.minInstances >= self.roles.prefill.min + "
+            "self.roles.decode.min",
+            message="scaling.minInstances is below roles.prefill.min + roles.decode.min",
+            check=lambda s: (
+                s.scaling.mode == "Fixed" or s.scaling.min_instances >= s.roles.prefill.min + s.roles.decode.min
+            ),
+            field_path=".scaling.minInstances",
+        ),
+        CelRule(
+            rule="self.scaling.mode != 'External' || (self.instances >= self.scaling.minInstances && "
+            "self.instances <= self.scaling.maxInstances)",
+            message="External scaling: instances (what /scale writes) must lie within scaling.minInstances and "
+            "scaling.maxInstances",
+            check=lambda s: (
+                s.scaling.mode != "External" or s.scaling.min_instances <= s.instances <= s.scaling.max_instances
+            ),
+            field_path=".instances",
+        ),
+        CelRule(
+            rule="self.scaling.mode != 'Operator' || !has(self.overrides.prefillInstances) || "
+            "self.overrides.prefillInstances + self.roles.decode.min <= self.scaling.minInstances",
+            message="overrides.prefillInstances leaves fewer than roles.decode.min decode instances at "
+            "scaling.minInstances",
+            check=lambda s: (
+                s.scaling.mode != "Operator"
+                or s.overrides.prefill_instances is None
+                or s.overrides.prefill_instances + s.roles.decode.min <= s.scaling.min_instances
+            ),
+            field_path=".overrides.prefillInstances",
+        ),
     )
 
     region: Region
     datacenter: str | None = Field(default=None, min_length=1, max_length=63, description="Datacenter or zone.")
     model_profile_ref: LocalObjectRef = Field(description="The ModelProfile (cluster-scoped) it serves.")
-    instances: int = Field(ge=1, le=100_000, description="PD instances in all (N_p + N_d).")
+    instances: int = Field(
+        ge=1,
+        le=100_000,
+        description="PD instances in all (N_p + N_d): the size (Fixed), the starting size (Operator) or what an "
+        "HPA/KEDA writes through /scale (External).",
+    )
     hardware: HardwareSpec = Field(description="Hardware of one instance.")
     role_assignment: RoleAssignmentSpec = Field(
         default_factory=RoleAssignmentSpec,
@@ -287,6 +331,7 @@ class PDClusterSpec(ApiModel):
         description="Manual overrides of t and the split.",
         json_schema_extra={"default": {}},
     )
+    scaling: ScalingSpec = scaling_field()
 
 
 class PDClusterStatus(ApiModel):
@@ -307,6 +352,9 @@ class PDClusterStatus(ApiModel):
     router_config_map: str | None = Field(default=None, description="ConfigMap holding the routers' config.")
     loop: LoopMemory | None = Field(default=None, description="The long-term loop's memory across restarts.")
     summary: PDClusterSummary = Field(default_factory=PDClusterSummary, description="Printer-column strings.")
+    replicas: int = Field(default=0, ge=0, description="Instances ready, both roles (/scale's status.replicas).")
+    selector: str | None = Field(default=None, description="Label selector of the instances' pods (/scale's).")
+    scaling: ScalingStatus | None = Field(default=None, description="Elastic capacity in force (Operator mode).")
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,

@@ -18,6 +18,7 @@ from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, Work
 from .common import GatewayEndpointSpec, KvTransportSpec, Region
 from .engine import EngineSettingsSpec
 from .hardware import HardwareSpec
+from .scaling import ScalingSpec, ScalingStatus, scaling_field
 
 
 class LinkSchedulingSpec(GatewayAdmission):
@@ -99,6 +100,23 @@ class PrefillClusterSpec(ApiModel):
             field_path=".workload",
             reason="FieldValueForbidden",
         ),
+        CelRule(
+            rule="self.mode != 'Remote' || self.scaling.mode == 'Fixed'",
+            message="a Remote PrefillCluster is sized by the region that runs it; its scaling.mode stays Fixed here",
+            check=lambda s: s.mode != "Remote" or s.scaling.mode == "Fixed",
+            field_path=".scaling.mode",
+            reason="FieldValueForbidden",
+        ),
+        CelRule(
+            rule="self.scaling.mode != 'External' || (self.instances >= self.scaling.minInstances && "
+            "self.instances <= self.scaling.maxInstances)",
+            message="External scaling: instances (what /scale writes) must lie within scaling.minInstances and "
+            "scaling.maxInstances",
+            check=lambda s: (
+                s.scaling.mode != "External" or s.scaling.min_instances <= s.instances <= s.scaling.max_instances
+            ),
+            field_path=".instances",
+        ),
     )
 
     region: Region
@@ -108,7 +126,12 @@ class PrefillClusterSpec(ApiModel):
         description="Managed: this region runs the cluster. Remote: it describes a cluster another region runs.",
     )
     model_profile_ref: LocalObjectRef = Field(description="The ModelProfile (cluster-scoped) it serves.")
-    instances: int = Field(ge=0, le=100_000, description="Declared prefill instances (N_prfaas).")
+    instances: int = Field(
+        ge=0,
+        le=100_000,
+        description="Declared prefill instances (N_prfaas): the size (Fixed), the starting size (Operator) or what "
+        "an HPA/KEDA writes through /scale (External).",
+    )
     hardware: HardwareSpec = Field(description="Hardware of one instance.")
     workload: WorkloadRef | None = Field(
         default=None, description="Workload holding the prefill instances (Managed only)."
@@ -132,6 +155,7 @@ class PrefillClusterSpec(ApiModel):
         description="Managed only: the gateway schedules the inter-DC link its KV crosses (absent: it does not; "
         "the routers' own ledgers admit).",
     )
+    scaling: ScalingSpec = scaling_field()
 
 
 class PrefillClusterStatus(ApiModel):
@@ -151,6 +175,9 @@ class PrefillClusterStatus(ApiModel):
     egress_gbps: float = Field(
         default=0.0, ge=0, description="Measured KV egress, Gbps; rewritten when it moves by more than 5 %."
     )
+    replicas: int = Field(default=0, ge=0, description="Instances ready (/scale's status.replicas).")
+    selector: str | None = Field(default=None, description="Label selector of the instances' pods (/scale's).")
+    scaling: ScalingStatus | None = Field(default=None, description="Elastic capacity in force (Operator mode).")
     last_sync_time: str | None = Field(
         default=None,
         description="When the status was last refreshed: with any change above, else at least every status "

@@ -31,6 +31,8 @@ class ResourceKind:
     model: type[ApiModel]
     columns: tuple[PrinterColumn, ...]
     categories: tuple[str, ...] = ("prfaas",)
+    scale: bool = False
+    """A ``/scale`` subresource: ``spec.instances`` <-> ``status.replicas``, ``status.selector``."""
 
     @property
     def crd_name(self) -> str:
@@ -68,11 +70,13 @@ KINDS: tuple[ResourceKind, ...] = (
         short_names=("pfc",),
         namespaced=True,
         model=PrefillCluster,
+        scale=True,
         columns=(
             PrinterColumn("Region", "string", ".spec.region", "Region"),
             PrinterColumn("Mode", "string", ".spec.mode", "Managed here or Remote"),
             PrinterColumn("Hardware", "string", ".spec.hardware.accelerator", "Accelerator class"),
             PrinterColumn("Instances", "integer", ".spec.instances", "Declared instances"),
+            PrinterColumn("Desired", "integer", ".status.scaling.desiredInstances", "Desired (Operator scaling)", 1),
             PrinterColumn("Ready-Instances", "integer", ".status.readyInstances", "Ready instances"),
             PrinterColumn("Egress-Gbps", "number", ".status.egressGbps", "Measured KV egress", 1),
             _ready(),
@@ -86,6 +90,7 @@ KINDS: tuple[ResourceKind, ...] = (
         short_names=("pdc",),
         namespaced=True,
         model=PDCluster,
+        scale=True,
         columns=(
             PrinterColumn("Prefill", "string", ".status.summary.prefill", "Ready/desired prefill instances"),
             PrinterColumn("Decode", "string", ".status.summary.decode", "Ready/desired decode instances"),
@@ -94,6 +99,8 @@ KINDS: tuple[ResourceKind, ...] = (
             _ready(),
             PrinterColumn("Last-Decision", "string", ".status.lastDecision.reason", "Last long-term decision"),
             PrinterColumn("Mode", "string", ".spec.roleAssignment.mode", "Relabel or Scale", 1),
+            PrinterColumn("Instances", "integer", ".spec.instances", "Declared instances", 1),
+            PrinterColumn("Desired", "integer", ".status.scaling.desiredInstances", "Desired (Operator scaling)", 1),
             _age(),
         ),
     ),

@@ -107,6 +107,18 @@ def kind_schema(kind: ResourceKind) -> JsonDict:
     return schema
 
 
+def subresources(kind: ResourceKind) -> JsonDict:
+    """``status`` always; ``scale`` where the kind has one (an HPA/KEDA drives ``spec.instances``)."""
+    subs: JsonDict = {"status": {}}
+    if kind.scale:
+        subs["scale"] = {
+            "specReplicasPath": ".spec.instances",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        }
+    return subs
+
+
 def build_crd(kind: ResourceKind) -> JsonDict:
     """A complete apiextensions.k8s.io/v1 CustomResourceDefinition for one kind."""
     columns = []
@@ -146,7 +158,7 @@ def build_crd(kind: ResourceKind) -> JsonDict:
                     "name": API_VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources(kind),
                     "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": kind_schema(kind)},
                 }
