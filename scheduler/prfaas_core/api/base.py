@@ -125,6 +125,16 @@ class Condition(ApiModel):
     )
 
 
+def conditions_field(types: str) -> Any:
+    """A status's ``conditions``: at most 16, a map keyed by ``type`` (``types`` names those the kind sets)."""
+    return Field(
+        default_factory=list,
+        max_length=16,
+        description=types,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
 class WorkloadRef(ApiModel):
     """The Kubernetes workload that holds engine instances."""
 

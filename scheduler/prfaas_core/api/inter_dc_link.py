@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..names import GROUP_VERSION, KIND_INTER_DC_LINK, METRIC_ROUTER_REMOTE_BYTES
-from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta
+from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, conditions_field
 
 WATERMARK_ORDER = CelRule(
     rule="self.abundantWatermark < self.scarceWatermark",
@@ -113,12 +113,7 @@ class InterDCLinkStatus(ApiModel):
         "this cycle measured.",
         json_schema_extra={"format": "date-time"},
     )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Ready, Degraded.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
+    conditions: list[Condition] = conditions_field("Ready, Degraded.")
 
 
 class InterDCLink(ApiModel):

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from ..names import GROUP_VERSION, KIND_MODEL_PROFILE
-from .base import ApiModel, CelRule, Condition, ObjectMeta
+from .base import ApiModel, CelRule, Condition, ObjectMeta, conditions_field
 
 KvDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 LinearKind = Literal["GatedDeltaNet", "Mamba2", "KDA"]
@@ -188,12 +188,7 @@ class ModelProfileStatus(ApiModel):
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last processed.")
     kv_bytes_per_token: float | None = Field(default=None, ge=0, description="Growing KV per token, bytes.")
     fixed_kv_bytes: float | None = Field(default=None, ge=0, description="Fixed per-request state, bytes.")
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Ready when the profile parses.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
+    conditions: list[Condition] = conditions_field("Ready when the profile parses.")
 
 
 class ModelProfile(ApiModel):

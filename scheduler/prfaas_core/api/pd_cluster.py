@@ -22,7 +22,7 @@ from ..names import (
     VLLM_REQUESTS_RUNNING,
     VLLM_REQUESTS_WAITING,
 )
-from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
+from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef, conditions_field
 from .common import (
     DecisionRecord,
     KvTransportSpec,
@@ -355,12 +355,7 @@ class PDClusterStatus(ApiModel):
     replicas: int = Field(default=0, ge=0, description="Instances ready, both roles (/scale's status.replicas).")
     selector: str | None = Field(default=None, description="Label selector of the instances' pods (/scale's).")
     scaling: ScalingStatus | None = Field(default=None, description="Elastic capacity in force (Operator mode).")
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Ready, Progressing, Degraded.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
+    conditions: list[Condition] = conditions_field("Ready, Progressing, Degraded.")
 
 
 class PDCluster(ApiModel):

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from ..names import GROUP_VERSION, KIND_PREFILL_CLUSTER
 from .admission import GatewayAdmission
-from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef
+from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef, conditions_field
 from .common import GatewayEndpointSpec, KvTransportSpec, Region
 from .engine import EngineSettingsSpec
 from .hardware import HardwareSpec
@@ -184,12 +184,7 @@ class PrefillClusterStatus(ApiModel):
         "heartbeat (operator --status-heartbeat-seconds, 300 s).",
         json_schema_extra={"format": "date-time"},
     )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Ready, Degraded.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
+    conditions: list[Condition] = conditions_field("Ready, Degraded.")
 
 
 class PrefillCluster(ApiModel):
