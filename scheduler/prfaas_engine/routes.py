@@ -6,8 +6,9 @@ token rendering, called first by vllm-router 0.1.17), ``GET /v1/models``, ``GET 
 draining), ``GET /ping`` (liveness, always 200), ``GET /version``, ``POST /reset_prefix_cache``,
 ``GET /metrics``, and the admin API: ``GET /admin/state`` (with the last requests' tracing headers),
 ``POST /admin/drain`` (``{"drain": bool}``, default true), ``POST /admin/role``
-(``{"role": "prefill"|"decode"|"both"}``), ``POST /admin/faults`` (see :mod:`.faults`). There is deliberately no ``/server_info`` or ``/model_info`` (vLLM has none): sglang-router
-then registers the worker without a tokenizer path and never tries to fetch one from a model hub.
+(``{"role": "prefill"|"decode"|"both"}``), ``POST /admin/faults`` (see :mod:`.faults`). There is deliberately
+no ``/server_info`` or ``/model_info`` (vLLM has none): sglang-router then registers the worker without a
+tokenizer path and never tries to fetch one from a model hub.
 """
 
 from __future__ import annotations

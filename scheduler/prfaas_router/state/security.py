@@ -7,8 +7,9 @@ allow-list of a prefill leg, and live rotation of the token, certificate and key
   expired) and logged with its peer and path, never with what it presented.
 * Forwarded to the engine: only the body fields of :data:`BODY_FIELDS` (the KV handle field with only the
   keys a prefill leg asks with, :func:`prfaas_core.launch.vllm.refused_handle_field`), the ``x-request-id``
-  header and a valid W3C ``traceparent`` with its ``tracestate`` (:mod:`prfaas_core.request.tracecontext`); the exchange's own headers (:data:`PRFAAS_HEADERS`) are read by the gateway and stripped. Any other
-  body field, or any other ``x-prfaas-*`` header, is refused with a 400 naming it. Region B's routers send only
+  header and a valid W3C ``traceparent`` with its ``tracestate`` (:mod:`prfaas_core.request.tracecontext`);
+  the exchange's own headers (:data:`PRFAAS_HEADERS`) are read by the gateway and stripped. Any other body
+  field, or any other ``x-prfaas-*`` header, is refused with a 400 naming it. Region B's routers send only
   these (:func:`gateway_body`), so a client's extra fields never make a leg fail.
 * Files kubelet updates in place are polled (``security.credentialPollSeconds``): a changed token is in force at
   once and the previous one accepted ``security.tokenOverlapSeconds`` longer; a changed certificate/key pair
