@@ -342,7 +342,7 @@ def waits_then_serves(stack: Stack, path: Path, url: str) -> None:
     def reason() -> str:
         return str(httpx.get(url + "/ready", timeout=2).json()["error"]["message"])
 
-    wait_for(lambda: "expected a mapping" in reason(), 10, "the empty file's reason")
+    wait_for(lambda: "not valid JSON" in reason(), 10, "the empty file's reason")
     path.write_text(json.dumps({**stack.configs["router"], "thresholdMinTokens": -5}))
     wait_for(lambda: "thresholdMinTokens" in reason(), 10, "the invalid file's reason")
     path.write_text(json.dumps(stack.configs["router"]))

@@ -160,7 +160,7 @@ def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
 
 def load_config(path: str | Path, settings_path: str | Path | None = None) -> tuple[RouterConfig, str]:
