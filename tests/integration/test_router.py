@@ -46,7 +46,21 @@ def metrics(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def waiting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A router started with ``--wait-for-config`` over a file nobody has written yet (as the chart starts one
+    before the operator writes its ConfigMap): the file's path and the router's URL. Started before the stack,
+    so that its start overlaps the stack's."""
+    tmp = tmp_path_factory.mktemp("waiting")
+    path, port = tmp / "router.json", free_port()
+    with processes(tmp) as procs:
+        procs.start(
+            "waiting-router", [*PRFAAS, "router", "--wait-for-config", "--config", str(path), "--port", str(port)]
+        )
+        yield path, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, waiting: tuple[Path, str]) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("router")
     with processes(tmp) as procs:
         yield start_stack(procs, tmp)
@@ -318,32 +332,21 @@ def test_invalid_config_file_keeps_the_previous_config(stack: Stack) -> None:
     wait_for(lambda: "config_error" not in ready(stack.router), 10, "the good file back in force")
 
 
-def test_a_router_waits_for_its_config_and_serves_once_it_is_usable(stack: Stack) -> None:
+def test_a_router_waits_for_its_config_and_serves_once_it_is_usable(stack: Stack, waiting: tuple[Path, str]) -> None:
     """``--wait-for-config`` (the chart's routers and gateways, whose ConfigMap the operator writes later):
     alive and not ready, with the reason, while the file is missing or invalid; serving once it is usable."""
-    path, port = stack.dir / "late-router.json", free_port()
-    url = f"http://127.0.0.1:{port}"
-    stack.spawn("late-router", [*PRFAAS, "router", "--wait-for-config", "--config", str(path), "--port", str(port)])
-    try:
-        waits_then_serves(stack, path, url)
-    finally:
-        stack.procs.stop("late-router")
-
-
-def waits_then_serves(stack: Stack, path: Path, url: str) -> None:
+    path, url = waiting
     wait_for(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, 30, "the waiting router to listen")
     answer = httpx.get(url + "/ready", timeout=2)
     assert answer.status_code == 503 and "cannot read" in answer.json()["error"]["message"], answer.text
     assert metric_value(httpx.get(url + "/metrics", timeout=2).text, "prfaas_router_ready") == 0
     refused = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=5)
     assert refused.status_code == 503 and "no usable configuration yet" in refused.json()["error"]["message"]
-    path.write_text("")  # an empty file, then an invalid one: still waiting, saying why
+    path.write_text(json.dumps({**stack.configs["router"], "thresholdMinTokens": -5}))  # invalid: still waiting
 
     def reason() -> str:
         return str(httpx.get(url + "/ready", timeout=2).json()["error"]["message"])
 
-    wait_for(lambda: "not valid JSON" in reason(), 10, "the empty file's reason")
-    path.write_text(json.dumps({**stack.configs["router"], "thresholdMinTokens": -5}))
     wait_for(lambda: "thresholdMinTokens" in reason(), 10, "the invalid file's reason")
     path.write_text(json.dumps(stack.configs["router"]))
     wait_for(lambda: httpx.get(url + "/ready", timeout=2).status_code == 200, 30, "the router to serve")
