@@ -1,7 +1,8 @@
 """``prfaas router --config FILE``: the sidecar router in front of a PD cluster, or (``mode: gateway`` in the
 file) the prefill gateway in front of a PrFaaS cluster. The file is a RouterConfig (JSON or YAML; schema in
-``crds/router-config.schema.json``), reloaded when it changes. Exit 1 when the file is unreadable or invalid, 2
-on a usage error (a malformed ``--peers``, peers without ``--peers-token-file``)."""
+``crds/router-config.schema.json``), reloaded when it changes. Exit 1 when the file is unreadable or invalid
+(with ``--wait-for-config``: serve ``/ready`` 503 with the reason until it is usable), 2 on a usage error (a
+malformed ``--peers``, peers without ``--peers-token-file``)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="static settings (routing, timeouts, limits, scale blocks) merged over --config, e.g. a "
         "chart-owned ConfigMap; reloaded too",
+    )
+    p.add_argument(
+        "--wait-for-config",
+        action="store_true",
+        help="start even when --config is absent, empty or invalid (an operator-written ConfigMap not there yet): "
+        "answer /health 200, /ready and requests 503 with the reason, and serve once the file is usable "
+        "(polled every second). The chart passes it. Without it such a file is an error (exit 1)",
     )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
@@ -103,14 +111,15 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     peers = [u.strip() for arg in args.peers for u in arg.split(",") if u.strip()]
     try:
-        try:
-            config, _ = load_config(args.config, args.settings)
-        except ConfigError as exc:
-            return error(config_error(exc))
-        check_secure(config, args.allow_insecure_gateway)
-        gw_token = config.gateway.token_file if config.mode == "gateway" and config.gateway else None
-        if gw_token and read_token(gw_token) is None:  # else the app raises it, as a traceback
-            raise ValueError(f"gateway.tokenFile {gw_token}: unreadable or empty (a bearer token, one line)")
+        if not args.wait_for_config:  # else the router judges the file itself, and waits until it is usable
+            try:
+                config, _ = load_config(args.config, args.settings)
+            except ConfigError as exc:
+                return error(config_error(exc))
+            check_secure(config, args.allow_insecure_gateway)
+            gw_token = config.gateway.token_file if config.mode == "gateway" and config.gateway else None
+            if gw_token and read_token(gw_token) is None:  # else the app raises it, as a traceback
+                raise ValueError(f"gateway.tokenFile {gw_token}: unreadable or empty (a bearer token, one line)")
         try:
             peers_dns = parse_peers_dns(args.peers_dns)
         except ValueError as exc:
@@ -132,7 +141,16 @@ def run(args: argparse.Namespace) -> int:
         settings = Path(args.settings) if args.settings else None
         models = frozenset(args.model) if args.model else None
         replicas = ReplicaPeers(tuple(peers), peers_dns, token_file)
-        run_router(Path(args.config), args.host, args.port, settings, args.allow_insecure_gateway, models, replicas)
+        run_router(
+            Path(args.config),
+            args.host,
+            args.port,
+            settings,
+            args.allow_insecure_gateway,
+            models,
+            replicas,
+            args.wait_for_config,
+        )
     except KeyboardInterrupt:
         return EXIT_OK
     return EXIT_OK

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,10 @@ class EngineState:
     dead: bool = False
 
 
+RECENT_REQUESTS = 64
+"""Requests whose tracing headers (``x-request-id``, ``traceparent``, ``tracestate``) ``/admin/state`` lists."""
+
+
 class Engine:
     def __init__(self, config: EngineConfig, clock: Clock, on_die: Callable[[], None] | None = None) -> None:
         self.config = config
@@ -44,6 +49,8 @@ class Engine:
         self.kv_advertise: HostPort | None = None
         self.on_die = on_die
         self._tasks: list[asyncio.Task[None]] = []
+        self.recent: deque[dict[str, str]] = deque(maxlen=RECENT_REQUESTS)
+        """The last requests' tracing headers, as ``/admin/state`` shows them (what reached this engine)."""
         self.metrics.set_info(self.state.role, config.hardware_profile.accelerator, config.engine_id)
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -161,4 +168,5 @@ class Engine:
             "scale": {"time_scale": self.config.scale.time_scale, "byte_scale": self.config.scale.byte_scale},
             "faults": self.faults.settings.model_dump(),
             "steps": core.steps,
+            "recent_requests": list(self.recent),
         }

@@ -4,10 +4,11 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stre
 ``stream_options.include_usage``), ``POST /v1/completions/render`` and ``/v1/chat/completions/render`` (vLLM's
 token rendering, called first by vllm-router 0.1.17), ``GET /v1/models``, ``GET /health`` (200; 503 while
 draining), ``GET /ping`` (liveness, always 200), ``GET /version``, ``POST /reset_prefix_cache``,
-``GET /metrics``, and the admin API: ``GET /admin/state``, ``POST /admin/drain`` (``{"drain": bool}``, default
-true), ``POST /admin/role`` (``{"role": "prefill"|"decode"|"both"}``), ``POST /admin/faults`` (see
-:mod:`.faults`). There is deliberately no ``/server_info`` or ``/model_info`` (vLLM has none): sglang-router
-then registers the worker without a tokenizer path and never tries to fetch one from a model hub.
+``GET /metrics``, and the admin API: ``GET /admin/state`` (with the last requests' tracing headers),
+``POST /admin/drain`` (``{"drain": bool}``, default true), ``POST /admin/role``
+(``{"role": "prefill"|"decode"|"both"}``), ``POST /admin/faults`` (see :mod:`.faults`). There is deliberately
+no ``/server_info`` or ``/model_info`` (vLLM has none): sglang-router then registers the worker without a
+tokenizer path and never tries to fetch one from a model hub.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ class Routes:
         if eng.faults.inject_error():
             return error(500, "injected fault (error_rate): the engine failed this request")
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        traced = {h: request.headers[h] for h in ("x-request-id", "traceparent", "tracestate") if h in request.headers}
+        eng.recent.append({"leg": type(leg).__name__, "request_id": request_id, **traced})
         req = EngineRequest(request_id=request_id, prompt_ids=ids, max_tokens=n, leg=leg)
         try:
             eng.core.submit(req)

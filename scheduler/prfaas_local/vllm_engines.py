@@ -167,6 +167,8 @@ class RealEngine:
     netns: str | None = None
     access: str | None = None
     """The base URL this process reaches the engine by when it runs in a namespace (a forwarder); None: ``url``."""
+    traces_url: str | None = None
+    """Where it sends its OpenTelemetry traces (:meth:`EnginePool.start`); None: tracing off."""
 
     @property
     def url(self) -> str:
@@ -256,10 +258,13 @@ class EnginePool:
         netns: str | None = None,
         host: str = "127.0.0.1",
         access: str | None = None,
+        traces_url: str | None = None,
     ) -> RealEngine:
         """Start ``spec``'s engine (no wait; see :meth:`wait_ready`), inside network namespace ``netns`` if
         given: field references resolve to ``host`` (the namespace's address) and the harness reaches it through
-        ``access`` (a forwarder's URL, :meth:`prfaas_local.netns.NetnsPair.expose`)."""
+        ``access`` (a forwarder's URL, :meth:`prfaas_local.netns.NetnsPair.expose`). ``traces_url``: vLLM's own
+        OpenTelemetry traces go there (``--otlp-traces-endpoint``, OTLP over HTTP, exported every 100 ms), outside
+        the rendered launch: the harness's, not the example's."""
         if name in self.engines and self.engines[name].alive():
             raise ValueError(f"engine {name} is already running")
         launch = engine_launch(spec)
@@ -284,6 +289,9 @@ class EnginePool:
             **launch.resolved_env({POD_IP: host}),
         }
         argv = [self.env.python, *launch.command[1:], *launch.argv]
+        if traces_url is not None:
+            argv += ["--otlp-traces-endpoint", traces_url]
+            env |= {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}
         if netns is not None:
             argv = ["ip", "netns", "exec", netns, *argv]
         log = self.log_dir / f"{name}.log"
@@ -298,7 +306,7 @@ class EnginePool:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        engine = RealEngine(name, spec, launch, host, proc, log, netns, access)
+        engine = RealEngine(name, spec, launch, host, proc, log, netns, access, traces_url)
         self.engines[name] = engine
         return engine
 
@@ -369,7 +377,7 @@ class EnginePool:
         if old is None:
             raise KeyError(name)
         self.stop(name, signal.SIGKILL)
-        engine = self.start(name, old.spec, old.netns, old.host, old.access)
+        engine = self.start(name, old.spec, old.netns, old.host, old.access, old.traces_url)
         self.wait_ready([engine])
         return engine
 

@@ -351,6 +351,10 @@ def test_gateway_mounts_the_operators_configmap_and_the_chart_never_renders_it(
     args = gateway["args"]
     assert args[0] == "router" and args[args.index("--config") + 1] == f"{mount['mountPath']}/{CONFIG_KEY}"
     assert gateway["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # started before the operator wrote its config, it waits, alive and not ready; it serves plain HTTP then, so
+    # the startup probe (HTTPS) holds liveness off until its config, which names the TLS files, is in force
+    assert "--wait-for-config" in args and gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert gateway["startupProbe"]["httpGet"]["scheme"] == "HTTPS"
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v and v["name"] != "peer-ca"}
     mounted = {secrets[m["name"]]: m["mountPath"] for m in gateway["volumeMounts"] if m["name"] in secrets}
 
@@ -541,6 +545,8 @@ def test_router_mounts_the_operators_configmap_and_the_chart_never_renders_it(he
     peers_token = dirname(settings["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"])  # router.replicaSync.tokenSecret
     assert secret_mounts == {f"{SECRETS_DIR}/region-a-gateway-token", f"{SECRETS_DIR}/region-a-gateway-ca", peers_token}
     assert router["args"][0] == "router" and "$(PRFAAS_ROUTER_CONFIG)" in router["args"]
+    # started before the operator wrote its config, it waits (alive, /ready 503 with the reason): no restarts
+    assert "--wait-for-config" in router["args"] and router["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert "checksum/settings" in deploy["spec"]["template"]["metadata"]["annotations"]
 
 
@@ -573,6 +579,7 @@ def test_the_sidecar_named_template_is_what_demo_engine_pods_carry(helm: str) ->
     assert token_file == "/var/run/prfaas/router/peers/token"
     sidecar = by_name["prfaas-router"]
     assert sidecar["args"][sidecar["args"].index("--peers-dns") + 1] == "$(PRFAAS_ROUTER_PEERS_DNS)"
+    assert "--wait-for-config" in sidecar["args"]
     env = {e["name"]: e["value"] for e in sidecar["env"]}  # env wins over the settings' envFrom
     assert parse_peers_dns(env["PRFAAS_ROUTER_PEERS_DNS"]) == (f"{peers['metadata']['name']}.{NAMESPACE}.svc", 8100)
     off = render(

@@ -12,7 +12,19 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from testbed_support import BYTE_SCALE, Stack, counter, http, metric_value, processes, prompt, start_stack, wait_for
+from testbed_support import (
+    BYTE_SCALE,
+    PRFAAS,
+    Stack,
+    counter,
+    free_port,
+    http,
+    metric_value,
+    processes,
+    prompt,
+    start_stack,
+    wait_for,
+)
 
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.capacity.profiles import builtin_model_profiles
@@ -34,7 +46,21 @@ def metrics(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def waiting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A router started with ``--wait-for-config`` over a file nobody has written yet (as the chart starts one
+    before the operator writes its ConfigMap): the file's path and the router's URL. Started before the stack,
+    so that its start overlaps the stack's."""
+    tmp = tmp_path_factory.mktemp("waiting")
+    path, port = tmp / "router.json", free_port()
+    with processes(tmp) as procs:
+        procs.start(
+            "waiting-router", [*PRFAAS, "router", "--wait-for-config", "--config", str(path), "--port", str(port)]
+        )
+        yield path, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, waiting: tuple[Path, str]) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("router")
     with processes(tmp) as procs:
         yield start_stack(procs, tmp)
@@ -284,14 +310,85 @@ def test_hot_reload_applies_limits_and_backpressure_answers_429(stack: Stack) ->
         stack.write_router_config(limits={})
 
 
+def ready(url: str) -> dict[str, object]:
+    answer: dict[str, object] = httpx.get(url + "/ready", timeout=5).json()
+    return answer
+
+
 def test_invalid_config_file_keeps_the_previous_config(stack: Stack) -> None:
+    """A file rewritten invalid is reported and the previous configuration serves on: /ready stays ready, its
+    config_digest still the one in force, its config_error saying why the new file is not."""
+    in_force = ready(stack.router)["config_digest"]
     good = (stack.dir / "router.json").read_text()
     (stack.dir / "router.json").write_text('{"pdCluster": "pd", "thresholdMinTokens": -5}')
     try:
         wait_for(lambda: "invalid RouterConfig" in (stack.dir / "router.log").read_text(), 10, "the reload error")
+        answer = wait_for(lambda: (a := ready(stack.router)).get("config_error") and a, 10, "/ready's config_error")
+        assert answer["status"] == "ready" and answer["config_digest"] == in_force
+        assert "thresholdMinTokens" in str(answer["config_error"])
         assert complete(stack, prompt(100))[0] == 200
     finally:
         (stack.dir / "router.json").write_text(good)
+    wait_for(lambda: "config_error" not in ready(stack.router), 10, "the good file back in force")
+
+
+def test_a_router_waits_for_its_config_and_serves_once_it_is_usable(stack: Stack, waiting: tuple[Path, str]) -> None:
+    """``--wait-for-config`` (the chart's routers and gateways, whose ConfigMap the operator writes later):
+    alive and not ready, with the reason, while the file is missing or invalid; serving once it is usable."""
+    path, url = waiting
+    wait_for(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, 30, "the waiting router to listen")
+    answer = httpx.get(url + "/ready", timeout=2)
+    assert answer.status_code == 503 and "cannot read" in answer.json()["error"]["message"], answer.text
+    assert metric_value(httpx.get(url + "/metrics", timeout=2).text, "prfaas_router_ready") == 0
+    refused = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=5)
+    assert refused.status_code == 503 and "no usable configuration yet" in refused.json()["error"]["message"]
+    path.write_text(json.dumps({**stack.configs["router"], "thresholdMinTokens": -5}))  # invalid: still waiting
+
+    def reason() -> str:
+        return str(httpx.get(url + "/ready", timeout=2).json()["error"]["message"])
+
+    wait_for(lambda: "thresholdMinTokens" in reason(), 10, "the invalid file's reason")
+    path.write_text(json.dumps(stack.configs["router"]))
+    wait_for(lambda: httpx.get(url + "/ready", timeout=2).status_code == 200, 30, "the router to serve")
+    status, body = http("POST", url + "/v1/completions", {"model": "m", "prompt": prompt(500), "max_tokens": 2})
+    assert status == 200, body
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def traced(stack: Stack, engine: str, request_id: str) -> list[dict[str, str]]:
+    """The tracing headers of ``request_id``'s legs as ``engine`` received them (the emulator's record)."""
+    recent = httpx.get(stack.url(engine) + "/admin/state", timeout=5).json()["recent_requests"]
+    return [r for r in recent if r.get("x-request-id") == request_id]
+
+
+def test_trace_context_reaches_the_engines_on_every_leg(stack: Stack) -> None:
+    """A client's traceparent and tracestate reach the PD prefill and decode engines, and through the gateway the
+    PrFaaS engine, with its x-request-id; without a valid one the router starts a trace both legs share."""
+
+    def send(text: str, request_id: str, **trace: str) -> str:
+        body = {"model": "m", "prompt": text, "max_tokens": 2}
+        answer = httpx.post(
+            stack.router + "/v1/completions", json=body, headers={"x-request-id": request_id, **trace}, timeout=30
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.headers["x-prfaas-route"]
+
+    client = {"traceparent": TRACEPARENT, "tracestate": "client=1"}
+    assert send(prompt(2_000), "trace-local", **client) == "local"
+    assert send(prompt(40_000), "trace-remote", **client) == "remote"
+    for engine, request_id in (("pdp", "trace-local"), ("pdd", "trace-local"), ("prf", "trace-remote"),
+                               ("pdd", "trace-remote")):  # fmt: skip
+        legs = traced(stack, engine, request_id)
+        assert legs and all(leg.get("traceparent") == TRACEPARENT for leg in legs), (engine, legs)
+        assert all(leg.get("tracestate") == "client=1" for leg in legs), (engine, legs)
+    assert send(prompt(2_000), "trace-new", traceparent="00-not-a-trace", tracestate="x=1") == "local"
+    prefill, decode = traced(stack, "pdp", "trace-new"), traced(stack, "pdd", "trace-new")
+    assert len(prefill) == len(decode) == 1, (prefill, decode)
+    started = prefill[0]["traceparent"]
+    assert started == decode[0]["traceparent"] and started.startswith("00-") and started.endswith("-01")
+    assert "tracestate" not in prefill[0] and "tracestate" not in decode[0]
 
 
 def test_gateway_down_opens_the_breaker_and_nothing_is_lost(tmp_path: Path) -> None:

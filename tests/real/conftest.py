@@ -20,6 +20,7 @@ import pytest
 from prfaas_core.launch.engines import EngineSpec
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnv, example_slo, example_specs
+from support.otlp import OtlpReceiver
 from support.real_engines import prepare_or_skip
 
 THRESHOLD_TOKENS = 768
@@ -107,15 +108,31 @@ def example() -> dict[str, dict[str, EngineSpec]]:
 
 
 @pytest.fixture(scope="session")
-def engines(vllm_pool: EnginePool, example: dict[str, dict[str, EngineSpec]]) -> Engines:
+def otlp() -> Iterator[OtlpReceiver]:
+    """Where the tier's engines send vLLM's own OpenTelemetry traces (a path per engine)."""
+    receiver = OtlpReceiver()
+    AT_TIER_END.append(receiver.close)
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+@pytest.fixture(scope="session")
+def engines(otlp: OtlpReceiver, vllm_pool: EnginePool, example: dict[str, dict[str, EngineSpec]]) -> Engines:
     """The tier's engines, started from the example's rendered specs (the harness substitutes only the model's path,
-    the ports and this host's address and interface: :meth:`EnginePool.on_this_host`)."""
+    the ports and this host's address and interface: :meth:`EnginePool.on_this_host`; and it turns vLLM's tracing
+    on, to ``otlp``)."""
     prfaas, pd = example["prfaas-cpu"], example["pd-cpu"]
+
+    def start(name: str, spec: EngineSpec) -> RealEngine:
+        return vllm_pool.start(name, vllm_pool.on_this_host(spec), traces_url=f"{otlp.url}/{name}")
+
     started = Engines(
-        prfaas=vllm_pool.start("prfaas", vllm_pool.on_this_host(prfaas["prfaas-prefill"])),
-        pdp0=vllm_pool.start("pdp0", vllm_pool.on_this_host(pd["pd-prefill"])),
-        pdp1=vllm_pool.start("pdp1", vllm_pool.on_this_host(pd["pd-prefill"])),
-        pdd=vllm_pool.start("pdd", vllm_pool.on_this_host(pd["pd-decode"])),
+        prfaas=start("prfaas", prfaas["prfaas-prefill"]),
+        pdp0=start("pdp0", pd["pd-prefill"]),
+        pdp1=start("pdp1", pd["pd-prefill"]),
+        pdd=start("pdd", pd["pd-decode"]),
     )
     vllm_pool.wait_ready([started.prfaas, started.pdp0, started.pdp1, started.pdd])
     for producer in (started.prfaas, started.pdp0, started.pdp1):

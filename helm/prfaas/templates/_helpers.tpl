@@ -184,7 +184,8 @@ The served model's tokenizer volume (values.tokenizer), mounted read-only into r
 
 {{/*
 The router's volumes. The operator's ConfigMap is optional: a router started before the operator wrote it
-restarts until it appears (kubelet then fills the volume; later changes are hot-reloaded by the router).
+waits (--wait-for-config: alive, /ready 503 with the reason) until it appears (kubelet then fills the volume;
+later changes are hot-reloaded by the router).
 */}}
 {{- define "prfaas.routerSidecar.volumes" -}}
 - name: prfaas-router-config
@@ -227,6 +228,7 @@ Clients then call port `router` (sidecar.port) of any engine pod. The engine's o
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   args:
     - router
+    - --wait-for-config
     - --config
     - $(PRFAAS_ROUTER_CONFIG)
     - --host

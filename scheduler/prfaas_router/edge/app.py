@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from prfaas_core import names
 from prfaas_core.api import RouterConfig
@@ -24,7 +24,14 @@ from ..state.config import ConfigWatcher, compile_config, load_config
 from ..state.metrics import RouterMetrics
 from ..state.peers import NO_PEERS, ReplicaPeers, ReplicaSync
 from ..state.runtime import Runtime
-from ..state.security import InsecureGatewayError, SecurityMetrics, TlsReloader, TokenAuth, auth_middleware
+from ..state.security import (
+    InsecureGatewayError,
+    SecurityMetrics,
+    TlsReloader,
+    TokenAuth,
+    auth_middleware,
+    read_token,
+)
 from ..state.signals import Signals, not_ready_reason
 from ..state.wire import CLIENT_KEEPALIVE_S, error_body
 from .hygiene import Hygiene, start_listener
@@ -108,6 +115,8 @@ def create_app(
     watcher = ConfigWatcher(config_path, settings_path) if config_path else None
     if watcher is not None:
         watcher.poll()  # record the current digest
+        if watcher.rejected is None:
+            watcher.applied = watcher.digest
         app[WATCHER] = watcher
 
     async def background(app: web.Application) -> AsyncIterator[None]:
@@ -137,8 +146,10 @@ def create_app(
                                 security.insecure.set(0 if auth.token else 1)
                                 hygiene.budget.authenticating = auth.token is not None
                             hygiene.configure(new.security)
+                            watcher.applied, watcher.rejected = watcher.digest, None
                             log.info("configuration reloaded", path=str(config_path), endpoints=len(new.endpoints))
                         except (ValueError, OSError) as exc:
+                            watcher.rejected = str(exc)
                             log.error("configuration rejected; keeping the previous one", error=str(exc))
                     elif watcher.last_error:
                         log.error("configuration file invalid; keeping the previous one", error=watcher.last_error)
@@ -207,14 +218,16 @@ async def _ready(request: web.Request) -> web.Response:
     watcher = request.app.get(WATCHER)
     # the digest of the configuration file in force (sha256 of its bytes, NUL, the settings file's bytes):
     # a writer of the file can wait until the router has applied what it wrote — also while the router is not
-    # ready, which is when the long-term loop's emergency flip publishes its drain
-    digest = watcher.digest if watcher is not None else None
+    # ready, which is when the long-term loop's emergency flip publishes its drain. A file rejected on reload
+    # leaves the previous digest, and says why in config_error (the previous configuration stays in force)
+    digest = watcher.applied if watcher is not None else None
+    rejected = {"config_error": watcher.rejected} if watcher is not None and watcher.rejected else {}
     why = not_ready_reason(rt)
     healthy = [n for n, load in rt.snapshot.engines.items() if load.healthy]
     if why is not None or not healthy:
         message = f"not ready: {why}" if why is not None else "no healthy engine behind the router yet"
         return web.json_response(
-            {**error_body(503, message, "service_unavailable"), "config_digest": digest}, status=503
+            {**error_body(503, message, "service_unavailable"), "config_digest": digest, **rejected}, status=503
         )
     # each remote PrFaaS cluster as the router sees it now: "ready", why not, or "unknown" before its first poll
     snap = rt.snapshot
@@ -232,6 +245,7 @@ async def _ready(request: web.Request) -> web.Response:
             "config_digest": digest,
             "remotes": remotes,
             "link_calendar": calendar,
+            **rejected,
         }
     )
 
@@ -262,9 +276,10 @@ def run(
     allow_insecure_gateway: bool = False,
     models: frozenset[str] | None = None,
     peers: ReplicaPeers = NO_PEERS,
+    wait_for_config: bool = False,
 ) -> None:
     """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies)."""
-    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models, peers)
+    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models, peers, wait_for_config)
     try:
         import uvloop
     except ImportError:  # optional speedup
@@ -282,9 +297,13 @@ async def serve(
     allow_insecure_gateway: bool = False,
     models: frozenset[str] | None = None,
     peers: ReplicaPeers = NO_PEERS,
+    wait_for_config: bool = False,
 ) -> None:
-    """Run until cancelled (the CLI's ``prfaas router``)."""
-    config, _ = load_config(config_path, settings_path)
+    """Run until cancelled (the CLI's ``prfaas router``); with ``wait_for_config``, first :func:`await_config`."""
+    if wait_for_config:
+        config = await await_config(config_path, settings_path, allow_insecure_gateway, host, port)
+    else:
+        config, _ = load_config(config_path, settings_path)
     app = create_app(
         config,
         config_path,
@@ -300,3 +319,72 @@ async def serve(
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+# --- Waiting for the configuration: a router or gateway started before the operator wrote its ConfigMap (an
+# optional volume: the file is absent until then), or over an invalid one, serves no answers from a guess. It
+# answers /health 200 (alive: no restart, no kubelet backoff delaying it later), /ready and every other path 503
+# with the reason, /metrics prfaas_router_ready 0, and starts serving once a usable file appears.
+
+CONFIG_WAIT_POLL_S = 1.0
+
+
+def usable_config(
+    config_path: Path, settings_path: Path | None, allow_insecure_gateway: bool
+) -> tuple[RouterConfig | None, str]:
+    """The configuration when the router can start on it, else None and why not (one line): the file's
+    parse and validation, the gateway's security (:func:`check_secure`, its token file) and compilation."""
+    try:
+        config, _ = load_config(config_path, settings_path)
+        check_secure(config, allow_insecure_gateway)
+        token = config.gateway.token_file if config.mode == "gateway" and config.gateway else None
+        if token and read_token(token) is None:
+            raise ValueError(f"gateway.tokenFile {token}: unreadable or empty (a bearer token, one line)")
+        compile_config(config)
+    except (ValueError, OSError) as exc:  # ConfigError and InsecureGatewayError are ValueErrors
+        return None, " ".join(str(exc).split())
+    return config, ""
+
+
+async def await_config(
+    config_path: Path,
+    settings_path: Path | None,
+    allow_insecure_gateway: bool,
+    host: str,
+    port: int,
+    poll_s: float = CONFIG_WAIT_POLL_S,
+) -> RouterConfig:
+    """The first usable configuration (:func:`usable_config`, polled every ``poll_s``); until then a listener on
+    ``host:port`` answers as the section above says, in plain HTTP (the TLS files are named by the config)."""
+    config, why = usable_config(config_path, settings_path, allow_insecure_gateway)
+    if config is not None:
+        return config
+    registry = CollectorRegistry()
+    Gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=registry).set(0)
+    reason = [why]
+
+    async def waiting(request: web.Request) -> web.Response:
+        if request.path == "/health":
+            return web.json_response({"status": "ok", "config": "waiting"})
+        if request.path == "/metrics":
+            return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        message = f"not ready: no usable configuration yet: {reason[0]}"
+        return web.json_response({**error_body(503, message, "service_unavailable"), "config_digest": None}, status=503)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", waiting)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    log.warning("no usable configuration yet: waiting for it (/ready answers 503)", config=str(config_path), error=why)
+    try:
+        while config is None:
+            await asyncio.sleep(poll_s)
+            config, why = usable_config(config_path, settings_path, allow_insecure_gateway)
+            if config is None and why != reason[0]:
+                log.warning("still no usable configuration", config=str(config_path), error=why)
+                reason[0] = why
+    finally:
+        await runner.cleanup()  # the router's own listener takes the port over
+    log.info("configuration found: starting", config=str(config_path), mode=config.mode)
+    return config

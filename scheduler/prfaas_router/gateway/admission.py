@@ -10,7 +10,7 @@ caller accepts (its wait or, for a window that does not start now, its predicted
 instances' real queues and paced egress, whenever the window starts) is declined at once:
 429, ``Retry-After`` and an :class:`~prfaas_core.api.AdmissionDecline`
 (``link_window`` with the earliest start and the predicted TTFT; ``overloaded`` when ``maxWaiting`` prefills
-already wait). The headers never reach the engine (the gateway forwards only ``x-request-id``).
+already wait). The headers never reach the engine (the gateway forwards only the tracing headers).
 
 **Available bandwidth.** The routers measure what the link delivers (:mod:`prfaas_core.policy.link_estimate`,
 from their pulls' timing) and send it along while it bounds the configured capacity

@@ -204,7 +204,7 @@ async def _release(
             async with proxy.legs.post(
                 f"{endpoint.url}/v1/completions",
                 data=json_bytes(release_body(kv)),
-                headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
+                headers={**request_id.headers(), "Content-Type": JSON_CONTENT},
                 timeout=aiohttp.ClientTimeout(total=RELEASE_TIMEOUT_S),
             ) as resp:
                 await resp.read()

@@ -191,7 +191,7 @@ async def remote_prefill(
     rt, request_id, probe = proxy.rt, call.ids, call.probe
     duration = rt.compiled.prfaas.prefill_seconds(float(uncached))
     rt.start_transfer(remote.link, request_id.key, nbytes, duration)
-    headers = {"x-request-id": request_id.trace, LINK_HEADER: remote.link}
+    headers = {**request_id.headers(), LINK_HEADER: remote.link}
     if max_wait_s < float("inf"):
         avail = rt.available.get(remote.link)
         headers.update(admission_headers(remote.link, nbytes, max_wait_s, avail, max_ttft_s, slo_ttft_s))
@@ -257,7 +257,7 @@ async def local_prefill(proxy: LegHost, call: Call, plan: LocalPlan, uncached: i
             async with proxy.legs.post(
                 f"{endpoint.url}{call.path}",
                 data=json_bytes(prefill_body(call.body)),
-                headers={"x-request-id": call.ids.trace, "Content-Type": JSON_CONTENT},
+                headers={**call.ids.headers(), "Content-Type": JSON_CONTENT},
                 timeout=aiohttp.ClientTimeout(total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds),
             ) as resp:
                 data = await resp.read()

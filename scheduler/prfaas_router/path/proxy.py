@@ -26,6 +26,7 @@ from prfaas_core.policy.routing import RouteDecision
 from prfaas_core.policy.short_term import RoutePlan
 from prfaas_core.request.params import check_request
 from prfaas_core.request.tokens import block_hashes
+from prfaas_core.request.tracecontext import START_BYTES, trace_context
 
 from ..state.config import count_prompt
 from ..state.metrics import RouterMetrics
@@ -161,7 +162,9 @@ class Proxy:
         if self.models is not None and body.get("model") not in self.models:
             return model_not_found(body.get("model"))
         # the ledger keys on an id the router makes; the client's x-request-id only travels for tracing
-        request_ids = RequestIds(os.urandom(12).hex(), request.headers.get("x-request-id", "")[:200])
+        # the client's trace context (or a new trace) on every leg: the engines' spans join the client's trace
+        context = trace_context(request.headers, os.urandom(START_BYTES))
+        request_ids = RequestIds(os.urandom(12).hex(), request.headers.get("x-request-id", "")[:200], context)
         call = Call(request_ids, m, request.path, body, len(ids), started, prompt_ids=ids)
         if rt.in_flight >= limits.max_in_flight:
             return call.refuse(
@@ -390,7 +393,7 @@ class Proxy:
             return await self.legs.post(
                 f"{endpoint.url}{leg.request.path}",
                 data=json_bytes(decode_body(leg.body, kv)),
-                headers={"x-request-id": request_id.trace, "Content-Type": JSON_CONTENT},
+                headers={**request_id.headers(), "Content-Type": JSON_CONTENT},
                 timeout=timeout,
             )
 

@@ -160,7 +160,7 @@ def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
 
 def load_config(path: str | Path, settings_path: str | Path | None = None) -> tuple[RouterConfig, str]:
@@ -187,6 +187,11 @@ class ConfigWatcher:
     settings_path: Path | None = None
     digest: str = ""
     last_error: str | None = None
+    applied: str = ""
+    """The digest of the configuration in force (``/ready``'s ``config_digest``): the caller sets it when it has
+    applied what :meth:`poll` returned."""
+    rejected: str | None = None
+    """Why the file's current version is not in force (invalid, or refused when applied), until one is applied."""
     clock: Callable[[], float] = time.monotonic
     _unreadable: tuple[str, float, float] | None = None
     """(the error, when it is next reported, the backoff after that)."""
@@ -219,7 +224,7 @@ class ConfigWatcher:
             )
             config = parse_config(data.decode("utf-8", errors="replace"), str(self.path), settings)
         except ConfigError as exc:
-            self.last_error = str(exc)
+            self.last_error = self.rejected = str(exc)
             self.digest = digest  # report once per bad version, keep the old config
             return None
         self.digest, self.last_error = digest, None

@@ -6,9 +6,10 @@ allow-list of a prefill leg, and live rotation of the token, certificate and key
 * A refused caller is counted in ``prfaas_gateway_auth_failures_total{reason}`` (missing, malformed, wrong,
   expired) and logged with its peer and path, never with what it presented.
 * Forwarded to the engine: only the body fields of :data:`BODY_FIELDS` (the KV handle field with only the
-  keys a prefill leg asks with, :func:`prfaas_core.launch.vllm.refused_handle_field`) and the ``x-request-id``
-  header; the exchange's own headers (:data:`PRFAAS_HEADERS`) are read by the gateway and stripped. Any other
-  body field, or any other ``x-prfaas-*`` header, is refused with a 400 naming it. Region B's routers send only
+  keys a prefill leg asks with, :func:`prfaas_core.launch.vllm.refused_handle_field`), the ``x-request-id``
+  header and a valid W3C ``traceparent`` with its ``tracestate`` (:mod:`prfaas_core.request.tracecontext`);
+  the exchange's own headers (:data:`PRFAAS_HEADERS`) are read by the gateway and stripped. Any other body
+  field, or any other ``x-prfaas-*`` header, is refused with a 400 naming it. Region B's routers send only
   these (:func:`gateway_body`), so a client's extra fields never make a leg fail.
 * Files kubelet updates in place are polled (``security.credentialPollSeconds``): a changed token is in force at
   once and the previous one accepted ``security.tokenOverlapSeconds`` longer; a changed certificate/key pair
@@ -33,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from prfaas_core import names
 from prfaas_core.launch.kinds import engine_kind
+from prfaas_core.request.tracecontext import trace_context
 
 from .wire import json_error
 
@@ -68,7 +70,7 @@ token); anything else (``chat_template``, ``tools``, ``logprobs``, ...) is refus
 PRFAAS_HEADERS = frozenset(names.ADMISSION_HEADERS)
 """The exchange's admission headers (INTERFACES.md): read by the gateway, never passed to an engine."""
 FORWARDED_HEADERS = ("x-request-id",)
-"""Headers passed on to the engine (tracing only)."""
+"""Headers passed on to the engine (tracing only), besides the trace context (:func:`forwarded_headers`)."""
 OPEN_PATHS = frozenset({"/health", "/ready"})
 
 
@@ -76,14 +78,20 @@ OPEN_PATHS = frozenset({"/health", "/ready"})
 class RequestIds:
     """A request's ids: ``key``, made by the router, keys the egress ledger and every internal table; ``trace``
     is the client's ``x-request-id``, passed on to the legs for tracing only (the key when the client sent
-    none), so that no client can make two transfers share one ledger entry."""
+    none), so that no client can make two transfers share one ledger entry. ``context``: the W3C trace headers
+    every leg carries (:func:`prfaas_core.request.tracecontext.trace_context`)."""
 
     key: str
     client: str = ""
+    context: tuple[tuple[str, str], ...] = ()
 
     @property
     def trace(self) -> str:
         return self.client or f"prfaas-{self.key}"
+
+    def headers(self) -> dict[str, str]:
+        """What every leg sends for tracing: ``x-request-id`` and the trace context."""
+        return {"x-request-id": self.trace, **dict(self.context)}
 
 
 def gateway_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -119,7 +127,8 @@ def _non_negative_number(text: str) -> bool:
 
 
 def forwarded_headers(headers: Any) -> dict[str, str]:
-    return {h: headers[h][:200] for h in FORWARDED_HEADERS if h in headers}
+    """The caller's tracing headers as the gateway passes them to its engine (a valid trace context only)."""
+    return {**{h: headers[h][:200] for h in FORWARDED_HEADERS if h in headers}, **dict(trace_context(headers))}
 
 
 class InsecureGatewayError(ValueError):
