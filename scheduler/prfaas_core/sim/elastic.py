@@ -46,7 +46,7 @@ class ElasticParams:
 
     prfaas: ScaleBounds
     pd: ScaleBounds
-    behavior: ScaleBehavior = ScaleBehavior()
+    behavior: ScaleBehavior = field(default_factory=ScaleBehavior)
     period_s: float = 30.0
     target_utilization: float = 0.8
     rate_window_s: float = 120.0
@@ -146,6 +146,11 @@ class ElasticLoop:
         p = self.params
         for cluster in (self.site, self.pd):
             self._retire_empty(cluster, now)
+        if now < p.rate_window_s:  # a rate over the window needs the window: the size holds until then
+            self.site.rates(now, p.rate_window_s)
+            self.pd.rates(now, p.rate_window_s)
+            sim.events.at(now + p.period_s, self._cycle, None)
+            return
         site_need, site_why = self._site_demand(now)
         pd_need, pd_why, decode_need = self._pd_demand(now)
         site = self._decide(self.site, now, site_need, site_why, sum(1 for i in sim.prfaas if now >= i.available_at_s))

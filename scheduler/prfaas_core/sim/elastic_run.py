@@ -3,8 +3,10 @@
 *Static*: ``prfaas_pd`` (live ``t``, role loop, link windows) at fixed sizes. Which sizes: what an operator would
 deploy — the planner's cheapest deployment (:func:`~prfaas_core.capacity.budget.cheapest_for_rate`) for the
 busiest stretch of the day, taken window by window (each window's rate and its own length mix, sizes the
-elementwise maximum over windows) — plus its neighbourhood (±1 PrFaaS, ±1 PD instance). The best static is the
-fewest GPU-hours among those whose attainment meets the objective. (Searching every ``N_prfaas x N_pd x split``
+elementwise maximum over windows) — plus its neighbourhood (±1 PrFaaS, ±1 PD instance), then a walk down from the
+best of them (one PrFaaS or one PD instance fewer, while the objective still holds: the planner's sizes may be
+more than the simulated day needs). The best static is the fewest GPU-hours among those whose attainment meets
+the objective (the scenario's ``search.attainment``). (Searching every ``N_prfaas x N_pd x split``
 would be ~1000 day-long runs; the planner is the tool that sizes a deployment, so it picks the candidates.)
 
 *Elastic*: the same deployment starting at the planner's sizes, with :class:`~prfaas_core.sim.elastic.ElasticLoop`
@@ -28,11 +30,13 @@ from .deployments import plan_deployments
 from .elastic import ElasticLoop, ElasticParams, ElasticTrace
 from .metrics import RunSummary, summarize
 from .results import RunResult
+from .scenario import SimElasticSpec
 from .search import Prepared
 from .simulation import Simulation
 
 EXAMPLE_PRICES = (40.0, 16.0, 0.002)
-"""Per PrFaaS instance-hour, per PD instance-hour, per link GB (``docs/planning.md``'s example prices)."""
+"""Per PrFaaS instance-hour, per PD instance-hour, per link GB (``docs/planning.md``'s example prices; the
+scenario's ``elastic`` block's defaults)."""
 
 
 @dataclass(frozen=True)
@@ -173,15 +177,24 @@ def neighbourhood(peak: tuple[int, int], prfaas: tuple[int, int], pd: tuple[int,
     return out
 
 
-def default_params(
-    prfaas: tuple[int, int] = (1, 8), pd: tuple[int, int] = (2, 16), behavior: ScaleBehavior | None = None
-) -> ElasticParams:
-    """The issue's grid as bounds (PrFaaS 1–8, PD 2–16), the ``scaling`` block's defaults otherwise."""
-    return ElasticParams(
-        ScaleBounds(*prfaas),
-        ScaleBounds(*pd),
-        behavior if behavior is not None else ScaleBehavior(),
+def elastic_params(spec: SimElasticSpec) -> ElasticParams:
+    """The loops' bounds and behaviour from the scenario's ``elastic`` block (the ``scaling`` block's meanings)."""
+    behavior = ScaleBehavior(
+        tolerance=spec.tolerance,
+        scale_down_window_s=spec.scale_down_stabilization_seconds,
+        startup_s=spec.startup_seconds,
     )
+    return ElasticParams(
+        ScaleBounds(spec.prfaas_min_instances, spec.prfaas_max_instances),
+        ScaleBounds(spec.pd_min_instances, spec.pd_max_instances),
+        behavior,
+        period_s=spec.period_seconds,
+        target_utilization=spec.target_utilization,
+    )
+
+
+def prices(spec: SimElasticSpec) -> tuple[float, float, float]:
+    return spec.prfaas_price_per_instance_hour, spec.pd_price_per_instance_hour, spec.link_price_per_gb
 
 
 def best_static(outcomes: Iterable[Outcome], objective: float) -> Outcome | None:
@@ -197,16 +210,35 @@ def compare(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[tuple[int, int], list[Outcome], Outcome]:
     """(the planner's peak sizes, the static runs, the elastic run)."""
-    params = params or default_params()
-    peak = peak_sizes(prepared)
+    spec = prepared.scenario.elastic
+    params = params or elastic_params(spec)
+    cost = prices(spec)
+    peak = peak_sizes(prepared, prices=cost, max_prfaas=params.prfaas.max_instances, max_pd=params.pd.max_instances)
     bounds = (params.prfaas.min_instances, params.prfaas.max_instances)
     pd_bounds = (params.pd.min_instances, params.pd.max_instances)
-    statics = []
-    for n_prf, n_pd in candidates if candidates is not None else neighbourhood(peak, bounds, pd_bounds):
-        if progress is not None:
-            progress(f"static {n_prf} PrFaaS + {n_pd} PD")
-        statics.append(run_static(prepared, n_prf, n_pd))
+    runs: dict[tuple[int, int], Outcome] = {}
+
+    def static(n_prf: int, n_pd: int) -> Outcome:
+        if (n_prf, n_pd) not in runs:
+            if progress is not None:
+                progress(f"static {n_prf} PrFaaS + {n_pd} PD")
+            runs[(n_prf, n_pd)] = run_static(prepared, n_prf, n_pd, cost)
+        return runs[(n_prf, n_pd)]
+
+    for n in candidates if candidates is not None else neighbourhood(peak, bounds, pd_bounds):
+        static(*n)
+    objective = prepared.scenario.search.attainment
+    best = best_static(runs.values(), objective)
+    while candidates is None and best is not None:  # the planner's peak may be more than needed: walk down
+        n_prf, n_pd = int(best.n_prfaas), int(best.n_pd)
+        smaller = [(n_prf - 1, n_pd), (n_prf, n_pd - 1)]
+        tried = [static(a, b) for a, b in smaller if a >= bounds[0] and b >= pd_bounds[0]]
+        ok = best_static(tried, objective)
+        if ok is None:
+            break
+        best = ok
+    statics = list(runs.values())
     if progress is not None:
         progress("elastic")
-    elastic = run_elastic(prepared, peak, params)
+    elastic = run_elastic(prepared, peak, params, cost)
     return peak, statics, elastic
