@@ -150,6 +150,7 @@ def peak_sizes(
     while start < duration:
         end = min(duration, start + window_s)
         reqs = [r for r in prepared.requests if start <= r.arrival_s < end]
+        rate = len(reqs) / (end - start)
         start = end
         if len(reqs) < 20:
             continue
@@ -157,9 +158,9 @@ def peak_sizes(
             base,
             lengths=EmpiricalDistribution.from_lengths(max(1, r.uncached_tokens) for r in reqs),
             output_tokens=sum(r.output_tokens for r in reqs) / len(reqs),
-            arrival_rate_per_second=len(reqs) / window_s,
+            arrival_rate_per_second=rate,
         )
-        best = cheapest_for_rate(inputs, len(reqs) / window_s, prices[2], max_prfaas, max_pd)
+        best = cheapest_for_rate(inputs, rate, prices[2], max_prfaas, max_pd)
         if best is None:
             return max_prfaas, max_pd
         pt = best.point
