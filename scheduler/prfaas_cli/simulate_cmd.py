@@ -6,6 +6,7 @@ Reports throughput (highest rate without unbounded queues) and goodput (highest 
 requests meet the TTFT and decode SLOs), both found by search; TTFT percentiles, TPOT, egress (mean and
 peak over 1-s windows) against the link's cap, offload fraction, role flips and utilisation per stage at
 the scenario's own rates. ``--plot-dir`` writes PNGs (TTFT CDF, egress vs cap, roles and ``t`` over time).
+``--elastic`` compares elastic capacity with the best static deployment instead (:mod:`.simulate_elastic`).
 ``--write-trace FILE`` writes the scenario's request sequence as a JSONL trace and exits. ``-`` reads the
 scenario from standard input. A progress bar is drawn on stderr only when it is a terminal. Exit 0 ok, 1 invalid
 input or a failure (nothing written on invalid input), 2 usage.
@@ -46,6 +47,7 @@ from prfaas_local.manifests import STDIN, InputError, read_input
 from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
 from .output import EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, error, fail, is_terminal, os_error
+from .simulate_elastic import run_elastic
 
 
 class SimulateCliError(Exception):
@@ -67,6 +69,11 @@ def register(sub: Any) -> None:
     p.add_argument("--no-search", action="store_true", help="reference runs only (no throughput/goodput search)")
     p.add_argument("--jobs", "-j", type=int, metavar="N", help="worker processes (default: CPUs)")
     p.add_argument("--write-trace", metavar="FILE", help="write the scenario's requests as a JSONL trace and exit")
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="elastic capacity against the planner's static sizes for the peak (as elastic.enabled: true)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -325,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
             return error(os_error(f"--write-trace {args.write_trace}", exc))
         print(f"wrote {len(prepared.requests)} requests to {args.write_trace}", file=sys.stderr)
         return 0
+    if args.elastic or scenario.elastic.enabled:
+        return run_elastic(prepared, args.output, plot_dir)
     search = not args.no_search and scenario.search.enabled
     n_tasks = len(scenario.deployments) + (8 if scenario.search.compare_static_splits else 0)
     jobs = args.jobs if args.jobs is not None else max(1, min(os.cpu_count() or 1, n_tasks))

@@ -32,6 +32,7 @@ def run(script: str, *args: str, timeout: float = 240.0) -> str:
 
 def test_every_benchmark_has_a_smoke_test() -> None:
     covered = {
+        "elastic_capacity",
         "goodput_vs_peers",
         "operator_scale",
         "parity",
@@ -47,6 +48,15 @@ def test_every_benchmark_has_a_smoke_test() -> None:
 def test_sim_speed() -> None:
     out = run("sim_speed.py", "--smoke")
     assert "production policies" in out and "fixed-t baseline" in out
+
+
+def test_elastic_capacity(tmp_path: Path) -> None:
+    out = run("elastic_capacity.py", "--smoke", "--out", str(tmp_path))
+    assert "elastic / best static" in out or "no static run met the objective" in out
+    rep = json.loads((tmp_path / "elastic.json").read_text())
+    assert rep["elastic"]["completed"] == rep["elastic"]["arrived"] > 0
+    assert rep["elastic"]["gpu_hours"] > 0 and rep["static"]
+    assert (tmp_path / "elastic-capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_router_decision() -> None:

@@ -63,6 +63,29 @@ def test_json_report_with_searches_and_plots(tiny: Path, tmp_path: Path) -> None
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_elastic_against_the_best_static(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plots = tmp_path / "plots"
+    path = tmp_path / "tiny-elastic.yaml"
+    path.write_text(TINY + "elastic: {enabled: true, prfaasMaxInstances: 3, pdMaxInstances: 6}\n", encoding="utf-8")
+    assert main(["simulate", str(path), "-o", "json", "--plot-dir", str(plots)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["planner_peak"]["prfaas_instances"] >= 1 and out["planner_peak"]["pd_instances"] >= 2
+    el = out["elastic"]
+    assert el["completed"] == el["arrived"] > 0
+    assert 1 <= el["prfaas_instances"] <= 3 and 2 <= el["pd_instances"] <= 6
+    best = out["best_static"]
+    assert best is not None and best["slo_attainment"] >= out["objective_attainment"]
+    assert out["gpu_hours_ratio"] == pytest.approx(el["gpu_hours"] / best["gpu_hours"], rel=0.02)
+    assert (plots / "elastic-capacity.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_bad_elastic_block_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(TINY + "elastic: {prfaasMinInstances: 5, prfaasMaxInstances: 2}\n", encoding="utf-8")
+    assert main(["simulate", str(path), "--elastic"]) == 1
+    assert "prfaasMinInstances" in capsys.readouterr().err
+
+
 def test_table_is_readable_and_runs_are_deterministic(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", str(tiny), "--no-search", "--jobs", "1"]) == 0
     first, err = capsys.readouterr()

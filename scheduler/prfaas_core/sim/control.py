@@ -109,7 +109,7 @@ class SimControl:
             prefill=StageLoad(q_pdp, u_pdp),
             decode=StageLoad(q_dec, u_dec),
             prfaas=StageLoad(q_prf, u_prf),
-            n_prfaas_ready=len(sim.prfaas),
+            n_prfaas_ready=sum(1 for i in sim.prfaas if now_s >= i.available_at_s),  # the gateway's ready count
             lengths=dist,
             arrival_rate_rps=n_seen / window if window > 0 else None,
         )

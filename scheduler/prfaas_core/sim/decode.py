@@ -71,6 +71,7 @@ class DecodeSide:
         inst.active -= 1
         req.done_s = now
         spec = req.spec
+        inst.generated_tokens += spec.output_tokens
         if self.cfg.cache.enabled:
             ctx = spec.input_tokens + spec.output_tokens
             self.pd_pool.store(spec.session, ctx, ctx)

@@ -41,8 +41,11 @@ class Instance:
         "cluster",
         "decode_slots",
         "draining",
+        "generated_tokens",
         "name",
         "prefill_jobs",
+        "prefills",
+        "prompt_tokens",
         "role",
         "waiting",
     )
@@ -61,6 +64,10 @@ class Instance:
         """Decode streams holding a slot."""
         self.waiting: deque[object] = deque()
         """Decode streams waiting for a slot."""
+        self.prompt_tokens = 0
+        self.prefills = 0
+        self.generated_tokens = 0
+        """Counters, as vLLM's per-pod ``prompt_tokens_total``, requests and ``generation_tokens_total``."""
 
     # --- prefill -----------------------------------------------------------------------------------------
 
@@ -84,6 +91,8 @@ class Instance:
         return bool(self.prefill_jobs) and self.prefill_jobs[0].start_s <= now_s
 
     def finish_prefill(self, job: Job) -> None:
+        self.prefills += 1
+        self.prompt_tokens += getattr(job.req, "uncached", 0)
         jobs = self.prefill_jobs
         if jobs and jobs[0] is job:
             jobs.popleft()

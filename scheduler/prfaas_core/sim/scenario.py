@@ -213,6 +213,37 @@ class SearchSpec(ApiModel):
     )
 
 
+class SimElasticSpec(ApiModel):
+    """Elastic capacity (``prfaas simulate --elastic``): both clusters sized by the operator's decision
+    (``prfaas_core.policy.elastic``) against the planner's static sizes for the peak; fields as the ``scaling``
+    block's."""
+
+    __cel_rules__ = (
+        CelRule(
+            rule="self.prfaasMinInstances <= self.prfaasMaxInstances && self.pdMinInstances <= self.pdMaxInstances",
+            message="each cluster's minInstances must not exceed its maxInstances",
+            check=lambda e: (
+                e.prfaas_min_instances <= e.prfaas_max_instances and e.pd_min_instances <= e.pd_max_instances
+            ),
+            field_path=".prfaasMinInstances",
+        ),
+    )
+
+    enabled: bool = Field(default=False, description="Run the elastic comparison (as --elastic) instead.")
+    prfaas_min_instances: int = Field(default=1, ge=1, le=10_000, description="Fewest PrFaaS instances.")
+    prfaas_max_instances: int = Field(default=8, ge=1, le=10_000, description="Most PrFaaS instances.")
+    pd_min_instances: int = Field(default=2, ge=2, le=10_000, description="Fewest PD instances.")
+    pd_max_instances: int = Field(default=16, ge=2, le=10_000, description="Most PD instances.")
+    period_seconds: float = Field(default=30.0, gt=0, le=86_400, description="How often each loop decides, s.")
+    startup_seconds: float = Field(default=120.0, ge=0, le=86_400, description="A new instance's start-up time, s.")
+    scale_down_stabilization_seconds: float = Field(default=300.0, ge=0, le=86_400, description="Scale-in window, s.")
+    tolerance: float = Field(default=0.1, ge=0, lt=1, description="No change within this share of the size.")
+    target_utilization: float = Field(default=0.8, gt=0, le=1, description="Plan for this share of throughput.")
+    prfaas_price_per_instance_hour: float = Field(default=40.0, ge=0, description="Price of a PrFaaS instance-hour.")
+    pd_price_per_instance_hour: float = Field(default=16.0, ge=0, description="Price of a PD instance-hour.")
+    link_price_per_gb: float = Field(default=0.002, ge=0, description="Price of one GB over the link.")
+
+
 class Scenario(ApiModel):
     """A simulation scenario (see the module docstring)."""
 
@@ -233,6 +264,7 @@ class Scenario(ApiModel):
     slo: SloSpec = Field(default_factory=SloSpec, description="TTFT and decode SLOs.")
     policy: SimPolicySpec = Field(default_factory=SimPolicySpec, description="Policy knobs.")
     search: SearchSpec = Field(default_factory=SearchSpec, description="Throughput/goodput search.")
+    elastic: SimElasticSpec = Field(default_factory=SimElasticSpec, description="Elastic capacity comparison.")
 
 
 def default_scenario() -> Scenario:

@@ -115,8 +115,9 @@ class Prepared:
 
 
 def _period(sc: Scenario) -> float | None:
-    periods = [c.period_seconds for c in [sc.arrivals.rate_curve, *(w.weight_curve for w in sc.workload)] if c]
-    return max(p for p in periods if p is not None) if periods else None
+    curves = [sc.arrivals.rate_curve, *(w.weight_curve for w in sc.workload)]
+    periods = [c.period_seconds for c in curves if c is not None and c.period_seconds is not None]
+    return max(periods) if periods else None
 
 
 def prepare(scenario: Scenario, trace: Sequence[TraceRecord] | None = None) -> Prepared:
