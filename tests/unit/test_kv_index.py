@@ -138,7 +138,7 @@ def test_a_kind_named_by_the_event_wins() -> None:
     ids = PROMPT[:8]
     idx.apply("e1", 0, batch(stored(ids, 0, group=0, kind="full_attention"), stored(ids, 0, 1, [1], kind="mamba")))
     assert idx.match(block_hashes(ids, B)) == {"e1": 8}
-    assert idx.match(block_hashes(ids[:4] + [1, 1, 1, 1], B)) == {}
+    assert idx.match(block_hashes([*ids[:4], 1, 1, 1, 1], B)) == {}
 
 
 def test_a_batch_that_is_not_one_is_refused() -> None:

@@ -43,6 +43,25 @@ RECURRENT = "recurrent"
 """The two ``cache_kind`` values the index reports hits by."""
 
 
+def cache_kind(recurrent: bool) -> str:
+    """The ``cache_kind`` label of a model's prefix hits."""
+    return RECURRENT if recurrent else ATTENTION
+
+
+def unhonoured_tokens(predicted: int, prompt_tokens: int, block_size: int, response: Any) -> int | None:
+    """Predicted hit tokens the engine did not honour: the prediction (capped where vLLM caps a hit: the last prompt
+    token is always computed, so at most the whole blocks of ``prompt_tokens - 1``) less the engine's reported
+    ``usage.prompt_tokens_details.cached_tokens``, at least 0; None when the answer reports no cached tokens."""
+    usage = response.get("usage") if isinstance(response, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not isinstance(cached, int) or isinstance(cached, bool):
+        return None
+    usable = max(0, prompt_tokens - 1)
+    cap = usable - usable % block_size if block_size > 0 else usable
+    return max(0, min(predicted, cap) - cached)
+
+
 def checkpoint_hit(attention_hit: int, checkpoints: Iterable[int]) -> int:
     """The usable prefix of a hybrid model (tokens): the deepest checkpoint ``<= attention_hit``, 0 where none."""
     best = 0
@@ -226,6 +245,11 @@ class KvEventIndex:
         self.learned.forget(gone)
         for name in gone:
             self._engines.pop(name, None)
+
+    def retarget(self, gone: Iterable[str], recurrent: bool) -> None:
+        """A new configuration: instances that left are forgotten; a hybrid's hits resume only at checkpoints."""
+        self.forget(gone)
+        self.recurrent = recurrent
 
     def cleared(self, engine: str) -> int:
         """Times ``engine``'s holdings were cleared for a gap or a restart of its publisher."""
