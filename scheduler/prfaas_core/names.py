@@ -187,6 +187,9 @@ only picks the route: a rising rate means the index over-promises (evictions it 
 METRIC_ROUTER_KV_EVENT_BATCHES: Final = "prfaas_router_kv_event_batches_total"
 """KV event batches received from the engines (``--kv-events-config``), by ``engine`` and ``outcome`` (applied;
 resync: a gap or a publisher restart cleared the engine's holdings; malformed)."""
+METRIC_ROUTER_KV_EVENT_BLOCKS: Final = "prfaas_router_kv_event_blocks_total"
+"""Blocks the engines' KV events stored and removed in the exact prefix index, by ``engine`` and ``event`` (stored,
+removed; a block of several cache groups counts once per group)."""
 METRIC_ROUTER_KV_INDEX_BLOCKS: Final = "prfaas_router_kv_index_blocks"
 """Blocks the exact prefix index holds for an engine from its KV events, by ``engine`` (absent: learned index)."""
 METRIC_ROUTER_ABANDONED_KV: Final = "prfaas_router_abandoned_kv_handles_total"
@@ -355,6 +358,7 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_PREFIX_HIT_TOKENS,
             METRIC_ROUTER_PREFIX_UNHONOURED_TOKENS,
             METRIC_ROUTER_KV_EVENT_BATCHES,
+            METRIC_ROUTER_KV_EVENT_BLOCKS,
             METRIC_ROUTER_KV_INDEX_BLOCKS,
             METRIC_ROUTER_ABANDONED_KV,
             METRIC_ROUTER_RELEASED_KV,

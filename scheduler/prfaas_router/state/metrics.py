@@ -183,6 +183,12 @@ class RouterMetrics:
             ["engine", "outcome"],
             registry=r,
         )
+        self.kv_event_blocks = Counter(
+            names.METRIC_ROUTER_KV_EVENT_BLOCKS.removesuffix("_total"),
+            "Blocks the engines' KV events stored and removed in the exact prefix index, by engine and event.",
+            ["engine", "event"],
+            registry=r,
+        )
         self.kv_index_blocks = Gauge(
             names.METRIC_ROUTER_KV_INDEX_BLOCKS,
             "Blocks the exact prefix index holds for an engine from its KV events.",

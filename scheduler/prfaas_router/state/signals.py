@@ -195,7 +195,8 @@ class KvEventFeed:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.SUBSCRIBE, KV_EVENTS_TOPIC.encode())
         sock.connect(url)
-        decode, index, batches = msgspec.msgpack.Decoder().decode, self.runtime.pd_index, self.metrics.kv_event_batches
+        decode, index = msgspec.msgpack.Decoder().decode, self.runtime.pd_index
+        batches, blocks = self.metrics.kv_event_batches, self.metrics.kv_event_blocks
         log.info("subscribed to KV events", engine=name, url=url)
         try:
             while True:
@@ -212,6 +213,8 @@ class KvEventFeed:
                     batches.labels(name, "resync").inc()
                     log.warning("KV events resynced: the engine's holdings were cleared", engine=name, why=got.resync)
                 batches.labels(name, "applied").inc()
+                blocks.labels(name, "stored").inc(got.stored)
+                blocks.labels(name, "removed").inc(got.removed)
         except zmq.ZMQError as exc:
             log.warning("KV event subscription failed", engine=name, url=url, error=str(exc))
         finally:
