@@ -6,26 +6,32 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import yaml
 import zmq
 from prometheus_client import generate_latest
 
+from prfaas_cli.engines_cmd import _ports
 from prfaas_core import names
-from prfaas_core.api import RouterConfig
+from prfaas_core.api import ModelProfile, PDCluster, RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.launch.engines import EngineSpec
 from prfaas_core.launch.kinds import engine_launch
+from prfaas_core.launch.render import engine_specs
 from prfaas_core.launch.vllm import KV_EVENTS_FLAG, KV_EVENTS_TOPIC, kv_events_url
 from prfaas_core.request.tokens import block_hashes
+from prfaas_operator.router_config import pod_endpoints
 from prfaas_router.state.config import compile_config
 from prfaas_router.state.metrics import RouterMetrics, sample_sum
 from prfaas_router.state.runtime import Runtime
 from prfaas_router.state.signals import KvEventFeed
 
 B = 16
+EX04 = Path(__file__).parents[2] / "examples" / "04-real-engines"
 PROMPT = list(range(1, 4 * B + 3))
 
 
@@ -131,3 +137,32 @@ def test_the_engine_seam_renders_the_events_flag_and_its_address() -> None:
     assert KV_EVENTS_FLAG not in engine_launch(EngineSpec(role="pd-prefill", model="m", served_model_name="m")).argv
     with pytest.raises(ValueError, match="kv_events_port"):
         engine_launch(EngineSpec(role="pd-prefill", model="m", served_model_name="m", port=8000, kv_events_port=8000))
+
+
+def test_a_cluster_with_kv_events_port_renders_the_flag_the_port_and_the_routers_endpoint() -> None:
+    """From the resource to the router: ``spec.engine.kvEventsPort`` -> the engines' flag and their container port
+    (the chart's engine values) -> the operator's ``kvEventsUrl`` of each pod."""
+    body = yaml.safe_load((EX04 / "region-b" / "pd-cluster.yaml").read_text())
+    body["spec"].setdefault("engine", {})["kvEventsPort"] = 5557
+    cluster = PDCluster.model_validate(body)
+    profile = ModelProfile.model_validate(yaml.safe_load((EX04 / "common" / "model-profile.yaml").read_text()))
+    for spec in engine_specs(cluster, profile).values():
+        assert spec.kv_events_port == 5557
+        assert KV_EVENTS_FLAG in engine_launch(spec).argv
+        assert _ports(spec)["kvEvents"] == 5557
+    pod = {
+        "metadata": {"name": "pd-0", "labels": {"prfaas.io/role": "prefill"}},
+        "status": {"podIP": "10.1.2.3"},
+        "spec": {
+            "containers": [
+                {"ports": [{"name": "http", "containerPort": 8000}, {"name": "kv-events", "containerPort": 5557}]}
+            ]
+        },
+    }
+    endpoints, _ = pod_endpoints([pod])
+    assert endpoints[0].kv_events_url == "tcp://10.1.2.3:5557"
+    bare = {**pod, "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000}]}]}}
+    assert pod_endpoints([bare])[0][0].kv_events_url is None
+    body["spec"]["engine"]["kvEventsPort"] = body["spec"]["engine"].get("port", 8000)
+    with pytest.raises(ValueError, match="kvEventsPort"):
+        PDCluster.model_validate(body)

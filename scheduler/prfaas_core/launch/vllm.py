@@ -57,6 +57,9 @@ KV_EVENTS_FLAG: Final = "--kv-events-config"
 (:mod:`prfaas_core.policy.kv_index`) subscribes to."""
 KV_EVENTS_TOPIC: Final = "kv-events"
 """The topic the engines publish their KV events under (the subscribers filter on it)."""
+KV_EVENTS_PORT_NAME: Final = "kv-events"
+"""The engine container's port of its KV events (the chart names it; the operator reads the routers' ``kvEventsUrl``
+from it)."""
 
 DEFAULT_SIDE_CHANNEL_PORT: int = 5600
 """vLLM's default NIXL side-channel port."""
