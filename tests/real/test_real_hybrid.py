@@ -256,7 +256,9 @@ def test_the_router_predicts_the_engines_own_hits_from_its_kv_events(hybrid: Hyb
     assert (predicted, cached, route) == (0, 0, "local")
     # 3. fill the small cache until the engine must have evicted; the router's index drops the evicted blocks
     evicted = _router(h, names.METRIC_ROUTER_KV_EVENT_BLOCKS, removed)
-    for _ in range(PDP_BLOCKS // (1081 // block) + 2):  # more blocks than the cache holds
+    # each fresh prompt stores at least its 4 attention blocks: after this many, every block older than them (the
+    # first prompt's included) has made room
+    for _ in range(PDP_BLOCKS // (1081 // block) + 1):
         _direct(h.pdp, h, prompts.text(1081))
     _until(lambda: _router(h, names.METRIC_ROUTER_KV_EVENT_BLOCKS, removed) > evicted, "no eviction reached the router")
     # its blocks were the oldest, evicted first: the router predicts nothing there (uncached > t: remote) ...
