@@ -153,3 +153,18 @@ def test_forget_drops_both_kinds_of_holdings() -> None:
     idx.apply("e2", 0, batch(stored(PROMPT, 0)))
     idx.forget({"e1", "e2"})
     assert idx.match(ours) == {} and len(idx) == 0
+
+
+def test_without_events_a_hybrid_is_matched_at_the_checkpoints_learned_from_routing() -> None:
+    """The learned fallback applies the same rule: a checkpoint at each routed prompt's last whole block and where it
+    diverged from what the instance held."""
+    idx = index(recurrent=True)
+    first = PROMPT[:27]  # 6 blocks
+    idx.insert(block_hashes(first, B), "e1")
+    assert idx.match(block_hashes(first, B)) == {"e1": 24}
+    assert idx.match(block_hashes(PROMPT[:16] + [7] * 20, B)) == {}  # 4 shared blocks, no checkpoint among them
+    idx.insert(block_hashes(PROMPT[:16] + [7] * 20, B), "e1")  # diverged at block 4: a checkpoint there
+    assert idx.match(block_hashes(PROMPT[:16] + [9] * 8, B)) == {"e1": 16}
+    idx.retarget(set(), recurrent=False)  # a dense model: every learned block counts
+    idx.insert(block_hashes(first, B), "e1")
+    assert idx.match(block_hashes(PROMPT, B)) == {"e1": 24}

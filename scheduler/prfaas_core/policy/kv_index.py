@@ -116,6 +116,13 @@ class KvEventIndex:
         """The model keeps recurrent state (a hybrid): hits only at checkpoints."""
         self.capacity_blocks = learned.capacity_blocks if capacity_blocks is None else capacity_blocks
         self._engines: dict[str, _Engine] = {}
+        self._points: dict[tuple[str, bytes], None] = {}
+        """(instance, block) where a learned hybrid instance holds a checkpoint, oldest first."""
+
+    @classmethod
+    def learning(cls, capacity_blocks: int, block_size: int) -> KvEventIndex:
+        """An index over a learned one of ``capacity_blocks`` blocks of ``block_size`` tokens."""
+        return cls(PrefixIndex(capacity_blocks, block_size))
 
     def __len__(self) -> int:
         return len(self.learned) + sum(len(e.held) for e in self._engines.values())
@@ -228,8 +235,15 @@ class KvEventIndex:
         return blocks * self.block_size, attention * self.block_size
 
     def match(self, hashes: Sequence[bytes]) -> dict[str, int]:
-        """Instance -> usable cached prefix tokens: exact for the engines whose events arrive, learned for others."""
+        """Instance -> usable cached prefix tokens: exact for the engines whose events arrive, learned for others
+        (for a hybrid, at the checkpoints learned with them)."""
         out = {k: v for k, v in self.learned.match(hashes).items() if k not in self._engines}
+        if self.recurrent:
+            for name, hit in list(out.items()):
+                points = (k for k in range(1, hit // self.block_size + 1) if (name, hashes[k - 1]) in self._points)
+                out[name] = checkpoint_hit(hit // self.block_size, points) * self.block_size
+                if not out[name]:
+                    del out[name]
         for name in self._engines:
             hit = self.exact_hit(name, hashes)[0]
             if hit:
@@ -237,18 +251,31 @@ class KvEventIndex:
         return out
 
     def insert(self, hashes: Sequence[bytes], instance: str) -> None:
-        """What the router routed (the learned index; the fallback of an engine without events)."""
+        """What the router routed (the learned index; the fallback of an engine without events). For a hybrid also
+        where vLLM's "align" mode saves the state: where the prompt diverged from what the instance held, and at its
+        last whole block."""
+        if self.recurrent and hashes:
+            held = self.learned.match(hashes).get(instance, 0) // self.block_size
+            for k in (held, len(hashes)) if 0 < held < len(hashes) else (len(hashes),):
+                key = (instance, hashes[k - 1])
+                self._points.pop(key, None)
+                self._points[key] = None
+            while len(self._points) > self.capacity_blocks:
+                del self._points[next(iter(self._points))]
         self.learned.insert(hashes, instance)
 
     def forget(self, instances: Iterable[str]) -> None:
         gone = set(instances)
         self.learned.forget(gone)
+        self._points = {k: None for k in self._points if k[0] not in gone}
         for name in gone:
             self._engines.pop(name, None)
 
     def retarget(self, gone: Iterable[str], recurrent: bool) -> None:
         """A new configuration: instances that left are forgotten; a hybrid's hits resume only at checkpoints."""
         self.forget(gone)
+        if recurrent != self.recurrent:
+            self._points.clear()
         self.recurrent = recurrent
 
     def cleared(self, engine: str) -> int:
