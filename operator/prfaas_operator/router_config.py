@@ -26,6 +26,7 @@ from prfaas_core.api import (
 )
 from prfaas_core.api.engine import EngineSettingsSpec
 from prfaas_core.api.router_config import GatewayServing, RoutingParams
+from prfaas_core.launch.vllm import KV_EVENTS_PORT_NAME
 from prfaas_core.names import (
     ANNOTATION_ROUTER_CONFIG_HASH,
     GROUP_VERSION,
@@ -71,6 +72,15 @@ def pod_url(pod: JsonDict) -> str | None:
     return f"http://{ip}:{port}"
 
 
+def pod_kv_events_url(pod: JsonDict) -> str | None:
+    """Where the pod's engine publishes its KV events (its container port named ``kv-events``, which the chart
+    renders from ``spec.engine.kvEventsPort``), or None."""
+    ip = (pod.get("status") or {}).get("podIP")
+    ports = [p for c in (pod.get("spec") or {}).get("containers") or [] for p in c.get("ports") or []]
+    port = next((p.get("containerPort") for p in ports if p.get("name") == KV_EVENTS_PORT_NAME), None)
+    return f"tcp://{ip}:{int(port)}" if ip and port else None
+
+
 def pod_endpoints(
     pods: list[JsonDict], role: Literal["prefill", "decode", "both"] | None = None
 ) -> tuple[list[RouterEndpoint], list[str]]:
@@ -86,7 +96,8 @@ def pod_endpoints(
         label = labels.get(LABEL_ROLE)
         pod_role = role or (label if label in ("prefill", "decode") else "both")
         if url is not None:
-            endpoints.append(RouterEndpoint(name=name, url=url, role=pod_role))
+            events = pod_kv_events_url(pod)
+            endpoints.append(RouterEndpoint(name=name, url=url, role=pod_role, kv_events_url=events))
     return endpoints, draining
 
 

@@ -52,6 +52,7 @@ def _ports(spec: EngineSpec) -> dict[str, Any]:
         "http": spec.port,
         "sideChannel": spec.side_channel_port or default,
         "kvData": {"start": data[0], "end": data[1]} if data else None,
+        "kvEvents": spec.kv_events_port,
     }
 
 

@@ -178,7 +178,20 @@ METRIC_ROUTER_HEALTH_PROBE_FAILURES: Final = "prfaas_router_health_probe_failure
 METRIC_ROUTER_PREFIX_QUERY_TOKENS: Final = "prfaas_router_prefix_query_tokens_total"
 """Prompt tokens the router looked up in its prefix indexes, by ``cluster`` (pd, prfaas)."""
 METRIC_ROUTER_PREFIX_HIT_TOKENS: Final = "prfaas_router_prefix_hit_tokens_total"
-"""Of those, the tokens a cluster's instances hold (PD: only instances that can prefill), by ``cluster``."""
+"""Of those, the tokens a cluster's instances hold (PD: only instances that can prefill), by ``cluster`` and
+``cache_kind`` (``attention``: a dense model's block hit; ``recurrent``: a hybrid's, resumed at a checkpoint)."""
+METRIC_ROUTER_PREFIX_UNHONOURED_TOKENS: Final = "prfaas_router_prefix_unhonoured_tokens_total"
+"""Predicted prefix-hit tokens the engine did not honour (its reported ``cached_tokens`` fell short of the
+prediction on the instance the request went to), by ``cluster``. The engine's count is the truth; the prediction
+only picks the route: a rising rate means the index over-promises (evictions it did not see)."""
+METRIC_ROUTER_KV_EVENT_BATCHES: Final = "prfaas_router_kv_event_batches_total"
+"""KV event batches received from the engines (``--kv-events-config``), by ``engine`` and ``outcome`` (applied;
+resync: a gap or a publisher restart cleared the engine's holdings; malformed)."""
+METRIC_ROUTER_KV_EVENT_BLOCKS: Final = "prfaas_router_kv_event_blocks_total"
+"""Blocks the engines' KV events stored and removed in the exact prefix index, by ``engine`` and ``event`` (stored,
+removed; a block of several cache groups counts once per group)."""
+METRIC_ROUTER_KV_INDEX_BLOCKS: Final = "prfaas_router_kv_index_blocks"
+"""Blocks the exact prefix index holds for an engine from its KV events, by ``engine`` (absent: learned index)."""
 METRIC_ROUTER_ABANDONED_KV: Final = "prfaas_router_abandoned_kv_handles_total"
 """KV handles a prefill produced that no decode pulled (the decode leg failed), by ``cluster``. The router tells
 the producer to free each one (:data:`METRIC_ROUTER_RELEASED_KV`); one it cannot release is freed at the
@@ -343,6 +356,10 @@ EXPORTERS: Final[dict[str, Exporter]] = {
             METRIC_ROUTER_HEALTH_PROBE_FAILURES,
             METRIC_ROUTER_PREFIX_QUERY_TOKENS,
             METRIC_ROUTER_PREFIX_HIT_TOKENS,
+            METRIC_ROUTER_PREFIX_UNHONOURED_TOKENS,
+            METRIC_ROUTER_KV_EVENT_BATCHES,
+            METRIC_ROUTER_KV_EVENT_BLOCKS,
+            METRIC_ROUTER_KV_INDEX_BLOCKS,
             METRIC_ROUTER_ABANDONED_KV,
             METRIC_ROUTER_RELEASED_KV,
             METRIC_ROUTER_READY,

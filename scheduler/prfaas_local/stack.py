@@ -47,6 +47,12 @@ class Endpoint(Protocol):
     def url(self) -> str: ...
 
 
+def _events(engine: Endpoint) -> dict[str, str]:
+    """An endpoint's ``kvEventsUrl`` when its engine publishes KV events (a real engine started with them)."""
+    url = getattr(engine, "kv_events_url", None)
+    return {"kvEventsUrl": url} if url else {}
+
+
 class EngineRef(NamedTuple):
     """An engine somebody else started (or :meth:`LocalStack.start` did): its name and base URL."""
 
@@ -213,7 +219,7 @@ class LocalStack:
             "thresholdMinTokens": 0,
             **kind["common"],
             **kind["gateway"],
-            "endpoints": [{"name": e.name, "url": e.url, "role": "prefill"} for e in engines],
+            "endpoints": [{**_events(e), "name": e.name, "url": e.url, "role": "prefill"} for e in engines],
             "gateway": gateway,
             "links": links,
         }
@@ -241,8 +247,8 @@ class LocalStack:
         reads the first."""
         s, kind = self.spec, self._kind_fields()
         urls = decode_urls or {}
-        endpoints = [{"name": e.name, "url": e.url, "role": "prefill"} for e in prefill]
-        endpoints += [{"name": e.name, "url": urls.get(e.name, e.url), "role": "decode"} for e in decode]
+        endpoints = [{**_events(e), "name": e.name, "url": e.url, "role": "prefill"} for e in prefill]
+        endpoints += [{**_events(e), "name": e.name, "url": urls.get(e.name, e.url), "role": "decode"} for e in decode]
         link: dict[str, Any] = {"name": LINK, "capacityGbps": s.link_gbps, "maxUtilization": s.link_max_utilization}
         if self.link_metric_urls:
             link["metricsUrl"] = self.link_metric_urls[0]

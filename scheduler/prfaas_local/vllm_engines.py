@@ -31,6 +31,7 @@ from prfaas_core.api import PDCluster
 from prfaas_core.launch.engines import POD_IP, EngineLaunch, EngineSpec
 from prfaas_core.launch.kinds import engine_kind, engine_launch
 from prfaas_core.launch.render import engine_specs, runs_engines_here
+from prfaas_core.launch.vllm import kv_events_url
 from prfaas_router.state.config import load_model_tokenizer
 from prfaas_router.state.metrics import sample_sum
 
@@ -176,6 +177,11 @@ class RealEngine:
         return f"http://{self.host}:{self.spec.port}"
 
     @property
+    def kv_events_url(self) -> str | None:
+        """Where its KV events are published (None: it publishes none)."""
+        return kv_events_url(self.spec, self.host)
+
+    @property
     def reach_url(self) -> str:
         """The engine's address from the harness's own (root) namespace."""
         return self.access or self.url
@@ -247,6 +253,7 @@ class EnginePool:
             model=self.env.model,
             port=free_port(),
             side_channel_port=free_port(),
+            kv_events_port=None if spec.kv_events_port is None else free_port(),
             host=host,
             net_device=net_device,
         )

@@ -11,7 +11,11 @@ Oracles (vLLM's own counters on the decode engine):
   (``prfaas_gateway_kv_egress_bytes_total``) book for a remote request equals ``vllm:nixl_bytes_transferred``, which
   counts the recurrent state too (measured, see docs/hybrid-models.md), also when the decode holds part of the
   prompt already (a repeat: only the blocks it lacks and the state cross);
-* the profile's predictions at prompt lengths that did not build it (it is built from the config alone).
+* the profile's predictions at prompt lengths that did not build it (it is built from the config alone);
+* the router's exact prefix index (issue 49): the PD prefill engine publishes its KV events (``--kv-events-config``,
+  rendered by the engine seam from ``kv_events_port``) and runs a small cache (``--num-gpu-blocks-override``) so
+  that it evicts; what the router predicts for a prompt it never routed is what the engine's ``cached_tokens``
+  then says, the hybrid checkpoint rule included.
 
 Its own engine set (3 hybrid engines, ~7 GiB), started once and ended when the module ends, before the tier's
 loopback set starts (conftest orders the module).
@@ -20,7 +24,7 @@ loopback set starts (conftest orders the module).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -31,6 +35,7 @@ from prfaas_core.api import ModelProfile
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.launch.render import hybrid_fields
 from prfaas_local.model_profile import check_profile, transferred_bytes
+from prfaas_local.ports import free_port
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnginesUnavailable, RealEnv
 from prfaas_router.state.metrics import sample_sum
@@ -40,6 +45,8 @@ THRESHOLD_TOKENS = 768
 SHORT_TOKENS = 300
 LONG_TOKENS = 1100
 TOLERANCE = 0.02
+PDP_BLOCKS = 48
+"""The PD prefill engine's KV cache in blocks (all cache groups share them): a few 1,100-token prompts fill it."""
 
 
 @dataclass
@@ -67,7 +74,8 @@ def hybrid(real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Itera
     try:
         fields = hybrid_fields(profile)  # the flags a hybrid needs, from its profile
         prfaas = pool.start("prfaas", pool.spec("prfaas-prefill", **fields))
-        pdp = pool.start("pdp", pool.spec("pd-prefill", **fields))
+        small = ("--num-gpu-blocks-override", str(PDP_BLOCKS))  # it evicts after a few long prompts
+        pdp = pool.start("pdp", pool.spec("pd-prefill", kv_events_port=free_port(), extra_args=small, **fields))
         pdd = pool.start("pdd", pool.spec("pd-decode", **fields))
         pool.wait_ready([prfaas, pdp, pdd])
         for producer in (prfaas, pdp):
@@ -184,6 +192,85 @@ def test_the_profile_predicts_the_transferred_bytes_at_held_back_lengths(hybrid:
     for c in checked:
         print(f"\n{c.prompt_tokens} tokens: predicted {c.predicted_bytes:.0f} B, transferred {c.measured_bytes:.0f} B")
     assert all(abs(c.error) <= TOLERANCE for c in checked), checked
+
+
+def _router(h: Hybrid, name: str, labels: dict[str, str]) -> float:
+    return sample_sum(httpx.get(h.stack.url("router") + "/metrics", timeout=10).text, name, labels) or 0.0
+
+
+def _direct(engine: RealEngine, h: Hybrid, text: str) -> int:
+    """``text`` sent to ``engine`` itself (the router never sees it); its prompt tokens."""
+    body = {"model": h.env.served_model_name, "prompt": text, "max_tokens": 1, "temperature": 0}
+    r = httpx.post(engine.url + "/v1/completions", json=body, timeout=180)
+    assert r.status_code == 200, r.text
+    return int(r.json()["usage"]["prompt_tokens"])
+
+
+def _until(cond: Callable[[], bool], what: str, timeout_s: float = 30) -> float:
+    """Seconds until ``cond`` held (polled)."""
+    start = time.monotonic()
+    while not cond():
+        assert time.monotonic() - start < timeout_s, what
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_the_router_predicts_the_engines_own_hits_from_its_kv_events(hybrid: Hybrid) -> None:
+    """A prompt sent to the PD prefill engine directly: the router learns its blocks from the engine's events and
+    predicts the hit at the checkpoint (the last whole block of N-1), a prompt whose only shared checkpoint is
+    another prompt's unique tokens as 0, and after the engine evicted a prompt's blocks, nothing for it; each time
+    the engine's ``cached_tokens`` agrees and the router's not-honoured counter stays 0."""
+    h, pdp = hybrid, hybrid.pdp.name
+    prompts = Prompts(h.env.tokenizer_file, seed=4049)
+    block = h.profile.spec.architecture.block_tokens  # type: ignore[union-attr]
+    hit = {"cluster": "pd", "cache_kind": "recurrent"}
+    unhonoured = {"cluster": "pd"}
+    stored = {"engine": pdp, "event": "stored"}
+    removed = {"engine": pdp, "event": "removed"}
+
+    def through_router(text: str) -> tuple[float, int, str]:
+        """(the router's predicted PD hit, what the PD prefill engine reused of it, the route) of ``text``. The route
+        is the router's to choose (a stale load reading of the engine may spill it remote): where it did not go to
+        the engine, the engine is asked directly, so its own count confirms the prediction either way."""
+        before = _router(h, names.METRIC_ROUTER_PREFIX_HIT_TOKENS, hit)
+        r = _complete(h, text)
+        predicted = _router(h, names.METRIC_ROUTER_PREFIX_HIT_TOKENS, hit) - before
+        route = r.headers["x-prfaas-route"]
+        if route != "local":
+            body = {"model": h.env.served_model_name, "prompt": text, "max_tokens": 1}
+            r = httpx.post(h.pdp.url + "/v1/completions", json=body, timeout=180)
+        return predicted, r.json()["usage"]["prompt_tokens_details"]["cached_tokens"], route
+
+    def sent_direct(text: str) -> int:
+        seen = _router(h, names.METRIC_ROUTER_KV_EVENT_BLOCKS, stored)
+        n = _direct(h.pdp, h, text)
+        delay = _until(lambda: _router(h, names.METRIC_ROUTER_KV_EVENT_BLOCKS, stored) > seen, "no event reached it")
+        print(f"\nthe router's index had the engine's blocks {delay:.3f} s after its answer (polled at 50 ms)")
+        return n
+
+    not_honoured = _router(h, names.METRIC_ROUTER_PREFIX_UNHONOURED_TOKENS, unhonoured)
+    # 1. the repeated ~1,081-token prompt: a hit at the checkpoint, not at the last attention block
+    a = prompts.text(1081)
+    n = sent_direct(a)
+    predicted, cached, _ = through_router(a)  # uncached 57 < t: local (unless the router saw a queue there)
+    assert predicted == cached == (n - 1) // block * block, (predicted, cached, n)
+    # 2. a prompt sharing ~600 tokens (2 blocks) with one whose only checkpoint lies in that one's unique tokens:
+    # 0 (the attention blocks alone would say 512), and the engine reuses nothing
+    shared = prompts.text(600)
+    sent_direct(shared + " " + prompts.text(480))
+    predicted, cached, _ = through_router(shared + " " + prompts.text(100))
+    assert predicted == cached == 0, (predicted, cached)
+    # 3. fill the small cache until the engine must have evicted; the router's index drops the evicted blocks
+    evicted = _router(h, names.METRIC_ROUTER_KV_EVENT_BLOCKS, removed)
+    # each fresh prompt stores at least its 4 attention blocks: after this many, every block older than them (the
+    # first prompt's included) has made room
+    for _ in range(PDP_BLOCKS // (1081 // block) + 1):
+        _direct(h.pdp, h, prompts.text(1081))
+    _until(lambda: _router(h, names.METRIC_ROUTER_KV_EVENT_BLOCKS, removed) > evicted, "no eviction reached the router")
+    # its blocks were the oldest, evicted first: the router predicts nothing there, and the engine reuses nothing
+    predicted, cached, _ = through_router(a)
+    assert predicted == cached == 0, (predicted, cached)
+    assert _router(h, names.METRIC_ROUTER_PREFIX_UNHONOURED_TOKENS, unhonoured) == not_honoured
 
 
 def test_a_dead_prfaas_engine_falls_back_to_the_local_path_and_n_minus_1_still_holds(hybrid: Hybrid) -> None:

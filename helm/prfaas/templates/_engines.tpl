@@ -37,6 +37,11 @@ spec:
         - name: kv-side
           containerPort: {{ .ports.sideChannel }}
           protocol: TCP
+        {{- if .ports.kvEvents }}
+        - name: kv-events
+          containerPort: {{ .ports.kvEvents }}
+          protocol: TCP
+        {{- end }}
       readinessProbe:
         httpGet:
           path: /health

@@ -23,6 +23,13 @@ class EngineSettingsSpec(ApiModel):
             check=lambda e: e.side_channel_port is None or e.side_channel_port != e.port,
             field_path=".sideChannelPort",
         ),
+        CelRule(
+            rule="!has(self.kvEventsPort) || (self.kvEventsPort != self.port && (!has(self.sideChannelPort) || "
+            "self.kvEventsPort != self.sideChannelPort))",
+            message="kvEventsPort must differ from the engine's HTTP port and its side-channel port",
+            check=lambda e: e.kv_events_port is None or e.kv_events_port not in (e.port, e.side_channel_port),
+            field_path=".kvEventsPort",
+        ),
     )
 
     model: str | None = Field(
@@ -38,6 +45,13 @@ class EngineSettingsSpec(ApiModel):
         le=65_535,
         description="NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT) or Mooncake bootstrap port; default: "
         "kvTransport.sideChannelPort, else the connector's default (5600 NIXL, 8998 Mooncake).",
+    )
+    kv_events_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_535,
+        description="Port of the engines' KV event publisher (vLLM's --kv-events-config, ZMQ); the routers then keep "
+        "their prefix index of each engine exactly from its events. Unset: no events (learned from routing).",
     )
     block_size: int | None = Field(
         default=None,

@@ -24,6 +24,13 @@ class RouterEndpoint(ApiModel):
     name: str = Field(min_length=1, max_length=253, description="Instance name (pod name in a cluster).")
     url: str = Field(min_length=1, max_length=2048, pattern=URL_PATTERN, description="Engine base URL.")
     role: Literal["prefill", "decode", "both"] = Field(description="Serving role.")
+    kv_events_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^tcp://[^\s/]+:[0-9]{1,5}$",
+        description="The engine's KV event publisher (tcp://host:port, vLLM's --kv-events-config): the router keeps "
+        "its prefix index of this engine exactly from its events. None: learned from what the router routed.",
+    )
 
 
 class RemoteGateway(ApiModel):

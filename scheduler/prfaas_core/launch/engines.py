@@ -121,6 +121,9 @@ class EngineSpec:
     """The model's weights and activations dtype (``--dtype``); None: the engine's default (the checkpoint's)."""
     prefix_caching: bool | None = None
     """Whether the engine caches prefixes; None: the engine's default (on). A Mamba2 hybrid needs it off."""
+    kv_events_port: int | None = None
+    """The port the engine publishes its KV cache events on (vLLM's ZMQ publisher, ``--kv-events-config``), which
+    the routers subscribe to for their exact prefix index; None: no events (the routers learn from routing)."""
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[EnvVar, ...] = ()
 

@@ -145,6 +145,7 @@ def engine_specs(cluster: Cluster, profile: ModelProfile | None) -> dict[EngineR
             ucx_tcp_port_range=(transport.data_ports.start, transport.data_ports.end) if transport.data_ports else None,
             max_model_len=engine.max_model_len,
             enforce_eager=engine.enforce_eager,
+            kv_events_port=engine.kv_events_port,
             extra_args=tuple(engine.extra_args),
             **hybrid_fields(profile),
         )

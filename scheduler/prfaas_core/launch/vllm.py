@@ -52,6 +52,15 @@ SSM_CONV_STATE_LAYOUT: Final = ("VLLM_SSM_CONV_STATE_LAYOUT", "DS")
 """A hybrid's conv-state layout with NixlConnector: vLLM picks "DS" itself when a Nixl connector is configured,
 and NIXL's worker asserts it; set explicitly so that both ends agree whatever the default."""
 
+KV_EVENTS_FLAG: Final = "--kv-events-config"
+"""vLLM's KV cache events (a ZMQ PUB socket): what the routers' exact prefix index
+(:mod:`prfaas_core.policy.kv_index`) subscribes to."""
+KV_EVENTS_TOPIC: Final = "kv-events"
+"""The topic the engines publish their KV events under (the subscribers filter on it)."""
+KV_EVENTS_PORT_NAME: Final = "kv-events"
+"""The engine container's port of its KV events (the chart names it; the operator reads the routers' ``kvEventsUrl``
+from it)."""
+
 DEFAULT_SIDE_CHANNEL_PORT: int = 5600
 """vLLM's default NIXL side-channel port."""
 DEFAULT_MOONCAKE_BOOTSTRAP_PORT: int = 8998
@@ -170,6 +179,26 @@ def kv_transfer_config(spec: EngineSpec) -> dict[str, object]:
     return config
 
 
+def kv_events_config(spec: EngineSpec) -> dict[str, object] | None:
+    """vLLM's ``--kv-events-config`` for ``spec``: a ZMQ publisher bound on every interface at its
+    ``kv_events_port`` (None: no events)."""
+    if spec.kv_events_port is None:
+        return None
+    if spec.kv_events_port in (spec.port, spec.side_channel_port):
+        raise ValueError(f"kv_events_port {spec.kv_events_port} is also the engine's HTTP or side-channel port")
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{spec.kv_events_port}",
+        "topic": KV_EVENTS_TOPIC,
+    }
+
+
+def kv_events_url(spec: EngineSpec, host: str) -> str | None:
+    """Where a subscriber reaches the events of ``spec``'s engine running at ``host`` (None: it publishes none)."""
+    return None if spec.kv_events_port is None else f"tcp://{host}:{spec.kv_events_port}"
+
+
 def _address(spec: EngineSpec, name: str) -> EnvVar:
     return EnvVar(name, value=spec.host_ip) if spec.host_ip else EnvVar(name, field_ref=POD_IP)
 
@@ -204,6 +233,9 @@ def launch(spec: EngineSpec) -> EngineLaunch:
     # usage.prompt_tokens_details.cached_tokens in every answer (vLLM leaves it null without the flag); a decode
     # leg reports what its prefill side reused (kv_transfer_params.remote_prefill_cached_tokens), not its pull
     argv.append(PROMPT_TOKENS_DETAILS_FLAG)
+    events = kv_events_config(spec)
+    if events is not None:
+        argv += [KV_EVENTS_FLAG, json.dumps(events, separators=(",", ":"), sort_keys=True)]
     argv += spec.extra_args
 
     env: list[EnvVar] = [_address(spec, "VLLM_HOST_IP")]

@@ -14,7 +14,8 @@ Modelling choice (paper-spec §2.7, "model hits at the granularity of stored sta
 vLLM's hybrid prefix caching in *align* mode, a prefill (or a finished decode) checkpoints the linear
 state once, at the last block boundary of the context it processed; a pool entry keeps a session's
 full-attention blocks and its last ``max_snapshots`` checkpoints. A request sharing ``S`` tokens with the
-entry can reuse ``hit = max{s ∈ snapshots : s ≤ floor(min(S, blocks)/B)·B}`` tokens — the full-attention
+entry can reuse ``hit = max{s ∈ snapshots : s ≤ floor(min(S, blocks)/B)·B}`` tokens (the one hybrid rule,
+:func:`~prfaas_core.policy.kv_index.checkpoint_hit`, which the router's exact index applies too) — the full-attention
 blocks beyond the last usable checkpoint are *lost to the linear-state rule* (counted, so a user sees what
 a per-block linear checkpoint would buy). When a request diverges from the cached history (``S`` less
 than the entry), checkpoints past ``S`` belong to the old branch and are dropped on the next write.
@@ -27,6 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..capacity.kv import KvModel
+from ..policy.kv_index import checkpoint_hit
 
 
 class _Entry:
@@ -66,11 +68,7 @@ class HybridPrefixPool:
             return 0, 0
         limit = min(shared_tokens, entry.blocks_tokens)
         limit -= limit % self.block_tokens
-        hit = 0
-        for s in entry.snapshots:
-            if hit < s <= limit:
-                hit = s
-        return hit, limit
+        return checkpoint_hit(limit, entry.snapshots), limit
 
     def lookup(self, session: int, shared_tokens: int) -> int:
         """The reusable prefix (tokens) for a request sharing ``shared_tokens`` with the session's history."""

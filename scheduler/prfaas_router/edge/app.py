@@ -177,6 +177,7 @@ def create_app(
         yield
         stop.set()
         await task
+        await signals.close()
         await creds
         if sync is not None:
             await sync

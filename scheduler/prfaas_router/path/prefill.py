@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, RemoteGateway
 from prfaas_core.policy import link_calendar
+from prfaas_core.policy.kv_index import unhonoured_tokens
 from prfaas_core.policy.link_calendar import prefer_local
 from prfaas_core.policy.link_estimate import Available
 from prfaas_core.policy.routing import RouteDecision
@@ -267,7 +268,12 @@ async def local_prefill(proxy: LegHost, call: Call, plan: LocalPlan, uncached: i
                         f"local prefill on {plan.prefill} answered {resp.status}: {text}",
                         status=502 if resp.status >= 500 else resp.status,
                     )
-                return kv_handle(orjson.loads(data))
+                answer = orjson.loads(data)
+                block = rt.compiled.config.routing.prefix_block_tokens
+                short = unhonoured_tokens(call.pd_hits.get(plan.prefill, 0), call.prompt_tokens, block, answer)
+                if short:  # the engine's cached_tokens is the truth; the index over-promised on this instance
+                    proxy.metrics.prefix_unhonoured.labels("pd").inc(short)
+                return kv_handle(answer)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise LegError(f"local prefill on {plan.prefill}: {exc.__class__.__name__}") from None
         except ValueError:

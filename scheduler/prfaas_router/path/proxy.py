@@ -22,6 +22,7 @@ import orjson
 import structlog
 from aiohttp import web
 
+from prfaas_core.policy.kv_index import cache_kind
 from prfaas_core.policy.routing import RouteDecision
 from prfaas_core.policy.short_term import RoutePlan
 from prfaas_core.request.params import check_request
@@ -208,11 +209,12 @@ class Proxy:
         t0 = time.perf_counter()
         routed, (l_pd, l_prfaas) = rt.route_prefixed(len(ids), call.hashes, call.pd_hits)
         m.decision_seconds.observe(time.perf_counter() - t0)
+        kind = cache_kind(c.kv.recurrent)
         m.prefix_queries.labels("pd").inc(len(ids))
-        m.prefix_hits.labels("pd").inc(l_pd)
+        m.prefix_hits.labels("pd", kind).inc(l_pd)
         if c.remotes:
             m.prefix_queries.labels("prfaas").inc(len(ids))
-            m.prefix_hits.labels("prfaas").inc(l_prfaas)
+            m.prefix_hits.labels("prfaas", kind).inc(l_prfaas)
         decision = routed.decision
         call.remote, call.probe, call.route = rt.remote_gateway(routed), routed.probe, decision.target
         call.plan = local_plan(rt, routed)

@@ -167,8 +167,32 @@ class RouterMetrics:
         )
         self.prefix_hits = Counter(
             names.METRIC_ROUTER_PREFIX_HIT_TOKENS.removesuffix("_total"),
-            "Prompt tokens found cached, by cluster (PD: on an instance that can prefill).",
+            "Prompt tokens found cached, by cluster (PD: on an instance that can prefill) and cache kind.",
+            ["cluster", "cache_kind"],
+            registry=r,
+        )
+        self.prefix_unhonoured = Counter(
+            names.METRIC_ROUTER_PREFIX_UNHONOURED_TOKENS.removesuffix("_total"),
+            "Predicted prefix-hit tokens the engine's reported cached_tokens fell short of, by cluster.",
             ["cluster"],
+            registry=r,
+        )
+        self.kv_event_batches = Counter(
+            names.METRIC_ROUTER_KV_EVENT_BATCHES.removesuffix("_total"),
+            "KV event batches received from the engines, by engine and outcome.",
+            ["engine", "outcome"],
+            registry=r,
+        )
+        self.kv_event_blocks = Counter(
+            names.METRIC_ROUTER_KV_EVENT_BLOCKS.removesuffix("_total"),
+            "Blocks the engines' KV events stored and removed in the exact prefix index, by engine and event.",
+            ["engine", "event"],
+            registry=r,
+        )
+        self.kv_index_blocks = Gauge(
+            names.METRIC_ROUTER_KV_INDEX_BLOCKS,
+            "Blocks the exact prefix index holds for an engine from its KV events.",
+            ["engine"],
             registry=r,
         )
         self.abandoned_kv = Counter(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from prfaas_core.api import RemoteGateway, RouterEndpoint
 from prfaas_core.policy.breaker import Breaker, BreakerBoard, Transition
 from prfaas_core.policy.decode_prefix import DecodeHoldings
+from prfaas_core.policy.kv_index import KvEventIndex
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
 from prfaas_core.policy.replica_books import Book, InstanceBook, Mark, ReplicaBooks
@@ -37,7 +38,6 @@ from prfaas_core.policy.short_term import (
 )
 from prfaas_core.policy.threshold import ThresholdDecision
 from prfaas_core.request.slo import ttft_objective_s
-from prfaas_core.request.tokens import PrefixIndex
 
 from .config import Compiled
 
@@ -86,8 +86,8 @@ class Runtime:
     """The short-term policies (a baseline is another :class:`ShortTermPolicy`)."""
     snapshot: Snapshot = field(init=False)
     in_flight: int = 0
-    pd_index: PrefixIndex = field(init=False)
-    remote_index: PrefixIndex = field(init=False)
+    pd_index: KvEventIndex = field(init=False)  # exact from the engines' KV events where they publish, else learned
+    remote_index: KvEventIndex = field(init=False)
     decode_held: DecodeHoldings = field(init=False)  # what each decode instance holds of the prompts it served
     _ledgers: dict[str, EgressLedger] = field(default_factory=dict)
     _breakers: BreakerBoard = field(default_factory=BreakerBoard)
@@ -116,8 +116,8 @@ class Runtime:
 
     def __post_init__(self) -> None:
         r = self.compiled.config.routing
-        self.pd_index = PrefixIndex(r.prefix_index_blocks, r.prefix_block_tokens)
-        self.remote_index = PrefixIndex(r.prefix_index_blocks, r.prefix_block_tokens)
+        self.pd_index = KvEventIndex.learning(r.prefix_index_blocks, r.prefix_block_tokens)
+        self.remote_index = KvEventIndex.learning(r.prefix_index_blocks, r.prefix_block_tokens)  # learned only
         self.decode_held = DecodeHoldings(self.compiled.kv, r.prefix_block_tokens)
         self.snapshot = Snapshot(
             ThresholdDecision(self.compiled.bounds.min_tokens, 0, "initial: t = t_min"),
@@ -138,8 +138,8 @@ class Runtime:
             self.available.setdefault(name, Available())
         # a remote whose address or link changed starts with a closed breaker; the others keep theirs
         self._breakers.ensure({r.name: (r.url, r.link) for r in compiled.remotes})
-        gone = set(self._queued_prefill_s) - set(compiled.by_name)
-        self.pd_index.forget(gone)
+        self.pd_index.retarget(gone := set(self._queued_prefill_s) - set(compiled.by_name), compiled.kv.recurrent)
+        self.remote_index.retarget((), compiled.kv.recurrent)  # a hybrid's hits resume only at checkpoints
         self.decode_held.retarget(compiled.kv, compiled.config.routing.prefix_block_tokens)
         self.decode_held.forget(gone)
 

@@ -1,19 +1,24 @@
 """Signals refreshed off the hot path, about once a second: engine health and load (their /metrics; health over
 consecutive probes), each link's measured egress (its metrics endpoint), each remote gateway's status; then the
 link states and the threshold are recomputed with the core's policies and a new :class:`Snapshot` is swapped in
-by reference. Also whether the router can serve (``/ready``)."""
+by reference. Also whether the router can serve (``/ready``), and the engines' KV events (:class:`KvEventFeed`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field, replace
 
 import httpx
+import msgspec
 import structlog
+import zmq
+import zmq.asyncio
 
 from prfaas_core import names
 from prfaas_core.api import GatewayStatus, RouterEndpoint
+from prfaas_core.launch.vllm import KV_EVENTS_TOPIC
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.link_estimate import ESTIMATE_SOURCES
 from prfaas_core.policy.short_term import Refreshed
@@ -157,6 +162,74 @@ def poll_error(exc: Exception) -> str:
     return exc.__class__.__name__
 
 
+# --- The engines' KV events (vLLM's ZMQ publisher, ``--kv-events-config``): one SUB socket per PD engine whose
+# endpoint names a ``kvEventsUrl``; each batch goes to the exact prefix index
+# (:class:`~prfaas_core.policy.kv_index.KvEventIndex`, where gaps and restarts are judged). An engine is matched
+# exactly from its first batch on, by the learned index before that and after its subscription ends.
+
+
+class KvEventFeed:
+    def __init__(self, runtime: Runtime, metrics: RouterMetrics) -> None:
+        self.runtime, self.metrics = runtime, metrics
+        self._subs: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+
+    def sync(self) -> None:
+        """Subscribe to the endpoints that publish events and end the subscriptions of those gone or changed."""
+        want = {e.name: e.kv_events_url for e in self.runtime.compiled.config.endpoints if e.kv_events_url}
+        for name, (url, task) in list(self._subs.items()):
+            if want.get(name) != url or task.done():  # gone, moved, or its subscription failed (started again)
+                task.cancel()
+                del self._subs[name]
+                with contextlib.suppress(KeyError):
+                    self.metrics.kv_index_blocks.remove(name)
+        for name, url in want.items():
+            if name not in self._subs:
+                self._subs[name] = (url, asyncio.create_task(self._run(name, url)))
+        for name in self._subs:
+            self.metrics.kv_index_blocks.labels(name).set(self.runtime.pd_index.held_blocks(name))
+
+    async def _run(self, name: str, url: str) -> None:
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, KV_EVENTS_TOPIC.encode())
+        sock.connect(url)
+        decode, index = msgspec.msgpack.Decoder().decode, self.runtime.pd_index
+        batches, blocks = self.metrics.kv_event_batches, self.metrics.kv_event_blocks
+        log.info("subscribed to KV events", engine=name, url=url)
+        try:
+            while True:
+                frames = await sock.recv_multipart()
+                try:
+                    if len(frames) != 3 or len(frames[1]) != 8:
+                        raise ValueError(f"{len(frames)} frames, not (topic, 8-byte sequence, payload)")
+                    got = index.apply(name, int.from_bytes(frames[1], "big", signed=True), decode(frames[2]))
+                except (ValueError, msgspec.DecodeError) as exc:
+                    batches.labels(name, "malformed").inc()
+                    log.warning("KV event batch unreadable", engine=name, error=str(exc)[:200])
+                    continue
+                if got.resync is not None:
+                    batches.labels(name, "resync").inc()
+                    log.warning("KV events resynced: the engine's holdings were cleared", engine=name, why=got.resync)
+                batches.labels(name, "applied").inc()
+                blocks.labels(name, "stored").inc(got.stored)
+                blocks.labels(name, "removed").inc(got.removed)
+        except zmq.ZMQError as exc:
+            log.warning("KV event subscription failed", engine=name, url=url, error=str(exc))
+        finally:
+            sock.close(linger=0)
+            index.detach(name)
+
+    async def close(self) -> None:
+        for _, task in self._subs.values():
+            task.cancel()
+        await asyncio.gather(*(task for _, task in self._subs.values()), return_exceptions=True)
+        self._subs.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+
+
 @dataclass
 class Signals:
     runtime: Runtime
@@ -175,6 +248,11 @@ class Signals:
     available_source: dict[str, str] = field(default_factory=dict)
     aborts: tuple[Aborts, ...] = ()
     """Whose legs in flight to cut short when their side turns unready (the proxy's, the gateway's)."""
+    kv_events: KvEventFeed | None = None
+
+    async def close(self) -> None:
+        if self.kv_events is not None:
+            await self.kv_events.close()
 
     def _abort(self, side: str, why: str) -> None:
         cut = sum(a.abort(side, why) for a in self.aborts)
@@ -248,6 +326,9 @@ class Signals:
         """Read the engines, the links and the remotes, then the core's refresh (ledger -> link states -> t)."""
         rt = self.runtime
         c = rt.compiled
+        if self.kv_events is None:
+            self.kv_events = KvEventFeed(rt, self.metrics)
+        self.kv_events.sync()
         engines = dict(await asyncio.gather(*(self._engine(e.name, e.url) for e in c.config.endpoints)))
         measured = await asyncio.gather(
             *(self._link(lk.name, lk.metrics_url) for lk in c.config.links if lk.metrics_url)
