@@ -201,3 +201,38 @@ def test_a_decode_failing_after_the_prefill_releases_the_abandoned_kv(stack: Sta
     )
     wait_for(lambda: http("GET", pdp + "/admin/state")[1]["kv_handles"] == 0, 15, "the prefill engine to free it")
     assert "its KV released" in (stack.dir / "router.log").read_text()
+
+
+def test_every_local_prefill_failing_falls_back_to_the_remote(stack: Stack) -> None:
+    """Issue 39 item 7: with two PD prefill instances both answering 500, the one retry went to the other local
+    instance and the client got a 502 although the remote was healthy (18 of 20). Now, once the retry failed
+    too, the remote takes the request. The second instance is a second name for the same (failing) engine."""
+    endpoints = stack.configs["router"]["endpoints"]
+    pd0 = next(e for e in endpoints if e["name"] == "pd-0")
+    stack.write_router_config(endpoints=[*endpoints, {**pd0, "name": "pd-0b"}])
+    pdp = stack.url("pdp")
+    try:
+        wait_for(
+            lambda: counter(stack.router, "prfaas_router_engine_healthy", engine="pd-0b") == 1 or None,
+            15,
+            "the router to probe pd-0b healthy",
+        )
+        assert http("POST", pdp + "/admin/faults", {"error_rate": 1.0})[0] == 200
+        before = counter(stack.router, "prfaas_router_prefill_retries_total", to="remote", outcome="ok")
+        local_errors = counter(stack.router, "prfaas_router_prefill_retries_total", to="local", outcome="error")
+        answers = [
+            httpx.post(stack.router + "/v1/completions", json={"prompt": prompt(2_000), "max_tokens": 3}, timeout=30)
+            for _ in range(4)
+        ]
+        assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+        assert {r.headers["x-prfaas-route"] for r in answers} == {"retry"}
+        assert counter(stack.router, "prfaas_router_prefill_retries_total", to="local", outcome="error") > local_errors
+        after = counter(stack.router, "prfaas_router_prefill_retries_total", to="remote", outcome="ok")
+        assert after == before + 4
+        assert (
+            "prefill failed on every local instance tried; the remote takes it"
+            in (stack.dir / "router.log").read_text()
+        )
+    finally:
+        http("POST", pdp + "/admin/faults", {"error_rate": 0.0})
+        stack.write_router_config(endpoints=endpoints)

@@ -55,6 +55,15 @@ from .pulls import Booking, KvLeaseOver
 
 ENGINE = engine_kind()
 
+
+def engine_kv_handle(body: object) -> dict[str, Any] | None:
+    """The KV handle in an engine's answer (bytes), None when it carries none or is not JSON."""
+    try:
+        return ENGINE.kv_handle(orjson.loads(body)) if isinstance(body, bytes) else None
+    except orjson.JSONDecodeError:
+        return None
+
+
 log = structlog.get_logger("prfaas.gateway")
 
 WINDOW_S = 10.0
@@ -149,8 +158,8 @@ class Gateway:
         if booking is not None and self.admission is not None:
             try:
                 pull_id = await self.admission.release(booking, resp.status == 200, rt.model_now, instance)
-            except KvLeaseOver as over:
-                return self.admission.lease_answer(over)
+            except KvLeaseOver as over:  # the caller releases the KV the engine holds for it (no pull will come)
+                return self.admission.lease_answer(over, engine_kv_handle(resp.body))
             if pull_id is not None:
                 resp.headers[names.HEADER_PULL_ID] = pull_id
             timings += [

@@ -143,7 +143,7 @@ class PullsOnWire:
         if self.metrics is not None:
             self.metrics.gateway_admissions.labels(self.link, result).inc()
 
-    def _decline(self, reason: str, window: Window | None, why: str) -> web.Response:
+    def _decline(self, reason: str, window: Window | None, why: str, handle: object = None) -> web.Response:
         self._count(reason)
         body = AdmissionDecline.model_validate(
             {
@@ -152,6 +152,7 @@ class PullsOnWire:
                 "predictedTtftMs": None if window is None else window.ttft_s * 1000.0,
                 "link": self.link,
                 "message": why,
+                "kvTransferParams": handle,
             }
         )
         wall_wait = (window.wait_s if window is not None else 1.0) / self.time_scale
@@ -376,15 +377,13 @@ class PullsOnWire:
         self._leases[key] = asyncio.get_running_loop().call_later(lease / self.time_scale, self._over, key, "lease")
         return key
 
-    def lease_answer(self, over: KvLeaseOver) -> web.Response:
-        """The 429 ``kv_lease`` for a prefill whose answer waited too long for the wire (its KV waits out the
-        engine's lease there; no decode will pull it)."""
-        why = (
-            f"the prefill's answer was {over}, up to {KV_LEASE_USE:.0%} of the prefill engine's "
-            f"{self.spec.kv_lease_seconds:g}-s KV lease: prefill elsewhere"
-        )
+    def lease_answer(self, over: KvLeaseOver, handle: object = None) -> web.Response:
+        """The 429 ``kv_lease`` for a prefill whose answer waited too long for the wire; it carries the prefill's
+        KV ``handle`` for the caller to release at once (no decode will pull it)."""
+        lease = self.spec.kv_lease_seconds
+        why = f"the answer was {over}, up to {KV_LEASE_USE:.0%} of the engine's {lease:g}-s KV lease: prefill elsewhere"
         log.warning("a held answer reached its KV lease before its pull fit on the wire", link=self.link, why=why)
-        return self._decline("kv_lease", None, why)
+        return self._decline("kv_lease", None, why, handle)
 
     async def _onto_wire(
         self, key: str, rate: float, lease_s: float, clock: Callable[[], float], instance: str | None = None

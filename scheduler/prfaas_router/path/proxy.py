@@ -51,10 +51,10 @@ from .call import (
     Call,
     DecodeLeg,
     LocalPlan,
-    abandon,
     answer_stream,
     answer_whole,
     failure_kind,
+    give_up_kv,
     local_plan,
     over_limit,
     plan_local,
@@ -178,6 +178,7 @@ class Proxy:
         except BaseException as exc:  # the client went away (or a fault): counted once, as the call ends
             cancelled = isinstance(exc, (asyncio.CancelledError, ConnectionResetError))
             call.report("cancelled" if cancelled else "error")
+            give_up_kv(self, call, "the call ended before its decode started")  # else it waits out its lease
             raise
         finally:
             report_pull_over(self, call)  # once per pull: a no-op when its decode reported it
@@ -298,9 +299,7 @@ class Proxy:
         except LegError as exc:
             if call.remote is not None and call.remote_kv:
                 rt.remote_failed(call.remote.name, str(exc))
-            if call.kv is not None:  # no decode will pull it: have a consumer release it (else it waits out its lease)
-                cluster = "prfaas" if call.remote_kv else "pd"
-                abandon(self, call.kv, cluster, call.plan.decode, call.ids, str(exc))
+            give_up_kv(self, call, str(exc))  # no decode will pull it: released now, not at its lease
             if not (call.remote_kv and exc.retriable):
                 return call.refuse("error", exc.status, str(exc), "upstream_error")
             # the remote KV could not be used (link cut, handle expired): prefill locally, decode again
@@ -312,11 +311,12 @@ class Proxy:
             plan = self._replan(call.plan, call.prompt_tokens, call.hashes)
             try:
                 call.kv = await local_prefill(self, call, plan, call.prompt_tokens) if plan.prefill else None
-                call.remote_kv = False
+                call.remote_kv = call.kv_settled = False
                 call.prefilled = time.perf_counter() if call.kv is not None else None
                 call.plan = self._replan(plan, call.prompt_tokens, call.hashes, keep_prefill=True)
                 response = await self._decode(request, call, call.kv)
             except LegError as again:
+                give_up_kv(self, call, str(again))
                 return call.refuse("error", again.status, str(again), "upstream_error")
         rt.pd_index.insert(call.hashes, call.plan.decode)
         rt.decode_held.learn(call.prompt_ids, call.plan.decode)
@@ -357,6 +357,7 @@ class Proxy:
                 # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
                 limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
                 chunks, first = await self._open_decode(leg, kv, call.ids, limit)
+                call.kv_settled = True  # the decode started with the KV: it pulls it or frees it
                 self._transfer_over(call, pulled=kv_crosses_link)
                 slo = rt.compiled.config.slo
                 if not call.body.get("stream"):
