@@ -232,6 +232,10 @@ to the pulls already there, by ``link``."""
 METRIC_GATEWAY_LINK_SHARE: Final = "prfaas_gateway_link_share"
 """(gateway) This replica's share of the link's ceiling now (0-1: its ``1 / replicas``, less what it lent to its
 peers, plus what it borrowed), by ``link``."""
+METRIC_GATEWAY_CLAIMS_CORRECTED: Final = "prfaas_gateway_claims_corrected_total"
+"""(gateway) A router's claims the gateway corrected, by ``link`` and ``claim``: ``kv_bytes`` (more than 10 % from
+the gateway's own count of the prompt: its count booked), ``decode_cached`` (more tokens than the prompt's: no
+credit), ``slo_ttft`` (a TTFT objective tighter than the gateway's configured SLO: raised to it)."""
 METRIC_GATEWAY_LOANS: Final = "prfaas_gateway_loans_total"
 """(gateway) Share loans between gateway replicas, by ``link`` and ``result``: ``borrowed``, ``lent``, ``refused``
 (the peer had nothing free), ``unreachable`` (a peer did not answer), ``expired`` (a loan's lease ran out before the
@@ -363,6 +367,7 @@ EXPORTERS: Final[dict[str, Exporter]] = {
     METRIC_GATEWAY_PULL_HOLD_SECONDS: "gateway",
     METRIC_GATEWAY_LINK_SHARE: "gateway",
     METRIC_GATEWAY_LOANS: "gateway",
+    METRIC_GATEWAY_CLAIMS_CORRECTED: "gateway",
     **{
         name: "emulator"
         for name in (

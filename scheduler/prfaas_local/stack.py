@@ -200,6 +200,8 @@ class LocalStack:
             capacity = s.link_gbps if s.gateway_link_gbps is None else s.gateway_link_gbps
             links = [{"name": LINK, "capacityGbps": capacity, "maxUtilization": s.link_max_utilization}]
             admission = {"link": LINK, **(s.admission if s.admission is not None else self._pull_rates())}
+            if self.env is None:  # the lease the gateway assumes is the emulated engines' own
+                admission.setdefault("kvLeaseSeconds", s.kv_lease_s)
             if len(peers) > 1:
                 admission.update(replicas=len(peers), peers=list(peers))
                 if self.tls_ca is not None:
@@ -311,7 +313,8 @@ class LocalStack:
             name,
             [*PRFAAS, "engine", "--role", role, "--hardware", hardware, "--port", str(port),
              "--kv-listen", f"127.0.0.1:{kv}", *advertise, "--engine-id", name, "--model-profile", s.model_profile,
-             PROMPT_TOKENS_DETAILS_FLAG, "--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale)],
+             PROMPT_TOKENS_DETAILS_FLAG, "--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale),
+             "--kv-timeout", str(s.kv_lease_s)],
         )  # fmt: skip
         self.peer_urls[name] = self.urls[name] = f"http://127.0.0.1:{port}"
         self.kv_ports[name] = kv

@@ -91,6 +91,9 @@ class StackSpec:
     """The gateway schedules the link (``gateway.admission``; pull-after-prefill, one pull at a relay's rate)."""
     admission: dict[str, Any] | None = None
     """The gateway's admission block as given (with ``gateway_admission``; None: pulls at a relay's rate)."""
+    kv_lease_s: float = 480.0
+    """How long the emulated engines hold a prefill's KV for a pull that has not started (``prfaas engine
+    --kv-timeout``); their gateway's admission assumes the same (``kvLeaseSeconds``; real vLLM: its default, 30 s)."""
     gateway_link_gbps: float | None = None
     """The capacity the gateway's admission books against (None: ``link_gbps``)."""
     egress_pacing: bool = False

@@ -29,7 +29,9 @@ from prfaas_core.api import GatewayStatus
 from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.decode_prefix import decode_cached_header
+from prfaas_core.policy.link_admission import verify_decode_cached
 from prfaas_core.policy.routing import InstanceView
+from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.request.tokens import block_hashes
 
 from ..state.config import count_prompt
@@ -125,6 +127,9 @@ class Gateway:
             decode_held = decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS))
         except ValueError as exc:
             return json_error(400, str(exc))
+        decode_held, overclaimed = verify_decode_cached(decode_held, len(ids))
+        if overclaimed and self.admission is not None:
+            self.admission.claim_corrected("decode_cached")
         hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
         hits = rt.pd_index.match(hashes)
         booking = None
@@ -141,6 +146,7 @@ class Gateway:
                 prefill_s,
                 rt.model_now(),
                 None if ready.name is None else ready.predicted_s,
+                ttft_objective_s(c.config.slo, len(ids)) if c.config.slo is not None else None,
             )
             if isinstance(verdict, web.Response):
                 return verdict
@@ -305,7 +311,9 @@ class Gateway:
                 continue
             if resp.status_code == 200:
                 rt.pd_index.insert(hashes, pick.name)
-                decode_held = decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS))
+                decode_held = verify_decode_cached(
+                    decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS)), len(ids)
+                )[0]
                 self._served(uncached, c.kv.pulled_kv_bytes(len(ids), decode_held))
                 prompt = reported_prompt_tokens(resp.content, len(ids))
                 self._egress(request.headers.get(LINK_HEADER), prompt, decode_held)
