@@ -236,3 +236,29 @@ def test_every_local_prefill_failing_falls_back_to_the_remote(stack: Stack) -> N
     finally:
         http("POST", pdp + "/admin/faults", {"error_rate": 0.0})
         stack.write_router_config(endpoints=endpoints)
+
+
+def test_a_request_past_the_models_context_is_a_400_before_any_leg_and_a_huge_body_a_413(stack: Stack) -> None:
+    """Issue 39 item 9: a 35K-token prompt with max_tokens 250,000 ran a whole remote prefill, then the decode
+    refused it; a 7-MB text prompt got a retryable 429. Now the router knows the engines' max_model_len (their
+    /v1/models) and answers 400 before any leg; a body over maxBodyBytes is a 413."""
+
+    def router_says_context() -> str | None:
+        body = {"prompt": prompt(100), "max_tokens": 262_100}
+        status, answer = http("POST", stack.router + "/v1/completions", body, timeout_s=30)
+        message = answer.get("error", {}).get("message", "") if isinstance(answer, dict) else ""
+        return message if status == 400 and "its engines' max_model_len" in message else None
+
+    wait_for(router_says_context, 15, "the router to learn the engines' max_model_len")
+    before = engine_prompt_tokens(stack)
+    body = {"prompt": prompt(35_000), "max_tokens": 250_000}
+    status, answer = http("POST", stack.router + "/v1/completions", body, timeout_s=30)
+    assert status == 400, answer
+    assert "maximum context length is 262144 tokens" in answer["error"]["message"]
+    assert "'max_tokens'" in answer["error"]["message"]
+    seven_mb = {"prompt": "x" * (7 << 20), "max_tokens": 2}
+    r = httpx.post(stack.router + "/v1/completions", json=seven_mb, timeout=60)
+    assert r.status_code == 400 and "maximum context length" in r.text, r.text[:300]
+    assert engine_prompt_tokens(stack) == before  # no engine saw any of them
+    too_big = httpx.post(stack.router + "/v1/completions", json={"prompt": "x" * (9 << 20)}, timeout=60)
+    assert too_big.status_code == 413, too_big.text[:300]

@@ -89,3 +89,20 @@ def check_request(body: dict[str, Any], chat: bool) -> None:
             raise ValueError("'stream_options' must be an object")
         if not body.get("stream"):
             raise ValueError("'stream_options' may be set only when 'stream' is true")
+
+
+def check_context(body: dict[str, Any], chat: bool, prompt_tokens: int, max_model_len: int) -> None:
+    """The request within the model's maximum context length (vLLM's own check, made before any leg: once a 35K
+    prompt with ``max_tokens`` 250,000 ran a whole remote prefill, then the decode refused it; a 7-MB prompt got a
+    retryable 429): the prompt plus the tokens asked for (``max_tokens``, or ``max_completion_tokens`` in a chat;
+    at least one) at most ``max_model_len``. ValueError names the fields; call after :func:`check_request`."""
+    asked = body.get("max_completion_tokens") if chat and body.get("max_completion_tokens") else body.get("max_tokens")
+    asked = asked if _is_int(asked) else None
+    if prompt_tokens + (asked or 1) <= max_model_len:
+        return
+    field = "max_completion_tokens" if chat and body.get("max_completion_tokens") else "max_tokens"
+    wants = f"{prompt_tokens} in the prompt" + (f" + {asked} in '{field}'" if asked else "")
+    raise ValueError(
+        f"the model's maximum context length is {max_model_len} tokens (its engines' max_model_len); the request "
+        f"asks for {prompt_tokens + (asked or 1)} ({wants}): shorten the prompt or lower '{field}'"
+    )

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from prfaas_core.policy.routing import RouteDecision
 from prfaas_core.policy.short_term import RoutePlan
-from prfaas_core.request.params import check_request
+from prfaas_core.request.params import check_context, check_request
 from prfaas_core.request.tokens import block_hashes
 
 from ..state.config import count_prompt
@@ -67,6 +67,9 @@ log = structlog.get_logger("prfaas.router")
 
 __all__ = ["PROMPT_TOKENS_HEADER", "ROUTE_HEADER", "Proxy"]
 
+CONTEXT_ASK_S = 2.0
+"""The engines' ``/v1/models`` are asked at most this often (wall seconds) while the context length is unknown."""
+
 
 class Proxy:
     """Handlers of one router app; holds no global state."""
@@ -85,6 +88,10 @@ class Proxy:
         """The model names requests may name (None: any)."""
         self.aborts = Aborts()
         """Remote legs in flight, cut short when their remote turns unready (the refresher calls abort)."""
+        self.max_model_len: int | None = None
+        """The model's maximum context length as the PD engines name it (``/v1/models``); None: not known yet."""
+        self._context_asked = -CONTEXT_ASK_S
+        self._learning: asyncio.Task[None] | None = None  # the loop keeps only weak references to tasks
 
     def open(self) -> None:
         if self.session is None:
@@ -111,6 +118,7 @@ class Proxy:
         """(Re)build the TLS clients and read the tokens of the configured remotes (after a reload too)."""
         await self.close()
         self.remote_tls.clear()
+        self.max_model_len, self._context_asked = None, -CONTEXT_ASK_S  # the engines may have changed
         for remote in self.rt.compiled.remotes:
             verify: Any = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
             self.remote_clients[remote.name] = httpx.AsyncClient(
@@ -119,6 +127,24 @@ class Proxy:
             self.remote_tls[remote.name] = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
             self.remote_tokens[remote.name] = None
         self.refresh_tokens()
+
+    def _learn_context_soon(self) -> None:
+        if time.monotonic() - self._context_asked >= CONTEXT_ASK_S:
+            self._context_asked = time.monotonic()
+            self._learning = asyncio.get_running_loop().create_task(self.learn_context())
+
+    async def learn_context(self) -> None:
+        """The least ``max_model_len`` the PD engines' ``/v1/models`` name (vLLM's and the emulator's answer):
+        the context length checked before any leg (:func:`check_context`); unknown until an engine answers."""
+        lens: list[int] = []
+        for e in self.rt.compiled.config.endpoints:
+            try:
+                data = (await self.http.get(f"{e.url}/v1/models", timeout=CONTEXT_ASK_S)).json()["data"]
+                lens += [m["max_model_len"] for m in data if isinstance(m.get("max_model_len"), int)]
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+        if lens:
+            self.max_model_len = min(lens)
 
     def refresh_tokens(self) -> None:
         """Re-read the remotes' token files (rotated in place); an unreadable one keeps the last good token."""
@@ -154,6 +180,10 @@ class Proxy:
             check_request(body, is_chat(request.path))
             ENGINE.check_body(body)
             ids = await count_prompt(body, is_chat(request.path), rt.compiled.tokenizer, len(raw))
+            if self.max_model_len is not None:  # before any leg: an engine would refuse it after the prefill
+                check_context(body, is_chat(request.path), len(ids), self.max_model_len)
+            else:
+                self._learn_context_soon()
         except ValueError as exc:
             return json_error(400, str(exc))
         if "stream" in body and not isinstance(body["stream"], bool):
