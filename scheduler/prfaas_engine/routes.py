@@ -103,7 +103,7 @@ class Routes:
         if eng.faults.inject_error():
             return error(500, "injected fault (error_rate): the engine failed this request")
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        req = EngineRequest(request_id=request_id, prompt_ids=ids, max_tokens=n, leg=leg)
+        req = EngineRequest(request_id=request_id, prompt_ids=ids, max_tokens=n, leg=leg, cache_salt=body.cache_salt)
         try:
             eng.core.submit(req)
         except EngineBusy as exc:

@@ -262,3 +262,37 @@ def test_a_request_past_the_models_context_is_a_400_before_any_leg_and_a_huge_bo
     assert engine_prompt_tokens(stack) == before  # no engine saw any of them
     too_big = httpx.post(stack.router + "/v1/completions", json={"prompt": "x" * (9 << 20)}, timeout=60)
     assert too_big.status_code == 413, too_big.text[:300]
+
+
+def test_tenants_learn_nothing_of_each_others_cache_and_clients_get_no_server_timing(stack: Stack) -> None:
+    """Issue 39 item 8: a guess sharing a victim's first tokens came back with cached_tokens of the shared prefix
+    (and a faster prefill), across clients. With security.tenantHeader the router salts each tenant's prompts
+    (vLLM's cache_salt; the router's prefix indexes too): another tenant's guess finds nothing cached, the same
+    tenant's next turn still does. Server-Timing is off toward clients by default."""
+    reloads = (stack.dir / "router.log").read_text().count("configuration reloaded")
+    stack.write_router_config(security={"tenantHeader": "x-tenant"})
+    try:
+        wait_for(
+            lambda: (stack.dir / "router.log").read_text().count("configuration reloaded") > reloads or None,
+            15,
+            "the reload",
+        )
+
+        def cached(text: str, tenant: str) -> int:
+            r = httpx.post(
+                stack.router + "/v1/completions",
+                json={"prompt": text, "max_tokens": 2},
+                headers={"x-tenant": tenant},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            assert "server-timing" not in r.headers  # off by default toward clients
+            return int((r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+        victim = prompt(3_000)
+        assert cached(victim, "victim") == 0
+        guess = victim[: 2_000 * 4] + "y" * (1_000 * 4)
+        assert cached(guess, "attacker") == 0  # before: the shared 2,000 tokens came back cached
+        assert cached(guess + "z" * 400, "victim") >= 1_900  # the victim's own next turn still hits its prefix
+    finally:
+        stack.write_router_config(security={})

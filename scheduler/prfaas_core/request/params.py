@@ -8,6 +8,7 @@ The bounds are those vLLM's OpenAI server enforces (``SamplingParams._verify_arg
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 MAX_GENERATED_TOKENS = 1 << 20
@@ -59,6 +60,7 @@ def check_request(body: dict[str, Any], chat: bool) -> None:
     min_tokens = _int_field(body, "min_tokens", 0, MAX_GENERATED_TOKENS)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise ValueError(f"'min_tokens' ({min_tokens}) must not exceed the maximum tokens ({max_tokens})")
+    _cache_salt(body)
     _int_field(body, "n", 1, 128)
     _int_field(body, "best_of", 1, 128)
     _int_field(body, "seed", -(1 << 63), (1 << 64) - 1)
@@ -106,3 +108,17 @@ def check_context(body: dict[str, Any], chat: bool, prompt_tokens: int, max_mode
         f"the model's maximum context length is {max_model_len} tokens (its engines' max_model_len); the request "
         f"asks for {prompt_tokens + (asked or 1)} ({wants}): shorten the prompt or lower '{field}'"
     )
+
+
+def _cache_salt(body: dict[str, Any]) -> None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= 128 or any(c in salt for c in "@/\\\0")):
+        raise ValueError("'cache_salt' must be a non-empty string of at most 128 characters, no '@', '/', '\\', NUL")
+
+
+def tenant_salt(tenant: str | None, client_salt: object = None) -> str:
+    """The ``cache_salt`` the router sets in multi-tenant mode (``security.tenantHeader``): SHA-256 of the tenant
+    (the header's value; none: one shared salt) and the client's own salt, in hex (64 characters, as vLLM takes
+    it). Prompts of different tenants then share no prefix-cache block on any engine."""
+    own = client_salt if isinstance(client_salt, str) else ""
+    return hashlib.sha256(b"prfaas-tenant\0" + (tenant or "").encode() + b"\0" + own.encode()).hexdigest()

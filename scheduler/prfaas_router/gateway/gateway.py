@@ -130,7 +130,8 @@ class Gateway:
         decode_held, overclaimed = verify_decode_cached(decode_held, len(ids))
         if overclaimed and self.admission is not None:
             self.admission.claim_corrected("decode_cached")
-        hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
+        salt = body.get("cache_salt")  # a tenant's prompts match only its own prefixes (the engines' cache too)
+        hashes = block_hashes(ids, c.config.routing.prefix_block_tokens, salt if isinstance(salt, str) else None)
         hits = rt.pd_index.match(hashes)
         booking = None
         if self.admission is not None:

@@ -329,9 +329,13 @@ class DecodeLeg:
     """The gateway's ``Server-Timing`` for a remote prefill, passed on under ``gw-``."""
     drained: bool = False
     """The upstream was read to its end (it goes back to the pool; any other is closed)."""
+    timing: bool = False
+    """Send the client ``Server-Timing`` (``security.serverTiming``; off by default: no cache oracle)."""
 
     def headers(self) -> dict[str, str]:
         out = {ROUTE_HEADER: self.route, PROMPT_TOKENS_HEADER: str(self.prompt_tokens)}
+        if not self.timing:
+            return out
         phases = (("prefill", self.prefilled), ("first", self.first_at))
         entries = [timing_entry(name, at - self.started) for name, at in phases if at is not None]
         entries += timing_prefixed(self.gateway_timing)

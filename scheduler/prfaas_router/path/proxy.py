@@ -24,7 +24,7 @@ from aiohttp import web
 
 from prfaas_core.policy.routing import RouteDecision
 from prfaas_core.policy.short_term import RoutePlan
-from prfaas_core.request.params import check_context, check_request
+from prfaas_core.request.params import check_context, check_request, tenant_salt
 from prfaas_core.request.tokens import block_hashes
 
 from ..state.config import count_prompt
@@ -67,8 +67,7 @@ log = structlog.get_logger("prfaas.router")
 
 __all__ = ["PROMPT_TOKENS_HEADER", "ROUTE_HEADER", "Proxy"]
 
-CONTEXT_ASK_S = 2.0
-"""The engines' ``/v1/models`` are asked at most this often (wall seconds) while the context length is unknown."""
+CONTEXT_ASK_S = 2.0  # the engines' /v1/models are asked at most this often (wall s) while the context is unknown
 
 
 class Proxy:
@@ -128,14 +127,16 @@ class Proxy:
             self.remote_tokens[remote.name] = None
         self.refresh_tokens()
 
-    def _learn_context_soon(self) -> None:
-        if time.monotonic() - self._context_asked >= CONTEXT_ASK_S:
+    def _check_context(self, body: dict[str, Any], chat: bool, prompt_tokens: int) -> None:
+        """:func:`check_context` (ValueError past it); while the length is unknown, the engines are asked."""
+        if self.max_model_len is not None:
+            check_context(body, chat, prompt_tokens, self.max_model_len)
+        elif time.monotonic() - self._context_asked >= CONTEXT_ASK_S:
             self._context_asked = time.monotonic()
             self._learning = asyncio.get_running_loop().create_task(self.learn_context())
 
     async def learn_context(self) -> None:
-        """The least ``max_model_len`` the PD engines' ``/v1/models`` name (vLLM's and the emulator's answer):
-        the context length checked before any leg (:func:`check_context`); unknown until an engine answers."""
+        """The least ``max_model_len`` the engines' ``/v1/models`` name (vLLM's and the emulator's answer)."""
         lens: list[int] = []
         for e in self.rt.compiled.config.endpoints:
             try:
@@ -178,12 +179,11 @@ class Proxy:
         try:
             # the whole request, the decode leg's parameters too, before any leg costs engine work
             check_request(body, is_chat(request.path))
+            if (tenant := rt.compiled.config.security.tenant_header) is not None:  # no cache oracle across tenants
+                body["cache_salt"] = tenant_salt(request.headers.get(tenant), body.get("cache_salt"))
             ENGINE.check_body(body)
             ids = await count_prompt(body, is_chat(request.path), rt.compiled.tokenizer, len(raw))
-            if self.max_model_len is not None:  # before any leg: an engine would refuse it after the prefill
-                check_context(body, is_chat(request.path), len(ids), self.max_model_len)
-            else:
-                self._learn_context_soon()
+            self._check_context(body, is_chat(request.path), len(ids))  # before any leg, not after the prefill
         except ValueError as exc:
             return json_error(400, str(exc))
         if "stream" in body and not isinstance(body["stream"], bool):
@@ -231,7 +231,7 @@ class Proxy:
         ticket and local plan."""
         rt, m = self.rt, self.metrics
         c = rt.compiled
-        call.hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
+        call.hashes = block_hashes(ids, c.config.routing.prefix_block_tokens, call.body.get("cache_salt"))
         call.pd_hits = rt.pd_index.match(call.hashes)
         t0 = time.perf_counter()
         routed, (l_pd, l_prfaas) = rt.route_prefixed(len(ids), call.hashes, call.pd_hits)
@@ -381,6 +381,7 @@ class Proxy:
         assert plan is not None
         leg = DecodeLeg(request, plan.decode, call.body, call.route, call.started, call.prompt_tokens, call.prefilled)
         leg.gateway_timing = call.gateway_timing if kv_crosses_link else ""
+        leg.timing = rt.compiled.config.security.server_timing
         try:
             with rt.decoding(plan.decode, call.key if kv_crosses_link else None):
                 # the decode has *started* once its first byte arrives: until then a failure may be retried
