@@ -105,8 +105,8 @@ def test_a_handle_the_gateway_gives_up_on_is_released_by_the_router_at_once(stac
         again = httpx.post(gateway + "/v1/completions", json=leg(40_000), headers=GATEWAY_AUTH, timeout=30)
         assert again.status_code == 429, again.text
         decline = AdmissionDecline.model_validate(again.json())
-        assert decline.reason == "kv_lease" and decline.kv_transfer_params is not None
-        release(stack, decline.kv_transfer_params)
+        assert decline.reason == "kv_lease" and decline.kv_handle is not None
+        release(stack, decline.kv_handle)
     finally:
         report(stack, first.headers[names.HEADER_PULL_ID])
         release(stack, held_handle)

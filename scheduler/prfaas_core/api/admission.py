@@ -37,7 +37,7 @@ class AdmissionDecline(ApiModel):
     )
     link: str | None = Field(default=None, description="The link the window is on.")
     message: str = Field(default="", description="Why, for people.")
-    kv_transfer_params: dict[str, Any] | None = Field(
+    kv_handle: dict[str, Any] | None = Field(
         default=None,
         description="kv_lease: the KV handle of the prefill the gateway gave up on, for the caller to release at "
         "once (its release leg through a decode instance) instead of leaving the KV on the PrFaaS engine until "

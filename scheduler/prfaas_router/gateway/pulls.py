@@ -149,7 +149,7 @@ class PullsOnWire:
                 "predictedTtftMs": None if window is None else window.ttft_s * 1000.0,
                 "link": self.link,
                 "message": why,
-                "kvTransferParams": handle,
+                "kvHandle": handle,
             }
         )
         wall_wait = (window.wait_s if window is not None else 1.0) / self.time_scale

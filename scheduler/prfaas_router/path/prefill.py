@@ -262,7 +262,7 @@ async def remote_prefill(
         handle, answer = await proxy.aborts.run(remote_side(remote.name), leg())
     except LinkDeclined as declined:  # no verdict on the remote: a probe's slot is freed
         rt.remote_cancelled(remote.name, probe)
-        given_up = declined.decline.kv_transfer_params  # kv_lease: a prefill the gateway ran, then gave up on
+        given_up = declined.decline.kv_handle  # kv_lease: a prefill the gateway ran, then gave up on
         if given_up is not None and call.plan is not None:
             abandon(proxy, given_up, "prfaas", call.plan.decode, request_id, str(declined))
         raise

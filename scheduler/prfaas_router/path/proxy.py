@@ -117,7 +117,7 @@ class Proxy:
         """(Re)build the TLS clients and read the tokens of the configured remotes (after a reload too)."""
         await self.close()
         self.remote_tls.clear()
-        self.max_model_len, self._context_asked = None, -CONTEXT_ASK_S  # the engines may have changed
+        self._learning = asyncio.get_running_loop().create_task(self.learn_context())  # the engines may change
         for remote in self.rt.compiled.remotes:
             verify: Any = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
             self.remote_clients[remote.name] = httpx.AsyncClient(
