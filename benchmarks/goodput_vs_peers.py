@@ -522,6 +522,7 @@ def main() -> int:
         gateway_admission=args.gateway_admission,
         egress_pacing=args.egress_pacing,
         link_max_utilization=args.max_utilization,
+        router_extra={"security": {"serverTiming": True}},  # its rows record where each request's time went
     )
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-goodput-"))
     stack = LocalStack(spec, work)

@@ -259,11 +259,16 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Gateway admissions by result",
                 "Remote prefills the gateway's link calendar answered per second, by link: booked, or declined "
-                "(link_window, overloaded, kv_lease).",
+                "(link_window, overloaded, kv_lease); and the routers' claims it corrected (kv_bytes, decode_cached, "
+                "slo_ttft: non-zero means a router, or a token holder, misstates a request).",
                 (
                     _t(
                         f"sum by (link, result) (rate({_q('prfaas_gateway_admissions_total', GW)}[{RATE}]))",
                         "{{link}} {{result}}",
+                    ),
+                    _t(
+                        f"sum by (link, claim) (rate({_q('prfaas_gateway_claims_corrected_total', GW)}[{RATE}]))",
+                        "{{link}} corrected {{claim}}",
                     ),
                 ),
                 unit="ops",

@@ -245,6 +245,10 @@ to the pulls already there, by ``link``."""
 METRIC_GATEWAY_LINK_SHARE: Final = "prfaas_gateway_link_share"
 """(gateway) This replica's share of the link's ceiling now (0-1: its ``1 / replicas``, less what it lent to its
 peers, plus what it borrowed), by ``link``."""
+METRIC_GATEWAY_CLAIMS_CORRECTED: Final = "prfaas_gateway_claims_corrected_total"
+"""(gateway) A router's claims the gateway corrected, by ``link`` and ``claim``: ``kv_bytes`` (more than 10 % from
+the gateway's own count of the prompt: its count booked), ``decode_cached`` (more tokens than the prompt's: no
+credit), ``slo_ttft`` (a TTFT objective tighter than the gateway's configured SLO: raised to it)."""
 METRIC_GATEWAY_LOANS: Final = "prfaas_gateway_loans_total"
 """(gateway) Share loans between gateway replicas, by ``link`` and ``result``: ``borrowed``, ``lent``, ``refused``
 (the peer had nothing free), ``unreachable`` (a peer did not answer), ``expired`` (a loan's lease ran out before the
@@ -321,129 +325,34 @@ blocks, so a prompt of ``l`` tokens moves ``ceil(l / block) * block`` tokens' KV
 
 # --- Which component exports each metric (a default query, panel or alert must never need the emulators) ---
 Exporter = str
-EXPORTERS: Final[dict[str, Exporter]] = {
-    **{
-        name: "router"
-        for name in (
-            METRIC_ROUTER_REQUESTS,
-            METRIC_ROUTER_ROUTE_DECISIONS,
-            METRIC_ROUTER_THRESHOLD_TOKENS,
-            METRIC_ROUTER_THRESHOLD_MIN_TOKENS,
-            METRIC_ROUTER_TTFT_SECONDS,
-            METRIC_ROUTER_BREAKER_OPEN,
-            METRIC_ROUTER_E2E_SECONDS,
-            METRIC_ROUTER_TPOT_SECONDS,
-            METRIC_ROUTER_FALLBACKS,
-            METRIC_ROUTER_DECISION_SECONDS,
-            METRIC_ROUTER_IN_FLIGHT,
-            METRIC_ROUTER_LINK_EGRESS_GBPS,
-            METRIC_ROUTER_LINK_CAP_GBPS,
-            METRIC_ROUTER_LINK_SCARCE,
-            METRIC_ROUTER_REMOTE_BYTES,
-            METRIC_ROUTER_TTFT_SLO,
-            METRIC_ROUTER_TTFT_SLO_OBJECTIVE,
-            METRIC_ROUTER_LINK_WAITS,
-            METRIC_ROUTER_LINK_WAIT_SECONDS,
-            METRIC_ROUTER_LINK_AVAILABLE_GBPS,
-            METRIC_ROUTER_LINK_AVAILABLE_SOURCE,
-            METRIC_ROUTER_OPEN_CONNECTIONS,
-            METRIC_ROUTER_CONNECTIONS_CLOSED,
-            METRIC_ROUTER_CREDENTIAL_RELOADS,
-            METRIC_ROUTER_UNCACHED_TOKENS,
-            METRIC_ROUTER_BREAKER_TRANSITIONS,
-            METRIC_ROUTER_PREFILL_RETRIES,
-            METRIC_ROUTER_ENGINE_HEALTHY,
-            METRIC_ROUTER_HEALTH_PROBE_FAILURES,
-            METRIC_ROUTER_PREFIX_QUERY_TOKENS,
-            METRIC_ROUTER_PREFIX_HIT_TOKENS,
-            METRIC_ROUTER_PREFIX_UNHONOURED_TOKENS,
-            METRIC_ROUTER_KV_EVENT_BATCHES,
-            METRIC_ROUTER_KV_EVENT_BLOCKS,
-            METRIC_ROUTER_KV_INDEX_BLOCKS,
-            METRIC_ROUTER_ABANDONED_KV,
-            METRIC_ROUTER_RELEASED_KV,
-            METRIC_ROUTER_READY,
-            METRIC_ROUTER_REPLICA_PEERS,
-            METRIC_ROUTER_REPLICA_SYNC,
-            METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS,
-            METRIC_ROUTER_REPLICA_BOOKS_REJECTED,
-        )
-    },
-    METRIC_GATEWAY_KV_EGRESS_BYTES: "gateway",
-    METRIC_GATEWAY_AUTH_FAILURES: "gateway",
-    METRIC_GATEWAY_INSECURE: "gateway",
-    METRIC_GATEWAY_ADMISSIONS: "gateway",
-    METRIC_GATEWAY_ADMISSION_WAIT_SECONDS: "gateway",
-    METRIC_GATEWAY_LANE_REORDERS: "gateway",
-    METRIC_GATEWAY_LINK_AVAILABLE_GBPS: "gateway",
-    METRIC_GATEWAY_PULLS: "gateway",
-    METRIC_GATEWAY_PULL_HOLD_SECONDS: "gateway",
-    METRIC_GATEWAY_LINK_SHARE: "gateway",
-    METRIC_GATEWAY_LOANS: "gateway",
-    **{
-        name: "emulator"
-        for name in (
-            METRIC_LINK_EGRESS_BYTES,
-            METRIC_LINK_UTILIZATION,
-            METRIC_LINK_SCARCE,
-            METRIC_LINK_WIRE_BYTES,
-            METRIC_LINK_REVERSE_BYTES,
-            METRIC_LINK_ACTIVE_TRANSFERS,
-            METRIC_LINK_CAPACITY_GBPS,
-            METRIC_LINK_RTT_SECONDS,
-            METRIC_LINK_CONNECTIONS,
-            METRIC_LINK_DROPPED,
-            METRIC_ENGINE_KV_BYTES_SENT,
-            METRIC_ENGINE_KV_BYTES_RECEIVED,
-            METRIC_ENGINE_KV_HANDLES,
-            METRIC_ENGINE_KV_EXPIRED,
-            METRIC_ENGINE_INFO,
-            METRIC_ENGINE_DRAINING,
-        )
-    },
-    **{
-        name: "operator"
-        for name in (
-            METRIC_OPERATOR_DECISIONS,
-            METRIC_OPERATOR_RECONCILE_SECONDS,
-            METRIC_OPERATOR_PROMETHEUS_ERRORS,
-            METRIC_OPERATOR_API_RETRIES,
-            METRIC_OPERATOR_LEADER,
-            METRIC_OPERATOR_CYCLE_SECONDS,
-            METRIC_OPERATOR_PROMETHEUS_QUERIES,
-            METRIC_OPERATOR_ROLE_INSTANCES,
-            METRIC_OPERATOR_RESYNCS,
-            METRIC_OPERATOR_RESYNC_REPAIRS,
-            METRIC_OPERATOR_DESIRED_INSTANCES,
-            METRIC_OPERATOR_READY_INSTANCES,
-            METRIC_OPERATOR_SCALING_BLOCKED,
-        )
-    },
-    **{
-        name: "vllm"
-        for name in (
-            VLLM_REQUESTS_RUNNING,
-            VLLM_REQUESTS_WAITING,
-            VLLM_KV_CACHE_USAGE,
-            VLLM_PROMPT_TOKENS,
-            VLLM_GENERATION_TOKENS,
-            VLLM_TTFT_SECONDS,
-            VLLM_INTER_TOKEN_LATENCY_SECONDS,
-            VLLM_REQUEST_TPOT_SECONDS,
-            VLLM_QUEUE_TIME_SECONDS,
-            VLLM_PREFIX_CACHE_QUERIES,
-            VLLM_PREFIX_CACHE_HITS,
-            VLLM_E2E_LATENCY_SECONDS,
-            VLLM_REQUEST_SUCCESS,
-            VLLM_PROMPT_TOKENS_BY_SOURCE,
-            VLLM_NIXL_BYTES_TRANSFERRED,
-        )
-    },
-}
-"""Each metric name and the component that exports it: ``router``, ``gateway`` (the router binary in gateway
+EXPORTER_PREFIXES: Final[tuple[tuple[str, Exporter], ...]] = (
+    ("prfaas_router_", "router"),
+    ("prfaas_gateway_", "gateway"),
+    ("prfaas_operator_", "operator"),
+    ("vllm:", "vllm"),
+    ("prfaas_link_", "emulator"),
+    ("prfaas_engine_", "emulator"),
+)
+"""The component that exports a metric, by its name's prefix: ``router``, ``gateway`` (the router binary in gateway
 mode), ``operator``, ``vllm`` (real engines; our engine emulator speaks them too) or ``emulator`` (only the link and
-engine emulators: nothing a real deployment has). Tests assert no default query, panel or alert reads an
-``emulator`` series."""
+engine emulators: nothing a real deployment has)."""
+
+
+def exporter(metric: str) -> Exporter:
+    """The component that exports ``metric`` (ValueError for a name outside the prefixes)."""
+    for prefix, who in EXPORTER_PREFIXES:
+        if metric.startswith(prefix):
+            return who
+    raise ValueError(f"metric {metric!r} has no known exporter (names.EXPORTER_PREFIXES)")
+
+
+EXPORTERS: Final[dict[str, Exporter]] = {
+    value: exporter(value)
+    for key, value in dict(globals()).items()
+    if key.startswith(("METRIC_", "VLLM_")) and isinstance(value, str)
+}
+"""Every metric constant above and its exporter (a new constant is covered by construction). Tests assert no
+default query, panel or alert reads an ``emulator`` series."""
 
 KIB: Final = 1024
 MIB: Final = 1024 * 1024

@@ -89,6 +89,7 @@ class EngineRequest:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     arrival: float = 0.0
     hashes: list[bytes] = field(default_factory=list)
+    cache_salt: str | None = None
     blocks: int = 0
     cached_tokens: int = 0
     uncached_tokens: int = 0
@@ -205,7 +206,7 @@ class EngineCore:
                 continue
             self.used_blocks += req.blocks
             self.metrics.queue_time_l.observe(self.scale.model_seconds(self.clock.now() - req.arrival))
-            req.hashes = block_hashes(req.prompt_ids, self.config.block_size_tokens)
+            req.hashes = block_hashes(req.prompt_ids, self.config.block_size_tokens, req.cache_salt)
             if isinstance(req.leg, CONSUME_LEGS):
                 if isinstance(req.leg, ConsumeNixl):  # vLLM pulls only the blocks its own prefix cache lacks
                     req.cached_tokens = self.prefix_cache.match(req.hashes, req.prompt_tokens)

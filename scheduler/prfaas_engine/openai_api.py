@@ -37,6 +37,8 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: int | None = 1
     kv_transfer_params: dict[str, Any] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")
+    """vLLM's prefix-cache salt: prompts under different salts share no cached block."""
 
     @field_validator("n")
     @classmethod

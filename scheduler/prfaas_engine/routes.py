@@ -106,7 +106,7 @@ class Routes:
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         traced = {h: request.headers[h] for h in ("x-request-id", "traceparent", "tracestate") if h in request.headers}
         eng.recent.append({"leg": type(leg).__name__, "request_id": request_id, **traced})
-        req = EngineRequest(request_id=request_id, prompt_ids=ids, max_tokens=n, leg=leg)
+        req = EngineRequest(request_id=request_id, prompt_ids=ids, max_tokens=n, leg=leg, cache_salt=body.cache_salt)
         try:
             eng.core.submit(req)
         except EngineBusy as exc:

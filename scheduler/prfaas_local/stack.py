@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import httpx
 
@@ -32,32 +32,19 @@ from prfaas_link.config import shaper_burst_gbit
 
 from .ports import free_port
 from .procs import Processes, exit_on_sigterm
-from .stack_configs import LINK, VLLM_SPEC, VLLM_TOKEN, StackSpec, emulated_fields, vllm_fields
+from .stack_configs import (
+    LINK,
+    VLLM_SPEC,
+    VLLM_TOKEN,
+    Endpoint,
+    EngineRef,
+    StackSpec,
+    emulated_fields,
+    kv_events_field,
+    vllm_fields,
+)
 
 PRFAAS = [sys.executable, "-m", "prfaas_cli.main"]
-
-
-class Endpoint(Protocol):
-    """What a router configuration needs of an engine: its name and base URL."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def url(self) -> str: ...
-
-
-def _events(engine: Endpoint) -> dict[str, str]:
-    """An endpoint's ``kvEventsUrl`` when its engine publishes KV events (a real engine started with them)."""
-    url = getattr(engine, "kv_events_url", None)
-    return {"kvEventsUrl": url} if url else {}
-
-
-class EngineRef(NamedTuple):
-    """An engine somebody else started (or :meth:`LocalStack.start` did): its name and base URL."""
-
-    name: str
-    url: str
 
 
 @dataclass
@@ -206,6 +193,8 @@ class LocalStack:
             capacity = s.link_gbps if s.gateway_link_gbps is None else s.gateway_link_gbps
             links = [{"name": LINK, "capacityGbps": capacity, "maxUtilization": s.link_max_utilization}]
             admission = {"link": LINK, **(s.admission if s.admission is not None else self._pull_rates())}
+            if self.env is None:  # the lease the gateway assumes is the emulated engines' own
+                admission.setdefault("kvLeaseSeconds", s.kv_lease_s)
             if len(peers) > 1:
                 admission.update(replicas=len(peers), peers=list(peers))
                 if self.tls_ca is not None:
@@ -219,7 +208,7 @@ class LocalStack:
             "thresholdMinTokens": 0,
             **kind["common"],
             **kind["gateway"],
-            "endpoints": [{**_events(e), "name": e.name, "url": e.url, "role": "prefill"} for e in engines],
+            "endpoints": [{**kv_events_field(e), "name": e.name, "url": e.url, "role": "prefill"} for e in engines],
             "gateway": gateway,
             "links": links,
         }
@@ -247,8 +236,10 @@ class LocalStack:
         reads the first."""
         s, kind = self.spec, self._kind_fields()
         urls = decode_urls or {}
-        endpoints = [{**_events(e), "name": e.name, "url": e.url, "role": "prefill"} for e in prefill]
-        endpoints += [{**_events(e), "name": e.name, "url": urls.get(e.name, e.url), "role": "decode"} for e in decode]
+        endpoints = [{**kv_events_field(e), "name": e.name, "url": e.url, "role": "prefill"} for e in prefill]
+        endpoints += [
+            {**kv_events_field(e), "name": e.name, "url": urls.get(e.name, e.url), "role": "decode"} for e in decode
+        ]
         link: dict[str, Any] = {"name": LINK, "capacityGbps": s.link_gbps, "maxUtilization": s.link_max_utilization}
         if self.link_metric_urls:
             link["metricsUrl"] = self.link_metric_urls[0]
@@ -317,7 +308,8 @@ class LocalStack:
             name,
             [*PRFAAS, "engine", "--role", role, "--hardware", hardware, "--port", str(port),
              "--kv-listen", f"127.0.0.1:{kv}", *advertise, "--engine-id", name, "--model-profile", s.model_profile,
-             PROMPT_TOKENS_DETAILS_FLAG, "--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale)],
+             PROMPT_TOKENS_DETAILS_FLAG, "--time-scale", str(s.time_scale), "--byte-scale", str(s.byte_scale),
+             "--kv-timeout", str(s.kv_lease_s)],
         )  # fmt: skip
         self.peer_urls[name] = self.urls[name] = f"http://127.0.0.1:{port}"
         self.kv_ports[name] = kv

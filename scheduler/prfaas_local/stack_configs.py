@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from prfaas_core.api import SloSpec
 from prfaas_core.capacity.profiles import builtin_model_profiles
@@ -91,6 +91,9 @@ class StackSpec:
     """The gateway schedules the link (``gateway.admission``; pull-after-prefill, one pull at a relay's rate)."""
     admission: dict[str, Any] | None = None
     """The gateway's admission block as given (with ``gateway_admission``; None: pulls at a relay's rate)."""
+    kv_lease_s: float = 480.0
+    """How long the emulated engines hold a prefill's KV for a pull that has not started (``prfaas engine
+    --kv-timeout``); their gateway's admission assumes the same (``kvLeaseSeconds``; real vLLM: its default, 30 s)."""
     gateway_link_gbps: float | None = None
     """The capacity the gateway's admission books against (None: ``link_gbps``)."""
     egress_pacing: bool = False
@@ -133,3 +136,26 @@ VLLM_SPEC = StackSpec(
     remote_timeout_s=10,
 )
 """The routers over real vLLM engines (the real-engine tier, ``prfaas up --engines vllm``)."""
+
+
+class Endpoint(Protocol):
+    """What a router configuration needs of an engine: its name and base URL."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+
+def kv_events_field(engine: Endpoint) -> dict[str, str]:
+    """An endpoint's ``kvEventsUrl`` when its engine publishes KV events (a real engine started with them)."""
+    url = getattr(engine, "kv_events_url", None)
+    return {"kvEventsUrl": url} if url else {}
+
+
+class EngineRef(NamedTuple):
+    """An engine somebody else started (or :meth:`LocalStack.start` did): its name and base URL."""
+
+    name: str
+    url: str

@@ -39,6 +39,7 @@ def test_every_benchmark_has_a_smoke_test() -> None:
         "router_decision",
         "router_overhead",
         "sim_speed",
+        "soak_floods",
         "testbed",
     }
     scripts = {p.stem for p in BENCH.glob("*.py")} - {"real_engines"}
@@ -74,6 +75,20 @@ def test_testbed() -> None:
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (scripts/system-deps.sh)")
+def test_soak_floods(tmp_path: Path) -> None:
+    out = json.loads(run("soak_floods.py", "--smoke", "--out", str(tmp_path / "soak.json")))
+    assert [r["flood"] for r in out["floods"]] == [0, 1, 2]
+    assert all(r["router_mb"] > 0 and r["gateway_mb"] > 0 for r in out["floods"])
+    assert sum(out["floods"][1]["statuses"].values()) == 6
+
+
+@pytest.mark.slow
+def test_soak_floods_full(tmp_path: Path) -> None:
+    """The full soak (issue 39): five floods of 200 x 32K-token requests; the figures go to docs/benchmarks.md."""
+    out = json.loads(run("soak_floods.py", "--out", str(tmp_path / "soak.json"), timeout=3600.0))
+    assert len(out["floods"]) == 6
+
+
 def test_router_overhead(tmp_path: Path) -> None:
     out = json.loads(run("router_overhead.py", "--smoke", "--out", str(tmp_path / "overhead.json")))
     assert out["max_rps"]["prfaas_router"] > 0

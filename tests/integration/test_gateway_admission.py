@@ -21,7 +21,7 @@ KV = kv_model_from_profile(builtin_model_profiles()["internal-1t"])
 
 def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
     with processes(tmp_path) as procs:
-        st = start_stack(procs, tmp_path, gateway_admission={"capacityGbps": 0.005})
+        st = start_stack(procs, tmp_path, gateway_admission={"capacityGbps": 0.005}, security={"serverTiming": True})
         router, gateway = st.router, st.url("gateway")
         # the gateway says it schedules the link, and the router reads it from the status it polls
         status_body = httpx.get(gateway + "/status", headers={"Authorization": "Bearer s3cret-token"}, timeout=5)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -286,3 +287,73 @@ def test_an_empty_gateway_token_file_is_a_clear_error(tmp_path: Path) -> None:
     started = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert started.returncode == 1, started.stderr
     assert "gateway.tokenFile" in started.stderr and "empty" in started.stderr and "Traceback" not in started.stderr
+
+
+# --- 4. a gateway replica whose peer is hung or gone ----------------------------------------------------------------
+@asynccontextmanager
+async def hung_peer() -> AsyncIterator[str]:
+    """A peer that takes the connection and the request, and never answers (a frozen process)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read(65536)
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+
+
+@pytest.mark.parametrize("peer", ["hung", "refused"])
+async def test_a_replica_whose_peer_is_hung_or_gone_serves_on_its_own_share(
+    peer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas, an 8-Gbps ceiling, 5-Gbps pulls: each pull misses part of a replica's 4-Gbps share and must
+    borrow it. With the peer hung (it takes the call, never answers) or gone (connection refused) every loan call
+    fails; once they all failed for PEER_DOWN_S the replica serves on its own share as a replica without peers
+    does, one pull at a time (before: every held answer waited for loans until its KV lease ran out, 429
+    kv_lease). The loan calls keep their timeout (PEER_TIMEOUT_S) and failures are counted as unreachable."""
+    from prfaas_core.api import GatewayAdmission, RouterLink
+    from prfaas_core.names import GBPS_BITS
+    from prfaas_core.policy import link_shares
+    from prfaas_router.gateway.admission import LinkAdmission
+    from prfaas_router.gateway.pulls import Booking, KvLeaseOver
+    from prfaas_router.state import peers as peers_mod
+    from prfaas_router.state.metrics import RouterMetrics
+
+    monkeypatch.setattr(link_shares, "PEER_DOWN_S", 0.5)
+    monkeypatch.setattr(peers_mod, "PEER_TIMEOUT_S", 0.3)
+    async with hung_peer() as hung:
+        url = hung if peer == "hung" else NOWHERE
+        spec = GatewayAdmission.model_validate(
+            {"link": "a-to-b", "replicas": 2, "pullGbps": 5.0, "peers": [url], "kvLeaseSeconds": 10.0}
+        )
+        metrics = RouterMetrics()
+        adm = LinkAdmission(spec, RouterLink(name="a-to-b", capacity_gbps=10.0), 1.0, metrics, "me")
+        adm.peers = peers_mod.PeerLoans([url], lambda: TOKEN.encode())
+        nbytes = 5.0 * GBPS_BITS / 8.0 * 0.2  # 0.2 s at 5 Gbps
+        start = time.monotonic()
+
+        def clock() -> float:
+            return time.monotonic() - start
+
+        try:
+            for i in range(2):
+                booking = adm.decide(f"p{i}", {}, nbytes, 0.01, clock())
+                assert isinstance(booking, Booking)
+                await adm.hold(booking, clock)
+                try:
+                    key = await asyncio.wait_for(adm.release(booking, True, clock), 8.0)
+                except KvLeaseOver as over:  # the old behaviour
+                    pytest.fail(f"a held answer waited for a loan from a {peer} peer until {over}")
+                assert key == f"p{i}" and adm.on_wire_gbps() == 5.0  # alone on the wire: never two at once
+                assert adm.pulled(key)
+                await await_for(lambda: adm.on_wire_gbps() == 0.0, 5, "the pull to leave the wire")
+        finally:
+            await adm.peers.aclose()
+        unreachable = metrics.gateway_loans.labels("a-to-b", "unreachable")._value.get()
+        assert unreachable >= 2, unreachable

@@ -201,3 +201,98 @@ def test_a_decode_failing_after_the_prefill_releases_the_abandoned_kv(stack: Sta
     )
     wait_for(lambda: http("GET", pdp + "/admin/state")[1]["kv_handles"] == 0, 15, "the prefill engine to free it")
     assert "its KV released" in (stack.dir / "router.log").read_text()
+
+
+def test_every_local_prefill_failing_falls_back_to_the_remote(stack: Stack) -> None:
+    """Issue 39 item 7: with two PD prefill instances both answering 500, the one retry went to the other local
+    instance and the client got a 502 although the remote was healthy (18 of 20). Now, once the retry failed
+    too, the remote takes the request. The second instance is a second name for the same (failing) engine."""
+    endpoints = stack.configs["router"]["endpoints"]
+    pd0 = next(e for e in endpoints if e["name"] == "pd-0")
+    stack.write_router_config(endpoints=[*endpoints, {**pd0, "name": "pd-0b"}])
+    pdp = stack.url("pdp")
+    try:
+        wait_for(
+            lambda: counter(stack.router, "prfaas_router_engine_healthy", engine="pd-0b") == 1 or None,
+            15,
+            "the router to probe pd-0b healthy",
+        )
+        assert http("POST", pdp + "/admin/faults", {"error_rate": 1.0})[0] == 200
+        before = counter(stack.router, "prfaas_router_prefill_retries_total", to="remote", outcome="ok")
+        local_errors = counter(stack.router, "prfaas_router_prefill_retries_total", to="local", outcome="error")
+        answers = [
+            httpx.post(stack.router + "/v1/completions", json={"prompt": prompt(2_000), "max_tokens": 3}, timeout=30)
+            for _ in range(4)
+        ]
+        assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+        assert {r.headers["x-prfaas-route"] for r in answers} == {"retry"}
+        assert counter(stack.router, "prfaas_router_prefill_retries_total", to="local", outcome="error") > local_errors
+        after = counter(stack.router, "prfaas_router_prefill_retries_total", to="remote", outcome="ok")
+        assert after == before + 4
+        assert (
+            "prefill failed on every local instance tried; the remote takes it"
+            in (stack.dir / "router.log").read_text()
+        )
+    finally:
+        http("POST", pdp + "/admin/faults", {"error_rate": 0.0})
+        stack.write_router_config(endpoints=endpoints)
+
+
+def test_a_request_past_the_models_context_is_a_400_before_any_leg_and_a_huge_body_a_413(stack: Stack) -> None:
+    """Issue 39 item 9: a 35K-token prompt with max_tokens 250,000 ran a whole remote prefill, then the decode
+    refused it; a 7-MB text prompt got a retryable 429. Now the router knows the engines' max_model_len (their
+    /v1/models) and answers 400 before any leg; a body over maxBodyBytes is a 413."""
+
+    def router_says_context() -> str | None:
+        body = {"prompt": prompt(100), "max_tokens": 262_100}
+        status, answer = http("POST", stack.router + "/v1/completions", body, timeout_s=30)
+        message = answer.get("error", {}).get("message", "") if isinstance(answer, dict) else ""
+        return message if status == 400 and "its engines' max_model_len" in message else None
+
+    wait_for(router_says_context, 15, "the router to learn the engines' max_model_len")
+    before = engine_prompt_tokens(stack)
+    body = {"prompt": prompt(35_000), "max_tokens": 250_000}
+    status, answer = http("POST", stack.router + "/v1/completions", body, timeout_s=30)
+    assert status == 400, answer
+    assert "maximum context length is 262144 tokens" in answer["error"]["message"]
+    assert "'max_tokens'" in answer["error"]["message"]
+    seven_mb = {"prompt": "x" * (7 << 20), "max_tokens": 2}
+    r = httpx.post(stack.router + "/v1/completions", json=seven_mb, timeout=60)
+    assert r.status_code == 400 and "maximum context length" in r.text, r.text[:300]
+    assert engine_prompt_tokens(stack) == before  # no engine saw any of them
+    too_big = httpx.post(stack.router + "/v1/completions", json={"prompt": "x" * (9 << 20)}, timeout=60)
+    assert too_big.status_code == 413, too_big.text[:300]
+
+
+def test_tenants_learn_nothing_of_each_others_cache_and_clients_get_no_server_timing(stack: Stack) -> None:
+    """Issue 39 item 8: a guess sharing a victim's first tokens came back with cached_tokens of the shared prefix
+    (and a faster prefill), across clients. With security.tenantHeader the router salts each tenant's prompts
+    (vLLM's cache_salt; the router's prefix indexes too): another tenant's guess finds nothing cached, the same
+    tenant's next turn still does. Server-Timing is off toward clients by default."""
+    reloads = (stack.dir / "router.log").read_text().count("configuration reloaded")
+    stack.write_router_config(security={"tenantHeader": "x-tenant"})
+    try:
+        wait_for(
+            lambda: (stack.dir / "router.log").read_text().count("configuration reloaded") > reloads or None,
+            15,
+            "the reload",
+        )
+
+        def cached(text: str, tenant: str) -> int:
+            r = httpx.post(
+                stack.router + "/v1/completions",
+                json={"prompt": text, "max_tokens": 2},
+                headers={"x-tenant": tenant},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            assert "server-timing" not in r.headers  # off by default toward clients
+            return int((r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+        victim = prompt(3_000)
+        assert cached(victim, "victim") == 0
+        guess = victim[: 2_000 * 4] + "y" * (1_000 * 4)
+        assert cached(guess, "attacker") == 0  # before: the shared 2,000 tokens came back cached
+        assert cached(guess + "z" * 400, "victim") >= 1_900  # the victim's own next turn still hits its prefix
+    finally:
+        stack.write_router_config(security={})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from prfaas_core import names
 from prfaas_core.api import AdmissionDecline, GatewayAdmission, RouterLink
 from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.link_admission import Verified
 from prfaas_core.policy.link_calendar import booked_gbps
 from prfaas_router.gateway.admission import LinkAdmission
 from prfaas_router.gateway.pulls import Booking
@@ -395,3 +397,37 @@ def test_held_prefills_go_earliest_due_first_and_a_moved_hold_follows_its_new_st
     assert moved is not None and moved.start_s > held.window.start_s
     asyncio.run(adm.hold(held, clock))
     assert clock() >= moved.start_s
+
+
+def test_a_routers_claims_are_verified_against_the_gateways_own_count() -> None:
+    """Issue 39 item 6: a claim of 0 KV bytes (once: no pull accounting) is corrected to the gateway's count, a TTFT
+    objective tighter than the configured SLO raised to it, a decode-cached claim past the prompt given no credit;
+    claims within the tolerance (or looser objectives) stand."""
+    from prfaas_core.policy.link_admission import CLAIM_TOLERANCE, verify_claims, verify_decode_cached
+
+    own = 1e9
+    assert verify_claims(0.0, own, math.inf, None) == Verified(own, math.inf, ("kv_bytes",))
+    assert verify_claims(1e12, own, math.inf, None).corrected == ("kv_bytes",)
+    assert verify_claims(own * (1 - CLAIM_TOLERANCE / 2), own, 5.0, 4.0) == Verified(own * 0.95, 5.0)
+    assert verify_claims(own, own, 0.001, 4.0) == Verified(own, 4.0, ("slo_ttft",))
+    assert verify_claims(own, own, 0.001, None).corrected == ()  # no SLO configured: nothing to bound it by
+    assert verify_decode_cached(1_000_000, 40_000) == (0, True)
+    assert verify_decode_cached(40_000, 40_000) == (0, True)
+    assert verify_decode_cached(39_999, 40_000) == (39_999, False)
+    assert verify_decode_cached(0, 0) == (0, False)
+
+
+def test_the_gateway_books_its_own_count_when_a_claim_is_off_and_counts_it() -> None:
+    """Through the gateway's admission: ``x-prfaas-kv-bytes: 0`` books the gateway's own count (a window with bytes,
+    so its pull is held and counted on the wire), counted as a corrected ``kv_bytes`` claim."""
+
+    async def main() -> None:
+        spec = GatewayAdmission.model_validate({"link": "a-to-b", "pullGbps": 5.0})
+        adm = LinkAdmission(spec, LINK, time_scale=1.0, metrics=RouterMetrics())
+        nbytes = 5.0 * GBPS_BITS / 8.0
+        b = adm.decide("a", {names.HEADER_KV_BYTES: "0"}, nbytes, 1.0, 0.0)
+        assert isinstance(b, Booking) and b.window.bytes == nbytes
+        assert await adm.release(b, True, lambda: 1.0) == "a"  # a pull id: it counts on the wire
+        assert adm.metrics.gateway_claims_corrected.labels("a-to-b", "kv_bytes")._value.get() == 1  # type: ignore[union-attr]
+
+    asyncio.run(main())

@@ -9,7 +9,7 @@ declines at once: HTTP 429, ``Retry-After`` (whole seconds until the earliest st
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -37,6 +37,12 @@ class AdmissionDecline(ApiModel):
     )
     link: str | None = Field(default=None, description="The link the window is on.")
     message: str = Field(default="", description="Why, for people.")
+    kv_handle: dict[str, Any] | None = Field(
+        default=None,
+        description="kv_lease: the KV handle of the prefill the gateway gave up on, for the caller to release at "
+        "once (its release leg through a decode instance) instead of leaving the KV on the PrFaaS engine until "
+        "the engine's lease runs out.",
+    )
 
 
 class GatewayAdmission(ApiModel):

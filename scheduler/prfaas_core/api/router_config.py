@@ -210,6 +210,22 @@ class RouterSecurity(ApiModel):
         le=86_400,
         description="After a token file changes, the previous token is still accepted this long (callers switch).",
     )
+    tenant_header: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9-]+$",
+        description="Router: the request header naming the client's tenant, set by the authenticating ingress (it "
+        "must overwrite a client's own). Each tenant's prompts get their own prefix-cache salt (vLLM's cache_salt, "
+        "the router's prefix indexes too), so no tenant learns from cached_tokens or timings whether another's "
+        "prompt is cached; requests without the header share one salt. Unset: single-tenant mode, every client "
+        "shares the prefix cache (and a client's own cache_salt is passed on as sent).",
+    )
+    server_timing: bool = Field(
+        default=False,
+        description="Router: send clients Server-Timing (the router's prefill/first phases and the gateway's, "
+        "gw-*). Off by default: timings tell a cached prefix from an uncached one.",
+    )
 
     def per_client(self) -> int:
         """:attr:`max_connections_per_client` or its default."""

@@ -185,7 +185,7 @@ class KvEventIndex:
         start = b"" if parent is None else state.keys.get(parent)
         ours: list[bytes | None]
         if dense and start is not None:
-            ours = list(block_hashes(tokens, size, start))
+            ours = list(block_hashes(tokens, size, parent=start))
         else:
             ours = [state.keys.get(h) for h in hashes]
         n = 0

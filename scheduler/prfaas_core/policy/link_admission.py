@@ -85,6 +85,52 @@ class Decline:
     message: str
 
 
+# --- What a router claims, verified: the gateway counts the prompt itself (it has the model profile) -------------
+
+CLAIM_TOLERANCE = 0.10
+"""A router's claimed KV bytes within this fraction of the gateway's own count stand (a router counts the bytes its
+decode still needs a little differently); beyond it the gateway books its own count."""
+ClaimName = Literal["kv_bytes", "decode_cached", "slo_ttft"]
+CLAIMS: tuple[ClaimName, ...] = ("kv_bytes", "decode_cached", "slo_ttft")
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The claims as the gateway books them, and those it corrected (a metric label each)."""
+
+    nbytes: float
+    slo_ttft_s: float
+    corrected: tuple[ClaimName, ...] = ()
+
+
+def verify_claims(claimed_bytes: float, own_bytes: float, slo_ttft_s: float, slo_floor_s: float | None) -> Verified:
+    """A router's claimed KV bytes against the gateway's ``own_bytes`` (the prompt it sees; more than
+    :data:`CLAIM_TOLERANCE` apart: its own count, corrected), and its claimed TTFT objective against the SLO the
+    gateway is configured with (``slo_floor_s``; a tighter claim would move its request ahead of others held:
+    raised to the floor, corrected). ``x-prfaas-kv-bytes: 0`` once skipped the pull accounting; a caller's tight
+    ``x-prfaas-slo-ttft-ms`` moved a request from 6th to 3rd."""
+    corrected: list[ClaimName] = []
+    nbytes = claimed_bytes
+    if abs(claimed_bytes - own_bytes) > CLAIM_TOLERANCE * own_bytes:
+        nbytes = own_bytes
+        corrected.append("kv_bytes")
+    slo = slo_ttft_s
+    if slo_floor_s is not None and slo_ttft_s < slo_floor_s * (1.0 - CLAIM_TOLERANCE):
+        slo = slo_floor_s
+        corrected.append("slo_ttft")
+    return Verified(nbytes, slo, tuple(corrected))
+
+
+def verify_decode_cached(claimed_tokens: int, prompt_tokens: int) -> tuple[int, bool]:
+    """A router's claim that its decode holds the first ``claimed_tokens`` of the prompt (the KV it will not pull):
+    at most the prompt but its last token (the decode computes that one itself); a larger claim is no claim (0) and
+    corrected (True). Within the bound the gateway cannot see the decode's cache: a token holder can still
+    under-claim there (docs/hardening.md)."""
+    if claimed_tokens > max(0, prompt_tokens - 1):
+        return 0, True
+    return claimed_tokens, False
+
+
 def through_instances(window: Window, ready_s: float) -> Window:
     """``window`` no earlier than the instances allow: its prefill ends, and its stream can start after the prefill,
     at ``ready_s`` from now at the earliest (the stream's tail after the prefill unchanged)."""

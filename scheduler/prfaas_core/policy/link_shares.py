@@ -7,16 +7,24 @@ takes it out of its own share *before* it answers, so at every instant the share
 (a loan in flight is counted by the lender alone). The borrower gives a loan back when the pull it was taken for is
 over; the lender takes it back by itself when the loan's lease runs out (the borrower died or lost the way back), and
 that lease is longer than the borrower's pull lease, which starts later. A replica that cannot reach its peers only
-has its own share: exact still, never above the ceiling, just slower.
+has its own share: exact still, just slower. A peer that did not answer a loan call (hung, refused, gone) is
+counted down; once every peer's every call failed for :data:`PEER_DOWN_S`, the replica is ``cut_off`` and keeps to
+its own share as a replica without peers does (a pull faster than the share goes alone in it, after its loan calls
+failed once more): it serves on, where it once waited for loans until its held answers' KV lease ran out. A peer
+that is merely slow or lossy (any call answered) cuts nothing off: the shares stay exact.
 
 Pure bookkeeping in model seconds; the router's ``prfaas_router.gateway.admission`` does the calls between replicas.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 EPS = 1e-9
+PEER_DOWN_S = 5.0
+"""A replica whose every loan call to every peer failed for this long (wall seconds; a call waits at most
+``prfaas_router``'s ``PEER_TIMEOUT_S``) is cut off: it serves on its own share, as without peers."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,20 @@ class LinkShares:
     """Whether the replica can borrow (peers configured): without, a pull faster than the share goes alone in it."""
     lent: dict[str, Loan] = field(default_factory=dict)
     borrowed: dict[str, Loan] = field(default_factory=dict)
+    down_since: dict[str, float] = field(default_factory=dict)
+    """Peers whose every call failed lately: URL -> when the streak began (the caller's clock, wall seconds)."""
+    cut_off: bool = False
+    """Every peer is down (:meth:`is_cut_off`): the replica keeps to its own share, as without peers."""
+
+    def peer_failed(self, url: str, now: float) -> None:
+        self.down_since.setdefault(url, now)
+
+    def peer_answered(self, url: str) -> None:
+        self.down_since.pop(url, None)
+
+    def is_cut_off(self, urls: list[str], now: float) -> bool:
+        """Whether every peer in ``urls`` has failed every call for :data:`PEER_DOWN_S` (hung, refused, gone)."""
+        return bool(urls) and all(now - self.down_since.get(u, math.inf) >= PEER_DOWN_S for u in urls)
 
     @property
     def base(self) -> float:
@@ -62,7 +84,7 @@ class LinkShares:
         A pull faster than the whole ceiling goes alone: it needs the whole link (without peers, the whole share),
         or no such pull would ever run."""
         have = self.fraction(now_s)
-        alone = 1.0 if self.peers else self.base
+        alone = 1.0 if self.peers and not self.cut_off else self.base
         if on_wire_gbps <= EPS and (ceiling_gbps <= EPS or rate_gbps > ceiling_gbps * alone):
             want = alone
         elif ceiling_gbps <= EPS:

@@ -8,6 +8,7 @@ The bounds are those vLLM's OpenAI server enforces (``SamplingParams._verify_arg
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 MAX_GENERATED_TOKENS = 1 << 20
@@ -59,6 +60,7 @@ def check_request(body: dict[str, Any], chat: bool) -> None:
     min_tokens = _int_field(body, "min_tokens", 0, MAX_GENERATED_TOKENS)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise ValueError(f"'min_tokens' ({min_tokens}) must not exceed the maximum tokens ({max_tokens})")
+    _cache_salt(body)
     _int_field(body, "n", 1, 128)
     _int_field(body, "best_of", 1, 128)
     _int_field(body, "seed", -(1 << 63), (1 << 64) - 1)
@@ -89,3 +91,34 @@ def check_request(body: dict[str, Any], chat: bool) -> None:
             raise ValueError("'stream_options' must be an object")
         if not body.get("stream"):
             raise ValueError("'stream_options' may be set only when 'stream' is true")
+
+
+def check_context(body: dict[str, Any], chat: bool, prompt_tokens: int, max_model_len: int) -> None:
+    """The request within the model's maximum context length (vLLM's own check, made before any leg: once a 35K
+    prompt with ``max_tokens`` 250,000 ran a whole remote prefill, then the decode refused it; a 7-MB prompt got a
+    retryable 429): the prompt plus the tokens asked for (``max_tokens``, or ``max_completion_tokens`` in a chat;
+    at least one) at most ``max_model_len``. ValueError names the fields; call after :func:`check_request`."""
+    asked = body.get("max_completion_tokens") if chat and body.get("max_completion_tokens") else body.get("max_tokens")
+    asked = asked if _is_int(asked) else None
+    if prompt_tokens + (asked or 1) <= max_model_len:
+        return
+    field = "max_completion_tokens" if chat and body.get("max_completion_tokens") else "max_tokens"
+    wants = f"{prompt_tokens} in the prompt" + (f" + {asked} in '{field}'" if asked else "")
+    raise ValueError(
+        f"the model's maximum context length is {max_model_len} tokens (its engines' max_model_len); the request "
+        f"asks for {prompt_tokens + (asked or 1)} ({wants}): shorten the prompt or lower '{field}'"
+    )
+
+
+def _cache_salt(body: dict[str, Any]) -> None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= 128 or any(c in salt for c in "@/\\\0")):
+        raise ValueError("'cache_salt' must be a non-empty string of at most 128 characters, no '@', '/', '\\', NUL")
+
+
+def tenant_salt(tenant: str | None, client_salt: object = None) -> str:
+    """The ``cache_salt`` the router sets in multi-tenant mode (``security.tenantHeader``): SHA-256 of the tenant
+    (the header's value; none: one shared salt) and the client's own salt, in hex (64 characters, as vLLM takes
+    it). Prompts of different tenants then share no prefix-cache block on any engine."""
+    own = client_salt if isinstance(client_salt, str) else ""
+    return hashlib.sha256(b"prfaas-tenant\0" + (tenant or "").encode() + b"\0" + own.encode()).hexdigest()

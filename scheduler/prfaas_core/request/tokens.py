@@ -219,16 +219,22 @@ def _le_u32(ids: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, parent: bytes = b"") -> list[bytes]:
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, salt: str | None = None, parent: bytes = b""
+) -> list[bytes]:
     """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none): block ``i``'s
-    hash is BLAKE2b-128 of block ``i-1``'s hash followed by its ids as 4-byte little-endian integers
-    (``parent``: the hash of the block before the first, when ``token_ids`` continue a prefix)."""
+    hash is BLAKE2b-128 of block ``i-1``'s hash followed by its ids as 4-byte little-endian integers. A ``salt``
+    (the request's ``cache_salt``, as vLLM's prefix cache takes it into the first block's hash) starts the chain:
+    prompts under different salts share no block. ``parent``: the hash of the block before the first, when
+    ``token_ids`` continue a prefix (the salt is then already in it)."""
     n_full = len(token_ids) // block_size
     if n_full == 0:
         return []
     data = _le_u32(token_ids[: n_full * block_size])
     width = block_size * 4
     hashes: list[bytes] = []
+    if salt and not parent:
+        parent = hashlib.blake2b(b"cache_salt:" + salt.encode(), digest_size=16).digest()
     for start in range(0, n_full * width, width):
         parent = hashlib.blake2b(parent + data[start : start + width], digest_size=16).digest()
         hashes.append(parent)

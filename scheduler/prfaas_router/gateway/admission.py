@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
 from collections.abc import Callable, Mapping
 
 import structlog
@@ -34,7 +35,7 @@ from aiohttp import web
 
 from prfaas_core import names
 from prfaas_core.api import GatewayAdmission, RouterConfig, RouterLink
-from prfaas_core.policy.link_admission import AdmitTick, Decline, admit, book
+from prfaas_core.policy.link_admission import CLAIMS, AdmitTick, Decline, admit, book, verify_claims
 from prfaas_core.policy.link_calendar import Deadline, booked_gbps
 from prfaas_core.policy.link_shares import LinkShares
 from prfaas_core.policy.link_state import EgressLedger, LinkParams
@@ -91,6 +92,8 @@ class LinkAdmission(PullsOnWire):
                 metrics.gateway_pulls.labels(self.link, end)
             for result in ("borrowed", "lent", "refused", "unreachable", "expired"):
                 metrics.gateway_loans.labels(self.link, result)
+            for claim in CLAIMS:
+                metrics.gateway_claims_corrected.labels(self.link, claim)
             metrics.gateway_pull_hold.labels(self.link)
             metrics.gateway_admission_wait.labels(self.link)
         self.ledger = EgressLedger(expire_s=600.0)
@@ -110,6 +113,7 @@ class LinkAdmission(PullsOnWire):
         self._reported: set[str] = set()
         """Pulls reported over that still count on the wire until their earliest end."""
         self._changed = asyncio.Event()
+        self.claim_corrected = claim_counter(metrics, self.link)
 
     def _apply(self, spec: GatewayAdmission, link: RouterLink, time_scale: float) -> None:
         """What the spec, the link and the scale set (at start and on a reload)."""
@@ -156,13 +160,16 @@ class LinkAdmission(PullsOnWire):
         prefill_s: float,
         now_s: float,
         ready_s: float | None = None,
+        slo_floor_s: float | None = None,
     ) -> Booking | web.Response:
         """Book a window (the caller then holds until :meth:`hold` returns) or the 400/429 answer. ``ready_s``: when
         the best PrFaaS instance, as the gateway sees it now, would have prefilled the request and have its egress
         free (model seconds from now; the instance pick's prediction). The calendar plans on lanes; the instances'
         real queues (requests run longer or shorter than predicted, other work) and, on paced instances, their
         egress can be later: a request whose TTFT through them passes what the caller accepts is declined even when
-        the calendar's window starts now (a spill sent behind a long prefill missed by seconds)."""
+        the calendar's window starts now (a spill sent behind a long prefill missed by seconds). The caller's KV bytes
+        and TTFT objective are verified against ``kv_bytes`` (the gateway's own count) and ``slo_floor_s`` (its
+        configured SLO for this prompt) by :func:`verify_claims`; a correction is counted and logged."""
         try:
             nbytes = float(headers.get(names.HEADER_KV_BYTES, kv_bytes))
             max_wait_ms = float(headers.get(names.HEADER_MAX_WAIT_MS, "inf"))
@@ -180,6 +187,10 @@ class LinkAdmission(PullsOnWire):
                 f"{names.HEADER_KV_BYTES} must be finite and >= 0, {names.HEADER_MAX_WAIT_MS}, "
                 f"{names.HEADER_MAX_TTFT_MS} and {names.HEADER_SLO_TTFT_MS} >= 0",
             )
+        verified = verify_claims(nbytes, kv_bytes, slo_ttft_ms / 1000.0, slo_floor_s)
+        nbytes, slo_ttft_ms = verified.nbytes, verified.slo_ttft_s * 1000.0
+        for claim in verified.corrected:
+            self.claim_corrected(claim)
         link = headers.get(names.HEADER_LINK)
         if link is not None and link != self.link:
             return json_error(400, f"{names.HEADER_LINK}: this gateway schedules link {self.link!r}, not {link!r}")
@@ -220,6 +231,21 @@ class LinkAdmission(PullsOnWire):
         if self.metrics is not None:
             self.metrics.gateway_admission_wait.labels(self.link).observe(answer.window.wait_s)
         return Booking(key, answer.window, answer.predicted_ttft_s)
+
+
+def claim_counter(metrics: RouterMetrics | None, link: str) -> Callable[[str], None]:
+    """Count (and log, at most once a second per claim) a router's claim the gateway corrected."""
+    last: dict[str, float] = {}
+
+    def corrected(claim: str) -> None:
+        if metrics is not None:
+            metrics.gateway_claims_corrected.labels(link, claim).inc()
+        now = time.monotonic()
+        if now - last.get(claim, -math.inf) >= 1.0:
+            last[claim] = now
+            log.warning("a router's claim corrected: the gateway books its own count", link=link, claim=claim)
+
+    return corrected
 
 
 def admission_for(

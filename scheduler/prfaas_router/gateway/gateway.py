@@ -29,7 +29,9 @@ from prfaas_core.api import GatewayStatus
 from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.decode_prefix import decode_cached_header
+from prfaas_core.policy.link_admission import verify_decode_cached
 from prfaas_core.policy.routing import InstanceView
+from prfaas_core.request.slo import ttft_objective_s
 from prfaas_core.request.tokens import block_hashes
 
 from ..state.config import count_prompt
@@ -54,6 +56,15 @@ from .admission import LinkAdmission, admission_for
 from .pulls import Booking, KvLeaseOver
 
 ENGINE = engine_kind()
+
+
+def engine_kv_handle(body: object) -> dict[str, Any] | None:
+    """The KV handle in an engine's answer (bytes), None when it carries none or is not JSON."""
+    try:
+        return ENGINE.kv_handle(orjson.loads(body)) if isinstance(body, bytes) else None
+    except orjson.JSONDecodeError:
+        return None
+
 
 log = structlog.get_logger("prfaas.gateway")
 
@@ -116,7 +127,11 @@ class Gateway:
             decode_held = decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS))
         except ValueError as exc:
             return json_error(400, str(exc))
-        hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
+        decode_held, overclaimed = verify_decode_cached(decode_held, len(ids))
+        if overclaimed and self.admission is not None:
+            self.admission.claim_corrected("decode_cached")
+        salt = body.get("cache_salt")  # a tenant's prompts match only its own prefixes (the engines' cache too)
+        hashes = block_hashes(ids, c.config.routing.prefix_block_tokens, salt if isinstance(salt, str) else None)
         hits = rt.pd_index.match(hashes)
         booking = None
         if self.admission is not None:
@@ -132,6 +147,7 @@ class Gateway:
                 prefill_s,
                 rt.model_now(),
                 None if ready.name is None else ready.predicted_s,
+                ttft_objective_s(c.config.slo, len(ids)) if c.config.slo is not None else None,
             )
             if isinstance(verdict, web.Response):
                 return verdict
@@ -149,8 +165,8 @@ class Gateway:
         if booking is not None and self.admission is not None:
             try:
                 pull_id = await self.admission.release(booking, resp.status == 200, rt.model_now, instance)
-            except KvLeaseOver as over:
-                return self.admission.lease_answer(over)
+            except KvLeaseOver as over:  # the caller releases the KV the engine holds for it (no pull will come)
+                return self.admission.lease_answer(over, engine_kv_handle(resp.body))
             if pull_id is not None:
                 resp.headers[names.HEADER_PULL_ID] = pull_id
             timings += [
@@ -296,7 +312,9 @@ class Gateway:
                 continue
             if resp.status_code == 200:
                 rt.pd_index.insert(hashes, pick.name)
-                decode_held = decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS))
+                decode_held = verify_decode_cached(
+                    decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS)), len(ids)
+                )[0]
                 self._served(uncached, c.kv.pulled_kv_bytes(len(ids), decode_held))
                 prompt = reported_prompt_tokens(resp.content, len(ids))
                 self._egress(request.headers.get(LINK_HEADER), prompt, decode_held)

@@ -54,8 +54,7 @@ reports at its decode's first byte (a loaded decode instance or machine delays i
 router's ``PULL_REPORT_TIMEOUT_S``; under a compressed time scale the model part alone is a few wall seconds, and a
 lease that ran out before a late report would free the wire while the pull still ran."""
 RECHECK_S = 0.5
-"""A held answer re-checks the wire at least this often (wall seconds): the ceiling can rise without a pull ending,
-and a peer's share can free up."""
+"""A held answer re-checks the wire at least this often (wall s): the ceiling can rise, a peer's share free up."""
 LOAN_GRACE_WALL_S = 2.0
 """A lender keeps a loan out this much longer than the pull lease the borrower asked it for (wall seconds): the
 borrower's pull lease starts after the loan's answer reached it."""
@@ -63,8 +62,7 @@ PEER_RECHECK_S = 0.1
 """With peers, a held answer re-checks at least this often (wall seconds): only a replica's oldest calls them."""
 KV_LEASE_USE = 0.8
 """A held answer waits for the wire at most this fraction of the engine's KV lease (``kvLeaseSeconds``): the rest
-covers the answer's way to the router, the decode leg's start and the pull's first request, after which the
-decode's heartbeats keep the KV."""
+covers its way to the router, the decode's start and the pull's first request (then heartbeats keep the KV)."""
 
 
 class KvLeaseOver(Exception):
@@ -80,8 +78,7 @@ class Booking:
     key: str
     window: Window
     predicted_ttft_s: float = 0.0
-    """The TTFT the gateway predicts for it (model seconds from the decision): its window's, or later where the
-    instances' queues and egress are (the answer's ``Server-Timing: predicted``)."""
+    """Its predicted TTFT (model s from the decision; ``Server-Timing: predicted``): its window's, or the instances'."""
 
 
 class PullsOnWire:
@@ -143,7 +140,7 @@ class PullsOnWire:
         if self.metrics is not None:
             self.metrics.gateway_admissions.labels(self.link, result).inc()
 
-    def _decline(self, reason: str, window: Window | None, why: str) -> web.Response:
+    def _decline(self, reason: str, window: Window | None, why: str, handle: object = None) -> web.Response:
         self._count(reason)
         body = AdmissionDecline.model_validate(
             {
@@ -152,6 +149,7 @@ class PullsOnWire:
                 "predictedTtftMs": None if window is None else window.ttft_s * 1000.0,
                 "link": self.link,
                 "message": why,
+                "kvHandle": handle,
             }
         )
         wall_wait = (window.wait_s if window is not None else 1.0) / self.time_scale
@@ -284,7 +282,9 @@ class PullsOnWire:
             if got is None:
                 if url not in self.peers.self_urls:
                     self.loan_count("unreachable")
+                    self.shares.peer_failed(url, time.monotonic())
                 continue
+            self.shares.peer_answered(url)
             loan_id, granted = got
             if granted <= EPS:
                 continue
@@ -295,7 +295,10 @@ class PullsOnWire:
             self._set_share(now_s)
             return True
         self._give_back(key)
-        return False
+        # every peer failed every call for PEER_DOWN_S (hung, gone): its own share, as a replica without peers
+        self.shares.cut_off = self.shares.is_cut_off(self.peers.others(), time.monotonic())
+        go, self.shares.cut_off = self.shares.cut_off and self._need(rate, now_s) <= EPS, False
+        return go
 
     def _give_back(self, key: str) -> None:
         """Stop using the pull ``key``'s loans now, and tell their lenders (in the background)."""
@@ -309,7 +312,7 @@ class PullsOnWire:
                 asyncio.get_running_loop().create_task(self._return(peers, url, loan_id))
 
     async def _return(self, peers: PeerLoans, url: str, loan_id: str) -> None:
-        if not await peers.give_back(url, self.link, loan_id):
+        if not await peers.give_back(url, self.link, loan_id):  # the loan returns to its lender by its lease
             self.loan_count("unreachable")
 
     async def release(
@@ -376,15 +379,12 @@ class PullsOnWire:
         self._leases[key] = asyncio.get_running_loop().call_later(lease / self.time_scale, self._over, key, "lease")
         return key
 
-    def lease_answer(self, over: KvLeaseOver) -> web.Response:
-        """The 429 ``kv_lease`` for a prefill whose answer waited too long for the wire (its KV waits out the
-        engine's lease there; no decode will pull it)."""
-        why = (
-            f"the prefill's answer was {over}, up to {KV_LEASE_USE:.0%} of the prefill engine's "
-            f"{self.spec.kv_lease_seconds:g}-s KV lease: prefill elsewhere"
-        )
+    def lease_answer(self, over: KvLeaseOver, handle: object = None) -> web.Response:
+        """The 429 ``kv_lease`` for an answer held too long for the wire, with its KV ``handle`` to release now."""
+        lease = self.spec.kv_lease_seconds
+        why = f"the answer was {over}, up to {KV_LEASE_USE:.0%} of the engine's {lease:g}-s KV lease: prefill elsewhere"
         log.warning("a held answer reached its KV lease before its pull fit on the wire", link=self.link, why=why)
-        return self._decline("kv_lease", None, why)
+        return self._decline("kv_lease", None, why, handle)
 
     async def _onto_wire(
         self, key: str, rate: float, lease_s: float, clock: Callable[[], float], instance: str | None = None

@@ -111,6 +111,8 @@ class Call:
     """The KV handle its prefill leg returned (None: no prefill leg, or not yet)."""
     remote_kv: bool = False
     """The KV crosses the link (a remote prefilled it)."""
+    kv_settled: bool = False
+    """Its KV handle went to a decode that started, or was released: the call gives up on it no more."""
     prefilled: float | None = None
     """When the prefill leg returned the KV handle (perf_counter)."""
     outcome: str | None = None
@@ -183,6 +185,14 @@ def consumers(proxy: LegHost, failed: str) -> list[str]:
     return sorted(healthy, key=lambda name: name == failed)
 
 
+def give_up_kv(proxy: LegHost, call: Call, error: str) -> None:
+    """The call gives up on its KV handle (no decode started with it): released at once (:func:`abandon`)."""
+    if call.kv is None or call.kv_settled or call.plan is None:
+        return
+    call.kv_settled = True
+    abandon(proxy, call.kv, "prfaas" if call.remote_kv else "pd", call.plan.decode, call.ids, error)
+
+
 def abandon(proxy: LegHost, kv: dict[str, Any], cluster: str, failed: str, request_id: RequestIds, error: str) -> None:
     """Count the abandoned handle and release it in the background (the client's answer does not wait)."""
     proxy.metrics.abandoned_kv.labels(cluster).inc()
@@ -214,7 +224,7 @@ async def _release(
         if rejected:
             proxy.metrics.released_kv.labels(cluster).inc()
             log.warning(
-                "decode failed after prefill; its KV released",
+                "a KV handle given up on (no decode will pull it); its KV released",
                 request_id=request_id.trace,
                 cluster=cluster,
                 via=name,
@@ -222,7 +232,7 @@ async def _release(
             )
             return
     log.warning(
-        "decode failed after prefill; no decode instance could release its KV, it is left to expire",
+        "a KV handle given up on; no decode instance could release its KV, it is left to expire",
         request_id=request_id.trace,
         cluster=cluster,
         error=error,
@@ -319,9 +329,13 @@ class DecodeLeg:
     """The gateway's ``Server-Timing`` for a remote prefill, passed on under ``gw-``."""
     drained: bool = False
     """The upstream was read to its end (it goes back to the pool; any other is closed)."""
+    timing: bool = False
+    """Send the client ``Server-Timing`` (``security.serverTiming``; off by default: no cache oracle)."""
 
     def headers(self) -> dict[str, str]:
         out = {ROUTE_HEADER: self.route, PROMPT_TOKENS_HEADER: str(self.prompt_tokens)}
+        if not self.timing:
+            return out
         phases = (("prefill", self.prefilled), ("first", self.first_at))
         entries = [timing_entry(name, at - self.started) for name, at in phases if at is not None]
         entries += timing_prefixed(self.gateway_timing)

@@ -34,7 +34,7 @@ from ..state.wire import (
     remote_side,
     reported_prompt_tokens,
 )
-from .call import Call, LegHost, LocalPlan, local_plan, remote_auth
+from .call import Call, LegHost, LocalPlan, abandon, local_plan, remote_auth
 
 # --- The router's side of the gateway's admission answer: the headers a remote prefill carries, the 429 decline
 # it may get back, and the choice it then makes — wait for the link window (re-submit, accepting the wait) or
@@ -169,9 +169,45 @@ async def prefill_with_retry(proxy: LegHost, call: Call, plan: LocalPlan, route:
     except (LegError, LinkDeclined) as exc:
         m.prefill_retries.labels(target, "error").inc()
         status = exc.status if isinstance(exc, LegError) else 503
-        raise LegError(f"{first}; retry on {target} failed too: {exc}", status=status) from None
+        failure = LegError(f"{first}; retry on {target} failed too: {exc}", status=status)
+        if remote is not None or again.prefill is None or status < 500:
+            raise failure from None
+        # both local instances failed: every local one may be down (a bad rollout, a shared dependency); the
+        # remote, if it is available, takes the request rather than the client getting a 502
+        return await remote_last(proxy, call, failure)
     m.prefill_retries.labels(target, "ok").inc()
     return Prefilled(kv, again, RETRY_ROUTE, remote)
+
+
+async def remote_last(proxy: LegHost, call: Call, failure: LegError) -> Prefilled:
+    """The local prefill failed on two instances: the remote prefills it if one is available (routed with every
+    local prefill instance left out, the core's no-local-prefill rule); ``failure`` raised when none is."""
+    rt, m = proxy.rt, proxy.metrics
+    every = frozenset(e.name for e in rt.compiled.prefill)
+    routed = rt.route(call.prompt_tokens, call.hashes, call.pd_hits, exclude=every)
+    remote = rt.remote_gateway(routed)
+    plan = local_plan(rt, routed)
+    if remote is None or plan is None:
+        if remote is not None:
+            rt.remote_cancelled(remote.name, routed.probe)
+        m.prefill_retries.labels("none", "unavailable").inc()
+        log.warning("prefill failed on every local instance tried; no remote available", request_id=call.ids.trace)
+        raise failure
+    log.warning(
+        "prefill failed on every local instance tried; the remote takes it",
+        request_id=call.ids.trace,
+        remote=remote.name,
+        error=str(failure),
+    )
+    call.probe = routed.probe
+    d = routed.decision
+    try:
+        kv = await remote_prefill(proxy, call, remote, d.transfer_bytes, d.uncached_tokens)
+    except (LegError, LinkDeclined) as exc:
+        m.prefill_retries.labels("remote", "error").inc()
+        raise LegError(f"{failure}; then the remote failed too: {exc}", status=failure.status) from None
+    m.prefill_retries.labels("remote", "ok").inc()
+    return Prefilled(kv, plan, RETRY_ROUTE, remote)
 
 
 # --- The prefill legs: the remote prefill (under the gateway's admission) and the local one
@@ -225,8 +261,11 @@ async def remote_prefill(
 
     try:
         handle, answer = await proxy.aborts.run(remote_side(remote.name), leg())
-    except LinkDeclined:  # no verdict on the remote: a probe's slot is freed
+    except LinkDeclined as declined:  # no verdict on the remote: a probe's slot is freed
         rt.remote_cancelled(remote.name, probe)
+        given_up = declined.decline.kv_handle  # kv_lease: a prefill the gateway ran, then gave up on
+        if given_up is not None and call.plan is not None:
+            abandon(proxy, given_up, "prfaas", call.plan.decode, request_id, str(declined))
         raise
     except (aiohttp.ClientError, TimeoutError, ValueError, LegError, SideLost) as exc:
         rt.finish_transfer(request_id.key)

@@ -25,7 +25,7 @@ from aiohttp import web
 from prfaas_core.policy.kv_index import cache_kind
 from prfaas_core.policy.routing import RouteDecision
 from prfaas_core.policy.short_term import RoutePlan
-from prfaas_core.request.params import check_request
+from prfaas_core.request.params import check_request, tenant_salt
 from prfaas_core.request.tokens import block_hashes
 from prfaas_core.request.tracecontext import START_BYTES, trace_context
 
@@ -37,6 +37,7 @@ from ..state.wire import (
     ENGINE,
     JSON_CONTENT,
     Aborts,
+    ContextLength,
     LegError,
     LegSession,
     decode_body,
@@ -53,10 +54,10 @@ from .call import (
     Call,
     DecodeLeg,
     LocalPlan,
-    abandon,
     answer_stream,
     answer_whole,
     failure_kind,
+    give_up_kv,
     local_plan,
     over_limit,
     plan_local,
@@ -87,6 +88,8 @@ class Proxy:
         """The model names requests may name (None: any)."""
         self.aborts = Aborts()
         """Remote legs in flight, cut short when their remote turns unready (the refresher calls abort)."""
+        self.context = ContextLength()
+        """The model's maximum context length as the PD engines name it (``/v1/models``); None: not known yet."""
 
     def open(self) -> None:
         if self.session is None:
@@ -113,6 +116,7 @@ class Proxy:
         """(Re)build the TLS clients and read the tokens of the configured remotes (after a reload too)."""
         await self.close()
         self.remote_tls.clear()
+        self.context.learn(self.http, self.rt.compiled.config.endpoints)  # the engines may change
         for remote in self.rt.compiled.remotes:
             verify: Any = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
             self.remote_clients[remote.name] = httpx.AsyncClient(
@@ -154,8 +158,11 @@ class Proxy:
         try:
             # the whole request, the decode leg's parameters too, before any leg costs engine work
             check_request(body, is_chat(request.path))
+            if (tenant := rt.compiled.config.security.tenant_header) is not None:  # no cache oracle across tenants
+                body["cache_salt"] = tenant_salt(request.headers.get(tenant), body.get("cache_salt"))
             ENGINE.check_body(body)
             ids = await count_prompt(body, is_chat(request.path), rt.compiled.tokenizer, len(raw))
+            self.context.check(body, is_chat(request.path), len(ids), self.http, rt.compiled.config.endpoints)
         except ValueError as exc:
             return json_error(400, str(exc))
         if "stream" in body and not isinstance(body["stream"], bool):
@@ -182,6 +189,7 @@ class Proxy:
         except BaseException as exc:  # the client went away (or a fault): counted once, as the call ends
             cancelled = isinstance(exc, (asyncio.CancelledError, ConnectionResetError))
             call.report("cancelled" if cancelled else "error")
+            give_up_kv(self, call, "the call ended before its decode started")  # else it waits out its lease
             raise
         finally:
             report_pull_over(self, call)  # once per pull: a no-op when its decode reported it
@@ -204,7 +212,7 @@ class Proxy:
         ticket and local plan."""
         rt, m = self.rt, self.metrics
         c = rt.compiled
-        call.hashes = block_hashes(ids, c.config.routing.prefix_block_tokens)
+        call.hashes = block_hashes(ids, c.config.routing.prefix_block_tokens, call.body.get("cache_salt"))
         call.pd_hits = rt.pd_index.match(call.hashes)
         t0 = time.perf_counter()
         routed, (l_pd, l_prfaas) = rt.route_prefixed(len(ids), call.hashes, call.pd_hits)
@@ -303,9 +311,7 @@ class Proxy:
         except LegError as exc:
             if call.remote is not None and call.remote_kv:
                 rt.remote_failed(call.remote.name, str(exc))
-            if call.kv is not None:  # no decode will pull it: have a consumer release it (else it waits out its lease)
-                cluster = "prfaas" if call.remote_kv else "pd"
-                abandon(self, call.kv, cluster, call.plan.decode, call.ids, str(exc))
+            give_up_kv(self, call, str(exc))  # no decode will pull it: released now, not at its lease
             if not (call.remote_kv and exc.retriable):
                 return call.refuse("error", exc.status, str(exc), "upstream_error")
             # the remote KV could not be used (link cut, handle expired): prefill locally, decode again
@@ -317,11 +323,12 @@ class Proxy:
             plan = self._replan(call.plan, call.prompt_tokens, call.hashes)
             try:
                 call.kv = await local_prefill(self, call, plan, call.prompt_tokens) if plan.prefill else None
-                call.remote_kv = False
+                call.remote_kv = call.kv_settled = False
                 call.prefilled = time.perf_counter() if call.kv is not None else None
                 call.plan = self._replan(plan, call.prompt_tokens, call.hashes, keep_prefill=True)
                 response = await self._decode(request, call, call.kv)
             except LegError as again:
+                give_up_kv(self, call, str(again))
                 return call.refuse("error", again.status, str(again), "upstream_error")
         rt.pd_index.insert(call.hashes, call.plan.decode)
         rt.decode_held.learn(call.prompt_ids, call.plan.decode)
@@ -356,12 +363,14 @@ class Proxy:
         assert plan is not None
         leg = DecodeLeg(request, plan.decode, call.body, call.route, call.started, call.prompt_tokens, call.prefilled)
         leg.gateway_timing = call.gateway_timing if kv_crosses_link else ""
+        leg.timing = rt.compiled.config.security.server_timing
         try:
             with rt.decoding(plan.decode, call.key if kv_crosses_link else None):
                 # the decode has *started* once its first byte arrives: until then a failure may be retried
                 # elsewhere; when the KV crosses the link, a stalled pull is cut after kvPullSeconds
                 limit = rt.compiled.config.timeouts.kv_pull_seconds if kv_crosses_link else None
                 chunks, first = await self._open_decode(leg, kv, call.ids, limit)
+                call.kv_settled = True  # the decode started with the KV: it pulls it or frees it
                 self._transfer_over(call, pulled=kv_crosses_link)
                 slo = rt.compiled.config.slo
                 if not call.body.get("stream"):

@@ -325,6 +325,12 @@ class RouterMetrics:
             ["link"],
             registry=r,
         )
+        self.gateway_claims_corrected = Counter(
+            names.METRIC_GATEWAY_CLAIMS_CORRECTED.removesuffix("_total"),
+            "Gateway mode: router claims the gateway corrected, by link and claim (kv_bytes, decode_cached, slo_ttft).",
+            ["link", "claim"],
+            registry=r,
+        )
         self.gateway_loans = Counter(
             names.METRIC_GATEWAY_LOANS.removesuffix("_total"),
             "Gateway mode: share loans between gateway replicas, by link and result (borrowed, lent, refused, "

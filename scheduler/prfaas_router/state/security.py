@@ -51,6 +51,7 @@ BODY_FIELDS = frozenset(
         "max_completion_tokens",
         "min_tokens",
         "stream",
+        "cache_salt",
         ENGINE.KV_HANDLE_FIELD,
         "temperature",
         "top_p",

@@ -9,18 +9,21 @@ import asyncio
 import contextlib
 import json
 import re
+import time
 from collections.abc import Awaitable, Generator, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 import aiohttp
+import httpx
 import orjson
 import structlog
 from aiohttp import web
 
 from prfaas_core import names
 from prfaas_core.launch.kinds import engine_kind
+from prfaas_core.request.params import check_context
 
 # --- The legs of the disaggregated-serving exchange, as a proxy drives them: the prefill leg (one token, a request
 # for a KV handle), whose answer carries the handle, and the decode leg (the client's body plus that handle), whose
@@ -288,3 +291,40 @@ class _Leg:
     ) -> None:
         if self._resp is not None:
             await self._resp.__aexit__(exc_type, exc, tb)
+
+
+CONTEXT_ASK_S = 2.0
+"""While the context length is unknown, the engines' ``/v1/models`` are asked at most this often (wall s)."""
+
+
+class ContextLength:
+    """The model's context length, the least ``max_model_len`` the engines' ``/v1/models`` name (vLLM's answer and
+    the emulator's): learned at start and on every reload (the engines may change), asked again while unknown."""
+
+    def __init__(self) -> None:
+        self.max_model_len: int | None = None
+        self._asked = -CONTEXT_ASK_S
+        self._task: asyncio.Task[None] | None = None  # the loop keeps only weak references to tasks
+
+    def learn(self, http: Any, endpoints: Iterable[Any]) -> None:
+        self._asked = time.monotonic()
+        urls = [e.url for e in endpoints]
+        self._task = asyncio.get_running_loop().create_task(self._learn(http, urls))
+
+    def check(self, body: dict[str, Any], chat: bool, prompt_tokens: int, http: Any, endpoints: Iterable[Any]) -> None:
+        """:func:`~prfaas_core.request.params.check_context` (ValueError past it); unknown: the engines are asked."""
+        if self.max_model_len is not None:
+            check_context(body, chat, prompt_tokens, self.max_model_len)
+        elif time.monotonic() - self._asked >= CONTEXT_ASK_S:
+            self.learn(http, endpoints)
+
+    async def _learn(self, http: Any, urls: list[str]) -> None:
+        lens: list[int] = []
+        for url in urls:
+            try:
+                data = (await http.get(f"{url}/v1/models", timeout=CONTEXT_ASK_S)).json()["data"]
+                lens += [m["max_model_len"] for m in data if isinstance(m.get("max_model_len"), int)]
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+        if lens:
+            self.max_model_len = min(lens)
