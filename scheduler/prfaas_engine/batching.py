@@ -129,7 +129,7 @@ class EngineCore:
         self.load_kv = load_kv
         self.times = ServiceTimes(config.hardware_profile)
         self.kv_model = config.kv_model
-        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, config.block_size_tokens)
+        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, config.block_tokens, self.kv_model.recurrent)
         self.waiting: deque[EngineRequest] = deque()
         self.loading: set[EngineRequest] = set()
         self.running: list[EngineRequest] = []
@@ -205,7 +205,7 @@ class EngineCore:
                 continue
             self.used_blocks += req.blocks
             self.metrics.queue_time_l.observe(self.scale.model_seconds(self.clock.now() - req.arrival))
-            req.hashes = block_hashes(req.prompt_ids, self.config.block_size_tokens)
+            req.hashes = block_hashes(req.prompt_ids, self.config.block_tokens)
             if isinstance(req.leg, CONSUME_LEGS):
                 if isinstance(req.leg, ConsumeNixl):  # vLLM pulls only the blocks its own prefix cache lacks
                     req.cached_tokens = self.prefix_cache.match(req.hashes, req.prompt_tokens)
@@ -239,7 +239,7 @@ class EngineCore:
         if req.finished:
             return
         self.loading.discard(req)
-        self.prefix_cache.insert(req.hashes)
+        self.prefix_cache.insert(req.hashes, req.prompt_tokens)
         # as vLLM counts it: the prompt tokens its own prefix cache held (matched on admission: the blocks it did
         # not pull), and the rest came by the connector
         own_hit = req.cached_tokens
@@ -298,7 +298,7 @@ class EngineCore:
                     self._emit(req, now)
 
     def _prefill_complete(self, req: EngineRequest, now: float) -> None:
-        self.prefix_cache.insert(req.hashes)
+        self.prefix_cache.insert(req.hashes, req.prompt_tokens)
         self.metrics.prompt_tokens_l.inc(req.prompt_tokens)
         self.metrics.prompt_by_source["local_compute"].inc(req.uncached_tokens)
         self.metrics.prompt_by_source["local_cache_hit"].inc(req.cached_tokens)
@@ -348,10 +348,9 @@ class EngineCore:
     def _hold_kv(self, req: EngineRequest, now: float) -> dict[str, Any] | None:
         """Keep the prompt's KV for the remote decode; the blocks stay used until pulled or expired."""
         # whole blocks (a hybrid: of N-1 tokens, plus its recurrent state), as vLLM's NixlConnector moves them
-        model_bytes = self.kv_model.with_default_blocks(self.config.block_size_tokens).pulled_kv_bytes(
-            req.prompt_tokens
-        )
-        n_blocks = max(1, math.ceil(req.prompt_tokens / self.config.block_size_tokens))
+        kv, block, prompt_tokens = self.kv_model, self.config.block_tokens, req.prompt_tokens
+        model_bytes = kv.pulled_kv_bytes(prompt_tokens)
+        n_blocks = max(1, math.ceil(prompt_tokens / block))
         req.block_ids = tuple(next(self._block_ids) for _ in range(n_blocks))
         if isinstance(req.leg, ProduceBootstrap):
             key = KvStore.room_key(req.leg.room)
@@ -374,6 +373,8 @@ class EngineCore:
             expires_at=now + self.config.kv_timeout_s,
             release=release,
             block_ids=req.block_ids,
+            # a decode that holds the leading ``skip`` blocks pulls the rest and, for a hybrid, the whole state
+            skipped_wire_bytes=lambda skip: self.scale.wire_bytes(kv.pulled_kv_bytes(prompt_tokens, skip * block)),
         )
         try:
             self.store.hold(held)

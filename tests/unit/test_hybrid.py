@@ -253,3 +253,23 @@ def test_the_gateway_reads_the_decode_cached_header(value: str | None, tokens: i
 def test_a_bad_decode_cached_header_names_itself(value: str) -> None:
     with pytest.raises(ValueError, match="x-prfaas-decode-cached-tokens"):
         decode_cached_header(value)
+
+
+def test_the_engine_emulator_takes_a_measured_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from prfaas_cli.engine_cmd import _profile_file
+    from prfaas_engine.config import EngineConfig
+
+    arch = architecture_from_config(TINY_QWEN3_NEXT, block_size=128)
+    doc = {"apiVersion": "prfaas.io/v1alpha1", "kind": "ModelProfile", "metadata": {"name": "tiny-hybrid"}}
+    good = tmp_path / "profile.yaml"
+    good.write_text(yaml.safe_dump({**doc, "spec": {"architecture": arch.model_dump(by_alias=True)}}))
+    name, spec = _profile_file(str(good))
+    config = EngineConfig(model_profile=name, model_profile_spec=spec, block_size_tokens=128)
+    assert (config.model_name, config.block_tokens, config.kv_model.recurrent) == ("tiny-hybrid", 256, True)
+    assert config.kv_model.pulled_kv_bytes(1080, 1024) == 336_896
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**doc, "spec": {"architecture": {"fullAttentionLayers": "x"}}}))
+    assert main(["engine", "--model-profile", str(bad)]) == 1
+    assert "not a ModelProfile: spec.architecture.fullAttentionLayers" in capsys.readouterr().err
+    assert main(["engine", "--model-profile", str(tmp_path / "absent.yaml")]) == 1
+    assert "neither a built-in profile (internal-1t" in capsys.readouterr().err

@@ -24,6 +24,12 @@ DEFAULT_CAPACITY = 65_536
 """Entries kept (instance, block): ~16M tokens of 256-token blocks."""
 
 
+def checkpoint_tokens(prompt_tokens: int, block_tokens: int) -> int:
+    """Where a hybrid engine keeps the recurrent state of a prompt it served: the end of the last whole block of
+    its N-1 tokens (0: none)."""
+    return max(0, prompt_tokens - 1) // block_tokens * block_tokens
+
+
 def decode_cached_header(value: str | None) -> int:
     """The gateway's reading of :data:`~prfaas_core.names.HEADER_DECODE_CACHED_TOKENS` (absent: 0); ValueError
     names the header when it is not a non-negative integer."""
