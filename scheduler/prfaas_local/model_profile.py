@@ -81,9 +81,9 @@ class Exchange:
 
     prompt_tokens: int
     transferred_bytes: float
-    """``vllm:nixl_bytes_transferred`` (its sum's increase)."""
+    """The NIXL transferred-bytes histogram's sum (``names.VLLM_NIXL_BYTES_TRANSFERRED``), its increase."""
     by_source: dict[str, float]
-    """``vllm:prompt_tokens_by_source``'s increases: external_kv_transfer, local_compute, local_cache_hit."""
+    """The prompt tokens by source (``names.VLLM_PROMPT_TOKENS_BY_SOURCE``), each source's increase."""
 
 
 def prompt_tokens_by_source(url: str) -> dict[str, float]:
