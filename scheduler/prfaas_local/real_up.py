@@ -1,5 +1,6 @@
 """``prfaas up --engines vllm``: the local two-datacenter stack on real vLLM engines (CPU build, the tiny model
-``scripts/real-engines.sh`` generates, or with ``--model hybrid`` its tiny Qwen3-Next), with the router, the gateway and the core's long-term loop live.
+``scripts/real-engines.sh`` generates, or with ``--model hybrid`` its tiny Qwen3-Next), with the router, the gateway
+and the core's long-term loop live.
 
 Region A: one PrFaaS prefill engine behind the gateway. Region B: ``--pd`` PD engines (``pd-both``: kv_both, so
 either role label works without a restart) behind the router; the first is labelled prefill, the others decode.
