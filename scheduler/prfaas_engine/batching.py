@@ -208,7 +208,7 @@ class EngineCore:
             req.hashes = block_hashes(req.prompt_ids, self.config.block_tokens)
             if isinstance(req.leg, CONSUME_LEGS):
                 if isinstance(req.leg, ConsumeNixl):  # vLLM pulls only the blocks its own prefix cache lacks
-                    req.cached_tokens = self.prefix_cache.match(req.hashes, req.prompt_tokens)
+                    req.cached_tokens = self.prefix_cache.match(req.hashes, req.prompt_tokens, pulling=True)
                     self.metrics.prefix_queries_l.inc(req.prompt_tokens)
                     self.metrics.prefix_hits_l.inc(req.cached_tokens)
                 req.phase = "loading"

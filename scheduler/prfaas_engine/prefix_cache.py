@@ -4,11 +4,13 @@ A block's hash chains its parent's hash with its own token ids, so block ``i`` m
 prefix up to it matches (attention is causal). Only full blocks are cached. Counting follows vLLM's
 ``vllm:prefix_cache_queries_total`` / ``_hits_total``: queried and hit *tokens*.
 
-A hybrid model (linear layers: ``checkpoints_only``) resumes only where a recurrent state was saved: vLLM 0.32's
-"align" mode keeps one at the *checkpoint* of each prompt it served, the end of the last whole block of its N-1
-tokens (:func:`prfaas_core.policy.decode_prefix.checkpoint_tokens`); a hit is the longest cached prefix that ends
-at a checkpoint (measured on the real hybrid tier: a 1,100-token prompt sent again or extended reuses 1,024 tokens
-at a 256-token block; one that shares fewer tokens than that reuses nothing).
+A hybrid model (linear layers: ``checkpoints_only``) resumes a *local* prefill only where a recurrent state was
+saved: vLLM 0.32's "align" mode keeps one at the *checkpoint* of each prompt it served, the end of the last whole
+block of its N-1 tokens (:func:`prfaas_core.policy.decode_prefix.checkpoint_tokens`); such a hit is the longest
+cached prefix that ends at a checkpoint. A decode that pulls the KV (``pulling=True``) reuses every whole block it
+holds, dense or hybrid: it pulls the state at N-1 in full and needs none at the hit (measured on the real hybrid
+tier: after a 1,080-token prompt, prompts sharing 300, 600 and 1,050 of its tokens reused 256, 512 and 1,024 tokens
+at a 256-token block).
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def match(self, hashes: Sequence[bytes], prompt_tokens: int) -> int:
+    def match(self, hashes: Sequence[bytes], prompt_tokens: int, pulling: bool = False) -> int:
         """Tokens of the prompt already cached (leading blocks only), counted as one query.
 
         At least one token is always recomputed (the last prompt token produces the first output), and a hit is
         whole blocks, as in vLLM (it matches at most the full blocks of the first ``prompt_tokens - 1`` tokens);
-        for a hybrid it ends at the last checkpoint among them.
+        for a hybrid's local prefill (not ``pulling``) it ends at the last checkpoint among them.
         """
+        at_checkpoints = self.checkpoints_only and not pulling
         usable = max(prompt_tokens - 1, 0) // self.block_size
         hit_blocks = 0
         for i, h in enumerate(hashes[:usable]):
@@ -47,7 +50,7 @@ class PrefixCache:
             if saved is None:
                 break
             self._blocks.move_to_end(h)
-            if saved or not self.checkpoints_only:
+            if saved or not at_checkpoints:
                 hit_blocks = i + 1
         hit = hit_blocks * self.block_size
         self.queried_tokens += prompt_tokens

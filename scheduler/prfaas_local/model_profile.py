@@ -84,6 +84,8 @@ class Exchange:
     """The NIXL transferred-bytes histogram's sum (``names.VLLM_NIXL_BYTES_TRANSFERRED``), its increase."""
     by_source: dict[str, float]
     """The prompt tokens by source (``names.VLLM_PROMPT_TOKENS_BY_SOURCE``), each source's increase."""
+    prefill_by_source: dict[str, float]
+    """The same on the prefill engine (its own prefix cache's hit, what it computed)."""
 
 
 def prompt_tokens_by_source(url: str) -> dict[str, float]:
@@ -99,6 +101,7 @@ def pd_exchange(
     decode engine counted for it (it publishes its transfer stats with its next metrics update: waited for)."""
     body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
     before, sources = transferred_bytes(decode_url), prompt_tokens_by_source(decode_url)
+    prefill_sources = prompt_tokens_by_source(prefill_url)
     r = httpx.post(f"{prefill_url}/v1/completions", json=VLLM.prefill_body(body), timeout=timeout_s)
     r.raise_for_status()
     answer = r.json()
@@ -115,9 +118,10 @@ def pd_exchange(
             raise RuntimeError(f"{decode_url} counted no KV transfer for a {len(prompt)}-long prompt")
         time.sleep(0.2)
         after = transferred_bytes(decode_url)
-    now = prompt_tokens_by_source(decode_url)
+    now, prefill_now = prompt_tokens_by_source(decode_url), prompt_tokens_by_source(prefill_url)
     moved = {k: now[k] - sources.get(k, 0.0) for k in now}
-    return Exchange(int(answer["usage"]["prompt_tokens"]), after[0] - before[0], moved)
+    prefilled = {k: prefill_now[k] - prefill_sources.get(k, 0.0) for k in prefill_now}
+    return Exchange(int(answer["usage"]["prompt_tokens"]), after[0] - before[0], moved, prefilled)
 
 
 def check_profile(

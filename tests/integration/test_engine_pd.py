@@ -263,12 +263,12 @@ TINY_HYBRID = {  # the tiny Qwen3-Next's measured profile (``prfaas profile``, -
 }
 
 
-async def test_a_measured_hybrid_profile_resumes_only_at_its_checkpoint_and_moves_the_state_in_full() -> None:
+async def test_a_measured_hybrid_profile_reuses_what_the_decode_holds_and_moves_the_state_in_full() -> None:
     """The emulator with a measured profile (not a built-in one), byte for byte against what vLLM 0.32 transferred
     for the tiny Qwen3-Next (tests/unit/test_hybrid.py's MEASURED; tests/real/test_real_hybrid.py runs the same
     scenario on both): a fresh 1,080-token prompt moves 861,184 B; the same again reuses the decode's 1,024 tokens
-    (its checkpoint) and moves 55 tokens' block plus the whole state, 336,896 B; a prompt that shares 600 tokens
-    (two whole blocks, but short of a checkpoint) reuses nothing."""
+    and moves 55 tokens' block plus the whole state, 336,896 B; a prompt that shares 600 tokens reuses its two whole
+    blocks (the decode pulls the state in full: it needs none at the hit), 599,040 B."""
     from prfaas_core.api.model_profile import ModelProfileSpec
 
     spec = ModelProfileSpec.model_validate(TINY_HYBRID)
@@ -287,7 +287,7 @@ async def test_a_measured_hybrid_profile_resumes_only_at_its_checkpoint_and_move
     expected = [  # prompt -> (external_kv_transfer, local_compute, local_cache_hit), bytes moved
         (first, (1079, 1, 0), 861_184),
         (first, (55, 1, 1024), 336_896),
-        (shares_600, (1079, 1, 0), 861_184),
+        (shares_600, (567, 1, 512), 599_040),
         (extended, (155, 1, 1024), 336_896),
     ]
     async with (

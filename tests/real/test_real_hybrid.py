@@ -321,8 +321,10 @@ def test_the_emulator_with_the_measured_profile_counts_what_the_real_hybrid_coun
     hybrid: Hybrid, emulated: tuple[str, str]
 ) -> None:
     """The same P/D exchanges (token ids, so both count the same prompt) on the real pair and on the emulated one:
-    a fresh prompt, the same again (the decode resumes at its checkpoint), one that shares two whole blocks but
-    less than a checkpoint, and the first one extended. vLLM is the reference: tokens by source and bytes agree."""
+    a fresh prompt, the same again, one that shares two whole blocks but less than the first one's checkpoint, and
+    the first one extended. vLLM is the reference: the decode's tokens by source and bytes agree (it reuses every
+    whole block it holds: it pulls the state in full), and so do the prefill's (a local prefill resumes at a
+    checkpoint only)."""
     rng = random.Random(4803)
     first = [rng.randrange(10, 2000) for _ in range(1080)]
     shares = first[:600] + [rng.randrange(10, 2000) for _ in range(480)]
@@ -334,6 +336,7 @@ def test_the_emulator_with_the_measured_profile_counts_what_the_real_hybrid_coun
         print(f"\n{len(prompt)} tokens: vLLM {real}\n{' ' * len(str(len(prompt)))}  emulator {emu}")
         assert real.prompt_tokens == emu.prompt_tokens == len(prompt)
         assert emu.by_source == real.by_source, (len(prompt), real, emu)
+        assert emu.prefill_by_source == real.prefill_by_source, (len(prompt), real, emu)
         assert emu.transferred_bytes == real.transferred_bytes, (len(prompt), real, emu)
 
 

@@ -72,9 +72,10 @@ def test_zero_capacity_disables_caching(capacity: int) -> None:
     assert cache.match(hashes, 8) == 0
 
 
-def test_a_hybrid_resumes_only_at_a_checkpoint() -> None:
+def test_a_hybrids_local_prefill_resumes_only_at_a_checkpoint_a_pull_at_any_block() -> None:
     """vLLM's "align" mode keeps a recurrent state at the end of the last whole block of a prompt's N-1 tokens: a
-    hit ends there, never at an earlier block the prompts share (dense would hit those)."""
+    local prefill's hit ends there, never at an earlier block the prompts share (dense would hit those); a decode
+    that pulls the state in full reuses every whole block it holds."""
     cache = PrefixCache(capacity_blocks=100, block_size=4, checkpoints_only=True)
     dense = PrefixCache(capacity_blocks=100, block_size=4)
     served = list(range(18))  # N-1 = 17 tokens: the checkpoint after 16 (block 4)
@@ -85,5 +86,6 @@ def test_a_hybrid_resumes_only_at_a_checkpoint() -> None:
     shares_10 = block_hashes([*served[:10], *range(100, 110)], 4)  # 2 whole blocks in common, no checkpoint
     assert dense.match(shares_10, 20) == 8
     assert cache.match(shares_10, 20) == 0
+    assert cache.match(shares_10, 20, pulling=True) == 8
     extended = block_hashes([*served, *range(200, 210)], 4)
     assert cache.match(extended, 28) == 16  # resumes at the checkpoint, not at the longer dense prefix

@@ -214,14 +214,17 @@ def _kv(**change: Any) -> Any:
     return kv_model_from_architecture(architecture_from_config({**TINY_QWEN3_NEXT, **change}, block_size=128))
 
 
-def test_a_hybrid_decode_holds_a_prompt_only_at_its_checkpoint() -> None:
+def test_a_hybrid_decode_holds_every_whole_block_of_n_minus_1_tokens() -> None:
+    """Measured on vLLM 0.32 (tests/real/test_real_hybrid.py's parity case): a decode that pulls a hybrid's KV
+    reuses every whole block it holds (it pulls the recurrent state in full, so it needs none at the hit)."""
     held = DecodeHoldings(_kv(), block_tokens=128)
     first = list(range(1080))
     assert held.held_tokens(first, "pdd") == 0
     held.learn(first, "pdd")
-    assert held.held_tokens(first, "pdd") == 1024  # measured: the repeat reused 1,024 tokens
+    assert held.held_tokens(first, "pdd") == 1024  # the repeat reused 1,024 tokens (4 blocks of 256)
     assert held.held_tokens([*first, *range(5000, 5100)], "pdd") == 1024  # extended: the same
-    assert held.held_tokens(first[:1000] + [7] * 80, "pdd") == 0  # diverges before the checkpoint: nothing
+    for shared, reused in ((300, 256), (600, 512), (800, 768), (1000, 768), (1050, 1024)):
+        assert held.held_tokens(first[:shared] + [7] * (1080 - shared), "pdd") == reused, shared
     assert held.held_tokens(first, "other") == held.held_tokens(first, None) == 0
     held.forget({"pdd"})
     assert held.held_tokens(first, "pdd") == 0
@@ -241,7 +244,7 @@ def test_holdings_are_bounded_oldest_first() -> None:
     prompts = [[i] * 600 for i in range(3)]
     for p in prompts:
         held.learn(p, "pdd")
-    assert [held.held_tokens(p, "pdd") for p in prompts] == [0, 512, 512]
+    assert [held.held_tokens(p, "pdd") for p in prompts] == [0, 0, 512]  # 2 blocks each: the last one's stay
 
 
 @pytest.mark.parametrize(("value", "tokens"), [(None, 0), ("0", 0), ("1024", 1024)])
