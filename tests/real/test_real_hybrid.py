@@ -203,12 +203,14 @@ def test_n_minus_1_and_the_booked_bytes_equal_what_vllm_transferred(hybrid: Hybr
 
 
 def test_a_prompt_the_decode_holds_is_booked_without_what_it_reuses(hybrid: Hybrid) -> None:
-    """A remote prompt again, then extended: the decode reuses up to its checkpoint (the last whole block of the
-    first prompt's N-1 tokens) and pulls the rest plus the state; the router and the gateway book exactly that."""
+    """A remote prompt again, then extended, then one that shares ~600 of its tokens: the decode reuses every
+    whole block it holds (of the first prompt's N-1 tokens; it pulls the state in full, so it needs none at the
+    hit) and pulls the rest plus the state; the router and the gateway book exactly that."""
     prompts = Prompts(hybrid.env.tokenizer_file, seed=1048)
     first = prompts.text(LONG_TOKENS)
+    shares = first[: len(first) * 6 // 11] + " " + prompts.text(500)  # ~600 tokens in common: 2 whole blocks
     block = hybrid.profile.spec.architecture.block_tokens  # type: ignore[union-attr]
-    for i, text in enumerate((first, first, first + " " + prompts.text(100))):
+    for i, text in enumerate((first, first, first + " " + prompts.text(100), shares)):
         before_src = hybrid.pdd.prompt_tokens_by_source()
         before_bytes, before_booked = transferred_bytes(hybrid.pdd.reach_url), _booked(hybrid)
         r = _complete(hybrid, text)
@@ -221,9 +223,9 @@ def test_a_prompt_the_decode_holds_is_booked_without_what_it_reuses(hybrid: Hybr
         assert got["external_kv_transfer"] + reused == n - 1 and got["local_compute"] == 1, got
         if i == 0:
             assert reused == 0
-            checkpoint = (n - 1) // block * block
+            held = (n - 1) // block * block
         else:
-            assert reused == checkpoint, (reused, checkpoint)
+            assert reused == (held if i < 3 else 2 * block), (i, reused, held)
         router, gateway = (a - b for a, b in zip(_booked(hybrid), before_booked, strict=True))
         print(
             f"\nremote {n} tokens, {reused:.0f} reused: vLLM {moved:.0f} B; "
