@@ -299,8 +299,10 @@ class EngineCore:
 
     def _prefill_complete(self, req: EngineRequest, now: float) -> None:
         self.prefix_cache.insert(req.hashes, req.prompt_tokens)
-        self.metrics.prompt_tokens_l.inc(req.prompt_tokens)
-        self.metrics.prompt_by_source["local_compute"].inc(req.uncached_tokens)
+        # a hybrid's producer leaves the last token to the decode: vLLM 0.32 counts N-1 prompt tokens (measured)
+        left = 1 if self.kv_model.recurrent and isinstance(req.leg, ProduceNixl) else 0
+        self.metrics.prompt_tokens_l.inc(req.prompt_tokens - left)
+        self.metrics.prompt_by_source["local_compute"].inc(max(0, req.uncached_tokens - left))
         self.metrics.prompt_by_source["local_cache_hit"].inc(req.cached_tokens)
         req.phase = "decode"
         self._emit(req, now)

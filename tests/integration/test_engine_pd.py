@@ -297,6 +297,7 @@ async def test_a_measured_hybrid_profile_reuses_what_the_decode_holds_and_moves_
         aiohttp.ClientSession(durl) as d,
     ):
         assert dapp[ENGINE_KEY].config.block_tokens == 256
+        prefill_seen: list[tuple[float, float]] = []
         sources = ("external_kv_transfer", "local_compute", "local_cache_hit")
         for prompt, counts, moved in expected:
             before_text = await metrics_text(d)
@@ -311,8 +312,17 @@ async def test_a_measured_hybrid_profile_reuses_what_the_decode_holds_and_moves_
 
             texts = (before_text, after_text)
             got = tuple(_grew(*texts, "vllm:prompt_tokens_by_source_total", {"source": s}) for s in sources)
+            produced = await metrics_text(p)
+            # the producer counts N-1 prompt tokens (the decode computes the last), its hit only at a checkpoint
+            prefill_hit = metric_value(produced, "vllm:prompt_tokens_by_source_total", {"source": "local_cache_hit"})
+            prefill_all = metric_value(produced, "vllm:prompt_tokens_by_source_total")
+            prefill_seen.append((prefill_all - sum(p for p, _ in prefill_seen), prefill_hit))
             assert got == counts, (len(prompt), got)
             assert _grew(*texts, "vllm:nixl_bytes_transferred_sum") == moved, len(prompt)
+        counted = [n for n, _ in prefill_seen]
+        hits = [hit for _, hit in prefill_seen]
+        assert counted == [1079, 1079, 1079, 1179]
+        assert [b - a for a, b in zip([0.0, *hits], hits, strict=False)] == [0, 1024, 0, 1024]
 
 
 def _grew(before: str, after: str, name: str, labels: dict[str, str] | None = None) -> float:

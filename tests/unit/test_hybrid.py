@@ -276,3 +276,13 @@ def test_the_engine_emulator_takes_a_measured_profile_file(tmp_path: Path, capsy
     assert "not a ModelProfile: spec.architecture.fullAttentionLayers" in capsys.readouterr().err
     assert main(["engine", "--model-profile", str(tmp_path / "absent.yaml")]) == 1
     assert "neither a built-in profile (internal-1t" in capsys.readouterr().err
+
+
+def test_a_decode_holds_the_last_block_of_a_prompt_that_fills_it() -> None:
+    """Measured on vLLM 0.32: a 1,024-token prompt (4 blocks of 256) sent again reuses 768 tokens (a hit never
+    covers the last token), extended by 50 tokens it reuses 1,024 (the decode computed the 1,024th itself)."""
+    held = DecodeHoldings(_kv(), block_tokens=128)
+    b = list(range(1024))
+    held.learn(b, "pdd")
+    assert held.held_tokens(b, "pdd") == 768
+    assert held.held_tokens([*b, *range(3000, 3050)], "pdd") == 1024

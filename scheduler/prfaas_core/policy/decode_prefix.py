@@ -2,8 +2,9 @@
 learns it from what it routed, and a remote request's KV bytes (its counter, the gateway's booking) then leave
 out what the decode side has (:meth:`~prfaas_core.capacity.kv.KvModel.pulled_kv_bytes`). Pure.
 
-Every whole block of an earlier prompt's pulled tokens (a hybrid's N-1), dense and hybrid alike: a hit ends at the
-first block the decode lacks. A hybrid's decode needs no recurrent state at the hit: it pulls the state at N-1 from
+Every whole block of an earlier prompt (the decode computed its last token itself), dense and hybrid alike: a hit
+ends at the first block the decode lacks (a 1,024-token prompt of 256-token blocks sent again reuses 768 tokens,
+extended it reuses 1,024). A hybrid's decode needs no recurrent state at the hit: it pulls the state at N-1 from
 the producer in full (measured on vLLM 0.32 with the tiny Qwen3-Next, 256-token blocks: after a 1,080-token prompt,
 prompts sharing 300, 600, 800, 1,000 and 1,050 of its tokens reused 256, 512, 768, 768 and 1,024 tokens). A
 *local* prefill on a hybrid resumes only where a state was saved, a checkpoint (:func:`checkpoint_tokens`).
@@ -67,7 +68,7 @@ class DecodeHoldings:
         """Decode ``instance`` has served ``ids`` (its KV, pulled or computed, is in its cache now)."""
         if instance is None:
             return
-        for h in self._hashes(ids):
+        for h in block_hashes(ids, self.block_tokens):  # every whole block: it computed the last token itself
             key = (instance, h)
             self._held.pop(key, None)
             self._held[key] = None
