@@ -47,9 +47,12 @@ def register(sub: Any) -> None:
     p.add_argument("--model", default=None, help="served model name (default: the model profile's name)")
     p.add_argument(
         "--model-profile",
-        choices=sorted(builtin_model_profiles()),
         default="internal-1t",
-        help="model profile giving the KV size S_kv(l) (default %(default)s)",
+        metavar="NAME|FILE",
+        help=(
+            f"model profile giving the KV size S_kv(l): a built-in one ({', '.join(sorted(builtin_model_profiles()))}) "
+            "or a ModelProfile YAML/JSON file, e.g. one `prfaas profile` measured (default %(default)s)"
+        ),
     )
     add_scale_arguments(p)
     p.add_argument("--max-batch", type=int, default=None, help="running requests at most (default: hardware BS_max)")
@@ -88,14 +91,20 @@ def run(args: argparse.Namespace) -> int:
     from prfaas_engine.server import serve
 
     try:
-        extra = {"engine_id": args.engine_id} if args.engine_id else {}
+        extra: dict[str, Any] = {"engine_id": args.engine_id} if args.engine_id else {}
+        name = args.model_profile
+        if name not in builtin_model_profiles():
+            try:
+                name, extra["model_profile_spec"] = _profile_file(name)
+            except ValueError as exc:
+                return error(str(exc))  # a file that is not a ModelProfile: invalid data (1)
         config = EngineConfig(
             role=args.role,
             host=args.host,
             port=args.port,
             hardware=args.hardware,
             served_model_name=args.model,
-            model_profile=args.model_profile,
+            model_profile=name,
             scale=scale_from(args),
             max_batch=args.max_batch,
             max_waiting=args.max_waiting,
@@ -117,3 +126,27 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # the port is taken, the address is not ours
         return error(os_error("cannot serve", exc))
     return EXIT_OK
+
+
+def _profile_file(path: str) -> tuple[str, Any]:
+    """(name, spec) of the ModelProfile in ``path``; ValueError says why it is not one."""
+    import yaml
+    from pydantic import ValidationError
+
+    from prfaas_core.api import ModelProfile
+
+    known = ", ".join(sorted(builtin_model_profiles()))
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ValueError(f"--model-profile: {path!r} is neither a built-in profile ({known}) nor a file") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"--model-profile: cannot read {path}: {exc}") from None
+    try:
+        profile = ModelProfile.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"--model-profile: {path} is not a ModelProfile: {where}: {first['msg']}") from None
+    return profile.metadata.name, profile.spec

@@ -93,6 +93,13 @@ def register_real_options(p: argparse.ArgumentParser) -> None:
         help="emulated engines (default) or real CPU vLLM engines with the tiny model (1 PrFaaS + 2 PD)",
     )
     p.add_argument(
+        "--model",
+        choices=("tiny", "hybrid"),
+        default="tiny",
+        help="with --engines vllm: the tiny dense model (default) or the tiny hybrid (Qwen3-Next: 3 gated-DeltaNet "
+        "+ 1 full-attention layers; its engines' flags and the routers' profile from `prfaas profile`)",
+    )
+    p.add_argument(
         "--netns", action="store_true", help="with --engines vllm: the two regions in network namespaces (root)"
     )
     p.add_argument("--netns-mbit", type=float, default=40.0, help="the veth's tbf rate in Mbit/s (default 40)")

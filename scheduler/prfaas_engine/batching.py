@@ -130,7 +130,7 @@ class EngineCore:
         self.load_kv = load_kv
         self.times = ServiceTimes(config.hardware_profile)
         self.kv_model = config.kv_model
-        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, config.block_size_tokens)
+        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, config.block_tokens, self.kv_model.recurrent)
         self.waiting: deque[EngineRequest] = deque()
         self.loading: set[EngineRequest] = set()
         self.running: list[EngineRequest] = []
@@ -206,10 +206,10 @@ class EngineCore:
                 continue
             self.used_blocks += req.blocks
             self.metrics.queue_time_l.observe(self.scale.model_seconds(self.clock.now() - req.arrival))
-            req.hashes = block_hashes(req.prompt_ids, self.config.block_size_tokens, req.cache_salt)
+            req.hashes = block_hashes(req.prompt_ids, self.config.block_tokens, req.cache_salt)
             if isinstance(req.leg, CONSUME_LEGS):
                 if isinstance(req.leg, ConsumeNixl):  # vLLM pulls only the blocks its own prefix cache lacks
-                    req.cached_tokens = self.prefix_cache.match(req.hashes, req.prompt_tokens)
+                    req.cached_tokens = self.prefix_cache.match(req.hashes, req.prompt_tokens, pulling=True)
                     self.metrics.prefix_queries_l.inc(req.prompt_tokens)
                     self.metrics.prefix_hits_l.inc(req.cached_tokens)
                 req.phase = "loading"
@@ -240,7 +240,7 @@ class EngineCore:
         if req.finished:
             return
         self.loading.discard(req)
-        self.prefix_cache.insert(req.hashes)
+        self.prefix_cache.insert(req.hashes, req.prompt_tokens)
         # as vLLM counts it: the prompt tokens its own prefix cache held (matched on admission: the blocks it did
         # not pull), and the rest came by the connector
         own_hit = req.cached_tokens
@@ -299,9 +299,11 @@ class EngineCore:
                     self._emit(req, now)
 
     def _prefill_complete(self, req: EngineRequest, now: float) -> None:
-        self.prefix_cache.insert(req.hashes)
-        self.metrics.prompt_tokens_l.inc(req.prompt_tokens)
-        self.metrics.prompt_by_source["local_compute"].inc(req.uncached_tokens)
+        self.prefix_cache.insert(req.hashes, req.prompt_tokens)
+        # a hybrid's producer leaves the last token to the decode: vLLM 0.32 counts N-1 prompt tokens (measured)
+        left = 1 if self.kv_model.recurrent and isinstance(req.leg, ProduceNixl) else 0
+        self.metrics.prompt_tokens_l.inc(req.prompt_tokens - left)
+        self.metrics.prompt_by_source["local_compute"].inc(max(0, req.uncached_tokens - left))
         self.metrics.prompt_by_source["local_cache_hit"].inc(req.cached_tokens)
         req.phase = "decode"
         self._emit(req, now)
@@ -349,10 +351,9 @@ class EngineCore:
     def _hold_kv(self, req: EngineRequest, now: float) -> dict[str, Any] | None:
         """Keep the prompt's KV for the remote decode; the blocks stay used until pulled or expired."""
         # whole blocks (a hybrid: of N-1 tokens, plus its recurrent state), as vLLM's NixlConnector moves them
-        model_bytes = self.kv_model.with_default_blocks(self.config.block_size_tokens).pulled_kv_bytes(
-            req.prompt_tokens
-        )
-        n_blocks = max(1, math.ceil(req.prompt_tokens / self.config.block_size_tokens))
+        kv, block, prompt_tokens = self.kv_model, self.config.block_tokens, req.prompt_tokens
+        model_bytes = kv.pulled_kv_bytes(prompt_tokens)
+        n_blocks = max(1, math.ceil(prompt_tokens / block))
         req.block_ids = tuple(next(self._block_ids) for _ in range(n_blocks))
         if isinstance(req.leg, ProduceBootstrap):
             key = KvStore.room_key(req.leg.room)
@@ -375,6 +376,8 @@ class EngineCore:
             expires_at=now + self.config.kv_timeout_s,
             release=release,
             block_ids=req.block_ids,
+            # a decode that holds the leading ``skip`` blocks pulls the rest and, for a hybrid, the whole state
+            skipped_wire_bytes=lambda skip: self.scale.wire_bytes(kv.pulled_kv_bytes(prompt_tokens, skip * block)),
         )
         try:
             self.store.hold(held)

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
+from prfaas_core.api.model_profile import ModelProfileSpec
 from prfaas_core.capacity.hardware import HardwareProfile, builtin_hardware
 from prfaas_core.capacity.kv import KvModel, kv_model_from_profile
 from prfaas_core.capacity.profiles import builtin_model_profiles
@@ -58,7 +59,11 @@ class EngineConfig:
     served_model_name: str | None = None
     """Name in /v1/models and responses; any requested name is accepted. None: the model profile's name."""
     model_profile: str = "internal-1t"
-    """Built-in model profile giving S_kv(l) (prfaas_core.capacity.profiles)."""
+    """Model profile giving S_kv(l): a built-in one's name (prfaas_core.capacity.profiles), or the name of
+    ``model_profile_spec``."""
+    model_profile_spec: ModelProfileSpec | None = None
+    """A ModelProfile's spec (e.g. measured by ``prfaas profile``) instead of a built-in one. A hybrid's
+    ``blockTokens`` is the block the engine uses (as vLLM enlarges ``--block-size`` to it)."""
     scale: ScaleSettings = field(default_factory=ScaleSettings)
     max_batch: int | None = None
     """Running requests at most (vLLM max_num_seqs); None: the hardware's decode BS_max."""
@@ -96,7 +101,7 @@ class EngineConfig:
             raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.hardware is not None and builtin_hardware(self.hardware) is None:
             raise ConfigError(f"hardware {self.hardware!r} has no built-in profile (H200, H20)")
-        if self.model_profile not in builtin_model_profiles():
+        if self.model_profile_spec is None and self.model_profile not in builtin_model_profiles():
             known = ", ".join(sorted(builtin_model_profiles()))
             raise ConfigError(f"model profile {self.model_profile!r} is unknown (built-in: {known})")
         positive = ("max_waiting", "max_model_len", "block_size_tokens", "kv_cache_blocks", "prefill_chunk_tokens")
@@ -115,9 +120,27 @@ class EngineConfig:
         assert profile is not None  # checked in __post_init__; H200/H20 are built in
         return profile
 
+        if self.model_profile_spec is not None:
+            try:
+                kv_model_from_profile(self.model_profile_spec)
+            except ValueError as exc:
+                raise ConfigError(f"model profile {self.model_profile!r}: {exc}") from None
+
+    @property
+    def profile_spec(self) -> ModelProfileSpec:
+        if self.model_profile_spec is not None:
+            return self.model_profile_spec
+        return builtin_model_profiles()[self.model_profile]
+
     @property
     def kv_model(self) -> KvModel:
-        return kv_model_from_profile(builtin_model_profiles()[self.model_profile])
+        return kv_model_from_profile(self.profile_spec).with_default_blocks(self.block_size_tokens)
+
+    @property
+    def block_tokens(self) -> int:
+        """The KV block the engine really uses: the profile's ``blockTokens`` (a hybrid's enlarged attention
+        block), else ``block_size_tokens``."""
+        return self.kv_model.block_tokens or self.block_size_tokens
 
     @property
     def model_name(self) -> str:

@@ -108,7 +108,7 @@ class Engine:
     async def _load_kv(self, req: EngineRequest) -> None:
         leg = req.leg
         if isinstance(leg, ConsumeNixl):  # the leading blocks its prefix cache holds are not pulled
-            request = nixl_request(leg.engine_id, leg.block_ids, req.cached_tokens // self.config.block_size_tokens)
+            request = nixl_request(leg.engine_id, leg.block_ids, req.cached_tokens // self.config.block_tokens)
         elif isinstance(leg, ConsumeBootstrap):
             request = room_request(leg.room)
         else:

@@ -50,6 +50,17 @@ class HeldKv:
     expires_at: float
     release: Callable[[], None]
     block_ids: tuple[int, ...] = ()
+    skipped_wire_bytes: Callable[[int], int] | None = None
+    """The wire bytes a pull moves when the decode holds the leading ``skip`` blocks already (None: that share of
+    ``wire_bytes`` less)."""
+
+    def pull_bytes(self, skip: int) -> int:
+        if skip <= 0:
+            return self.wire_bytes
+        if self.skipped_wire_bytes is not None:
+            return min(self.wire_bytes, self.skipped_wire_bytes(skip))
+        n_blocks = max(1, len(self.block_ids))
+        return self.wire_bytes - self.wire_bytes * skip // n_blocks
 
 
 @dataclass
@@ -234,8 +245,7 @@ class KvServer:
             writer.write(b"OK 0\n")
             await writer.drain()
             return
-        n_blocks = max(1, len(held.block_ids))
-        nbytes = held.wire_bytes - held.wire_bytes * skip // n_blocks
+        nbytes = held.pull_bytes(skip)
         try:
             writer.write(f"OK {nbytes}\n".encode())
             remaining = nbytes

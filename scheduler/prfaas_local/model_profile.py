@@ -75,6 +75,55 @@ def engine_version(url: str) -> str:
         return "unknown"
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """One P/D exchange as the decode engine counted it."""
+
+    prompt_tokens: int
+    transferred_bytes: float
+    """The NIXL transferred-bytes histogram's sum (``names.VLLM_NIXL_BYTES_TRANSFERRED``), its increase."""
+    by_source: dict[str, float]
+    """The prompt tokens by source (``names.VLLM_PROMPT_TOKENS_BY_SOURCE``), each source's increase."""
+    prefill_by_source: dict[str, float]
+    """The same on the prefill engine (its own prefix cache's hit, what it computed)."""
+
+
+def prompt_tokens_by_source(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}{VLLM.METRICS_PATH}", timeout=10).text
+    metric = names.VLLM_PROMPT_TOKENS_BY_SOURCE
+    return {source: sample_sum(text, metric, {"source": source}) or 0.0 for source in names.PROMPT_SOURCES}
+
+
+def pd_exchange(
+    prefill_url: str, decode_url: str, prompt: str | list[int], model: str, timeout_s: float = 120.0
+) -> Exchange:
+    """A prefill leg on ``prefill_url``, then the decode leg that pulls its KV on ``decode_url``, and what the
+    decode engine counted for it (it publishes its transfer stats with its next metrics update: waited for)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    before, sources = transferred_bytes(decode_url), prompt_tokens_by_source(decode_url)
+    prefill_sources = prompt_tokens_by_source(prefill_url)
+    r = httpx.post(f"{prefill_url}/v1/completions", json=VLLM.prefill_body(body), timeout=timeout_s)
+    r.raise_for_status()
+    answer = r.json()
+    handle = VLLM.kv_handle(answer)
+    if handle is None:
+        raise RuntimeError(f"{prefill_url} answered a prefill leg with no KV handle")
+    httpx.post(
+        f"{decode_url}/v1/completions", json=VLLM.decode_body(body, handle), timeout=timeout_s
+    ).raise_for_status()
+    deadline = time.monotonic() + 30
+    after = transferred_bytes(decode_url)
+    while after[1] <= before[1]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{decode_url} counted no KV transfer for a {len(prompt)}-long prompt")
+        time.sleep(0.2)
+        after = transferred_bytes(decode_url)
+    now, prefill_now = prompt_tokens_by_source(decode_url), prompt_tokens_by_source(prefill_url)
+    moved = {k: now[k] - sources.get(k, 0.0) for k in now}
+    prefilled = {k: prefill_now[k] - prefill_sources.get(k, 0.0) for k in prefill_now}
+    return Exchange(int(answer["usage"]["prompt_tokens"]), after[0] - before[0], moved, prefilled)
+
+
 def check_profile(
     profile: ModelProfile,
     prefill_url: str,
@@ -88,22 +137,6 @@ def check_profile(
     kv = kv_model_from_profile(profile.spec)
     out: list[CheckedLength] = []
     for prompt in prompts:
-        body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
-        before = transferred_bytes(decode_url)
-        r = httpx.post(f"{prefill_url}/v1/completions", json=VLLM.prefill_body(body), timeout=timeout_s)
-        r.raise_for_status()
-        answer = r.json()
-        handle = VLLM.kv_handle(answer)
-        if handle is None:
-            raise RuntimeError(f"{prefill_url} answered a prefill leg with no KV handle")
-        httpx.post(f"{decode_url}/v1/completions", json=VLLM.decode_body(body, handle), timeout=timeout_s)
-        deadline = time.monotonic() + 30
-        after = transferred_bytes(decode_url)
-        while after[1] <= before[1]:  # the engine publishes its transfer stats with its next metrics update
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{decode_url} counted no KV transfer for a {len(prompt)}-character prompt")
-            time.sleep(0.2)
-            after = transferred_bytes(decode_url)
-        tokens = int(answer["usage"]["prompt_tokens"])
-        out.append(CheckedLength(tokens, kv.pulled_kv_bytes(tokens), after[0] - before[0]))
+        done = pd_exchange(prefill_url, decode_url, prompt, model, timeout_s)
+        out.append(CheckedLength(done.prompt_tokens, kv.pulled_kv_bytes(done.prompt_tokens), done.transferred_bytes))
     return out

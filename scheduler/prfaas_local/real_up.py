@@ -1,5 +1,6 @@
 """``prfaas up --engines vllm``: the local two-datacenter stack on real vLLM engines (CPU build, the tiny model
-``scripts/real-engines.sh`` generates), with the router, the gateway and the core's long-term loop live.
+``scripts/real-engines.sh`` generates, or with ``--model hybrid`` its tiny Qwen3-Next), with the router, the gateway
+and the core's long-term loop live.
 
 Region A: one PrFaaS prefill engine behind the gateway. Region B: ``--pd`` PD engines (``pd-both``: kv_both, so
 either role label works without a restart) behind the router; the first is labelled prefill, the others decode.
@@ -336,14 +337,12 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
     t0, records, inputs = planned(args, n_pd, duration)
     from .vllm_engines import RealEnginesUnavailable
 
-    if pool is not None:
-        env = pool.env
-    else:
-        try:
-            env = RealEnv.prepare()
-        except RealEnginesUnavailable as exc:
-            print(f"error: real engines unavailable: {exc}", file=sys.stderr)
-            return 1
+    try:  # --model hybrid: the tiny hybrid's environment (a tier's pool brings its own)
+        env = pool.env if pool is not None else RealEnv.prepare()
+        env = env.hybrid() if pool is None and getattr(args, "model", "tiny") == "hybrid" else env
+    except RealEnginesUnavailable as exc:
+        print(f"error: real engines unavailable: {exc}", file=sys.stderr)
+        return 1
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="prfaas-up-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
     shape = LinkShape(rate_mbit=args.netns_mbit) if args.netns else None
@@ -352,7 +351,8 @@ def run(args: argparse.Namespace, pool: EnginePool | None = None) -> int:
     where = f" in two namespaces over a {shape.rate_mbit:g} Mbit/s tbf veth" if shape else ""
     doing = "serving your requests" if args.serve else f"replaying {len(records)} requests over {duration:g} s"
     print(
-        f"real engines: 1 PrFaaS + {n_pd} PD (tiny model, CPU vLLM){where}; t = {t0}; {doing}; logs in {work / 'logs'}",
+        f"real engines: 1 PrFaaS + {n_pd} PD ({env.served_model_name}, CPU vLLM){where}; t = {t0}; {doing}; "
+        f"logs in {work / 'logs'}",
         file=sys.stderr,
     )
     started = time.perf_counter()

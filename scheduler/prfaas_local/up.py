@@ -102,6 +102,8 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be positive"
     if args.scenario and (args.load is not None or args.duration is not None):
         return "--scenario and --load/--duration are alternatives: pick one"
+    if getattr(args, "model", "tiny") != "tiny":
+        return "--model picks a real model: it runs with --engines vllm (emulated engines take a scenario's profile)"
     return None
 
 

@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 import httpx
 
 from prfaas_core import names
-from prfaas_core.api import PDCluster
+from prfaas_core.api import ModelProfile, PDCluster
 from prfaas_core.launch.engines import POD_IP, EngineLaunch, EngineSpec
 from prfaas_core.launch.kinds import engine_kind, engine_launch
-from prfaas_core.launch.render import engine_specs, runs_engines_here
+from prfaas_core.launch.render import engine_specs, hybrid_fields, runs_engines_here
 from prfaas_core.launch.vllm import kv_events_url
 from prfaas_router.state.config import load_model_tokenizer
 from prfaas_router.state.metrics import sample_sum
@@ -228,7 +228,8 @@ class EnginePool:
     engines: dict[str, RealEngine] = field(default_factory=dict)
 
     def spec(self, role: str, **changes: object) -> EngineSpec:
-        """An EngineSpec for the tiny model on this tier (free ports, CPU KV buffer, CPU block size)."""
+        """An EngineSpec for the tiny model on this tier (free ports, CPU KV buffer, CPU block size; a hybrid's
+        flags from its profile, :func:`~prfaas_core.launch.render.hybrid_fields`)."""
         defaults: dict[str, object] = {
             "role": role,
             "model": self.env.model,
@@ -241,9 +242,18 @@ class EnginePool:
             "enforce_eager": True,
             "kv_buffer_device": "cpu",
             "net_device": "lo",
+            **self.hybrid_fields(),
         }
         defaults.update(changes)
         return EngineSpec(**defaults)  # type: ignore[arg-type]
+
+    def hybrid_fields(self) -> dict[str, Any]:
+        profile = self.env.model_profile
+        return (
+            hybrid_fields(ModelProfile.model_validate({"metadata": {"name": "tiny"}, "spec": profile}))
+            if profile
+            else {}
+        )
 
     def on_this_host(self, spec: EngineSpec, host: str = "127.0.0.1", net_device: str = "lo") -> EngineSpec:
         """A rendered spec (a cluster's, from :func:`example_specs`) made to run here: the model's path on this

@@ -247,3 +247,83 @@ async def test_a_hybrid_pull_follows_the_n_minus_1_rule_and_carries_the_state() 
         sent = metric_value(await metrics_text(p), "prfaas_engine_kv_bytes_sent_total")
         assert sent == SCALE.model_bytes(SCALE.wire_bytes(kv.pulled_kv_bytes(n)))
         assert sent < SCALE.model_bytes(SCALE.wire_bytes(kv.block_kv_bytes(n)))  # not the dense rule
+
+
+TINY_HYBRID = {  # the tiny Qwen3-Next's measured profile (``prfaas profile``, --block-size 128 on vLLM's CPU build)
+    "architecture": {
+        "fullAttentionLayers": 1,
+        "kvHeads": 2,
+        "headDim": 64,
+        "kvDtype": "bf16",
+        "linearLayers": 3,
+        "linearStateBytesPerLayer": 68_608,
+        "linearKind": "GatedDeltaNet",
+        "blockTokens": 256,
+    }
+}
+
+
+async def test_a_measured_hybrid_profile_reuses_what_the_decode_holds_and_moves_the_state_in_full() -> None:
+    """The emulator with a measured profile (not a built-in one), byte for byte against what vLLM 0.32 transferred
+    for the tiny Qwen3-Next (tests/unit/test_hybrid.py's MEASURED; tests/real/test_real_hybrid.py runs the same
+    scenario on both): a fresh 1,080-token prompt moves 861,184 B; the same again reuses the decode's 1,024 tokens
+    and moves 55 tokens' block plus the whole state, 336,896 B; a prompt that shares 600 tokens reuses its two whole
+    blocks (the decode pulls the state in full: it needs none at the hit), 599,040 B."""
+    from prfaas_core.api.model_profile import ModelProfileSpec
+
+    spec = ModelProfileSpec.model_validate(TINY_HYBRID)
+    common: dict[str, Any] = {
+        "scale": ScaleSettings(time_scale=200, byte_scale=1.0),
+        "bootstrap_wait_s": 0.5,
+        "model_profile": "tiny-hybrid",
+        "model_profile_spec": spec,
+        "block_size_tokens": 128,  # vLLM's --block-size; the profile's blockTokens (256) is the block used
+    }
+    papp = create_app(EngineConfig(role="prefill", port=0, **common))
+    dapp = create_app(EngineConfig(role="decode", port=0, **common))
+    first = [10 + (i * 7919) % 2000 for i in range(1080)]
+    shares_600 = first[:600] + [3000 + i for i in range(480)]
+    extended = first + [2500 + i for i in range(100)]
+    expected = [  # prompt -> (external_kv_transfer, local_compute, local_cache_hit), bytes moved
+        (first, (1079, 1, 0), 861_184),
+        (first, (55, 1, 1024), 336_896),
+        (shares_600, (567, 1, 512), 599_040),
+        (extended, (155, 1, 1024), 336_896),
+    ]
+    async with (
+        serving(papp) as purl,
+        serving(dapp) as durl,
+        aiohttp.ClientSession(purl) as p,
+        aiohttp.ClientSession(durl) as d,
+    ):
+        assert dapp[ENGINE_KEY].config.block_tokens == 256
+        prefill_seen: list[tuple[float, float]] = []
+        sources = ("external_kv_transfer", "local_compute", "local_cache_hit")
+        for prompt, counts, moved in expected:
+            before_text = await metrics_text(d)
+            status, pre = await post(
+                p, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": PREFILL_LEG}
+            )
+            assert status == 200
+            body = {"prompt": prompt, "max_tokens": 2, "kv_transfer_params": pre["kv_transfer_params"]}
+            status, _ = await post(d, "/v1/completions", body)
+            assert status == 200
+            after_text = await metrics_text(d)
+
+            texts = (before_text, after_text)
+            got = tuple(_grew(*texts, "vllm:prompt_tokens_by_source_total", {"source": s}) for s in sources)
+            produced = await metrics_text(p)
+            # the producer counts N-1 prompt tokens (the decode computes the last), its hit only at a checkpoint
+            prefill_hit = metric_value(produced, "vllm:prompt_tokens_by_source_total", {"source": "local_cache_hit"})
+            prefill_all = metric_value(produced, "vllm:prompt_tokens_by_source_total")
+            prefill_seen.append((prefill_all - sum(p for p, _ in prefill_seen), prefill_hit))
+            assert got == counts, (len(prompt), got)
+            assert _grew(*texts, "vllm:nixl_bytes_transferred_sum") == moved, len(prompt)
+        counted = [n for n, _ in prefill_seen]
+        hits = [hit for _, hit in prefill_seen]
+        assert counted == [1079, 1079, 1079, 1179]
+        assert [b - a for a, b in zip([0.0, *hits], hits, strict=False)] == [0, 1024, 0, 1024]
+
+
+def _grew(before: str, after: str, name: str, labels: dict[str, str] | None = None) -> float:
+    return metric_value(after, name, labels or {}) - metric_value(before, name, labels or {})

@@ -15,27 +15,42 @@ Oracles (vLLM's own counters on the decode engine):
 * the router's exact prefix index (issue 49): the PD prefill engine publishes its KV events (``--kv-events-config``,
   rendered by the engine seam from ``kv_events_port``) and runs a small cache (``--num-gpu-blocks-override``) so
   that it evicts; what the router predicts for a prompt it never routed is what the engine's ``cached_tokens``
-  then says, the hybrid checkpoint rule included.
+  then says, the hybrid checkpoint rule included (run last but one: it fills that cache);
+* over a real shaped link: the PrFaaS engine and the gateway run in region A's network namespace, the PD engines and
+  the router in region B's, joined by a ``tbf``-shaped veth (:mod:`prfaas_local.netns`): the bytes the router and
+  the gateway book for the remote requests are what crossed the veth by the kernel's counters (less the TCP/IP
+  headers of its packets, with the control messages and the status polls bounded);
+* the engine emulator (``prfaas engine`` given the same measured profile) against these engines: the same P/D
+  exchanges (fresh, repeated, extended, sharing less than a checkpoint) count the same tokens by source and the
+  same bytes.
 
 Its own engine set (3 hybrid engines, ~7 GiB), started once and ended when the module ends, before the tier's
-loopback set starts (conftest orders the module).
+loopback set starts (conftest orders the module). Where network namespaces are refused (not root) the engines run
+on the loopback and the veth case skips (fails under ``PRFAAS_REQUIRE_REAL=1``).
 """
 
 from __future__ import annotations
 
+import random
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from prfaas_core import names
 from prfaas_core.api import ModelProfile
 from prfaas_core.capacity.kv import kv_model_from_profile
 from prfaas_core.launch.render import hybrid_fields
-from prfaas_local.model_profile import check_profile, transferred_bytes
+from prfaas_local.model_profile import check_profile, pd_exchange, transferred_bytes
+from prfaas_local.netns import LinkShape, NetnsPair, NetnsUnavailable, Side
 from prfaas_local.ports import free_port
+from prfaas_local.procs import spawn_process, stop_processes
 from prfaas_local.stack import LocalStack
 from prfaas_local.vllm_engines import EnginePool, Prompts, RealEngine, RealEnginesUnavailable, RealEnv
 from prfaas_router.state.metrics import sample_sum
@@ -45,8 +60,13 @@ THRESHOLD_TOKENS = 768
 SHORT_TOKENS = 300
 LONG_TOKENS = 1100
 TOLERANCE = 0.02
+
+
 PDP_BLOCKS = 48
 """The PD prefill engine's KV cache in blocks (all cache groups share them): a few 1,100-token prompts fill it."""
+
+SHAPE = LinkShape(rate_mbit=200, burst_bytes=65_536, latency_ms=500)
+"""The veth between the regions: 200 Mbit/s (a 1,100-token prompt's 861 KB cross in ≥ 34 ms)."""
 
 
 @dataclass
@@ -58,6 +78,36 @@ class Hybrid:
     pdp: RealEngine
     pdd: RealEngine
     stack: LocalStack
+    pair: NetnsPair | None
+    netns_refused: str = ""
+
+
+def _regions() -> tuple[NetnsPair | None, str]:
+    pair = NetnsPair(SHAPE)
+    try:
+        pair.create()
+    except NetnsUnavailable as exc:
+        return None, str(exc)
+    return pair, ""
+
+
+def _start(pool: EnginePool, pair: NetnsPair | None, side: Side, name: str, role: str, **changes: Any) -> RealEngine:
+    """An engine in ``side``'s namespace (its flags from the hybrid's profile: :meth:`EnginePool.spec`)."""
+    if pair is None:
+        return pool.start(name, pool.spec(role, **changes))
+    addr = pair.addr(side)
+    spec = pool.spec(role, host=addr, net_device=pair.dev(side), **changes)
+    access = f"http://127.0.0.1:{pair.expose(side, addr, spec.port)}"
+    return pool.start(name, spec, netns=pair.ns(side), host=addr, access=access)
+
+
+def _in(pair: NetnsPair | None, side: Side) -> dict[str, Any]:
+    """start_router's arguments that run a router in ``side``'s namespace (none on the loopback)."""
+    if pair is None:
+        return {}
+    addr = pair.addr(side)
+    access: Callable[[int], str] = lambda port: f"http://127.0.0.1:{pair.expose(side, addr, port)}"  # noqa: E731
+    return {"prefix": pair.exec_prefix(side), "host": addr, "access": access}
 
 
 @pytest.fixture(scope="module")
@@ -71,23 +121,26 @@ def hybrid(real_env: RealEnv, tmp_path_factory: pytest.TempPathFactory) -> Itera
     profile = ModelProfile.model_validate({"metadata": {"name": "tiny-hybrid"}, "spec": env.model_profile})
     pool = EnginePool(env, tmp_path_factory.mktemp("hybrid-engines"))
     stack = LocalStack.over_vllm(tmp_path_factory.mktemp("hybrid-stack"), env)
+    pair, refused = _regions()
     try:
-        fields = hybrid_fields(profile)  # the flags a hybrid needs, from its profile
-        prfaas = pool.start("prfaas", pool.spec("prfaas-prefill", **fields))
-        small = ("--num-gpu-blocks-override", str(PDP_BLOCKS))  # it evicts after a few long prompts
-        pdp = pool.start("pdp", pool.spec("pd-prefill", kv_events_port=free_port(), extra_args=small, **fields))
-        pdd = pool.start("pdd", pool.spec("pd-decode", **fields))
+        prfaas = _start(pool, pair, "a", "prfaas", "prfaas-prefill")
+        small = ("--num-gpu-blocks-override", str(PDP_BLOCKS))  # it evicts after a few long prompts (issue 49)
+        pdp = _start(pool, pair, "b", "pdp", "pd-prefill", kv_events_port=free_port(), extra_args=small)
+        pdd = _start(pool, pair, "b", "pdd", "pd-decode")
         pool.wait_ready([prfaas, pdp, pdd])
         for producer in (prfaas, pdp):
             pool.warm_up(producer, pdd)
-        stack.start_router("gateway", stack.make_gateway_config(prfaas))
+        stack.start_router("gateway", stack.make_gateway_config(prfaas), **_in(pair, "a"))
         stack.wait_ready("gateway")
-        stack.start_router("router", stack.make_router_config([pdp], [pdd], "gateway", THRESHOLD_TOKENS))
+        config = stack.make_router_config([pdp], [pdd], "gateway", THRESHOLD_TOKENS)
+        stack.start_router("router", config, **_in(pair, "b"))
         stack.wait_ready("router")
-        yield Hybrid(env, profile, pool, prfaas, pdp, pdd, stack)
+        yield Hybrid(env, profile, pool, prfaas, pdp, pdd, stack, pair, refused)
     finally:
         stack.close()
         pool.close()
+        if pair is not None:
+            pair.close()
 
 
 def _metric(url: str, name: str, headers: dict[str, str] | None = None) -> float:
@@ -111,11 +164,11 @@ def _complete(h: Hybrid, prompt: str) -> httpx.Response:
 def _settled_transfer(engine: RealEngine, before: tuple[float, float]) -> float:
     """The bytes of the one transfer the decode engine counted since ``before`` (its metrics update lags)."""
     deadline = time.monotonic() + 30
-    now = transferred_bytes(engine.url)
+    now = transferred_bytes(engine.reach_url)
     while now[1] < before[1] + 1:
         assert time.monotonic() < deadline, "the decode engine counted no KV transfer"
         time.sleep(0.2)
-        now = transferred_bytes(engine.url)
+        now = transferred_bytes(engine.reach_url)
     assert now[1] == before[1] + 1, "more than one KV transfer for one request"
     return now[0] - before[0]
 
@@ -123,7 +176,10 @@ def _settled_transfer(engine: RealEngine, before: tuple[float, float]) -> float:
 def test_the_engines_run_with_what_the_hybrid_profile_implies(hybrid: Hybrid) -> None:
     arch = hybrid.profile.spec.architecture
     assert arch is not None and arch.linear_kind == "GatedDeltaNet" and arch.linear_layers == 3
-    launch = hybrid.pdd.launch
+    launch = hybrid.pdd.launch  # EnginePool.spec adds hybrid_fields(profile): the flags a hybrid needs
+    assert hybrid_fields(hybrid.profile) and all(
+        getattr(hybrid.pdd.spec, k) == v for k, v in hybrid_fields(hybrid.profile).items()
+    )
     assert "--dtype" in launch.argv and launch.argv[launch.argv.index("--dtype") + 1] == "bfloat16"
     assert ("VLLM_SSM_CONV_STATE_LAYOUT", "DS") in {(e.name, e.value) for e in launch.env}
     # vLLM enlarged the attention block to what the profile says (a page must hold a recurrent state)
@@ -135,7 +191,7 @@ def test_n_minus_1_and_the_booked_bytes_equal_what_vllm_transferred(hybrid: Hybr
     prompts = Prompts(hybrid.env.tokenizer_file)
     for _ in range(2):
         before_src = hybrid.pdd.prompt_tokens_by_source()
-        before_bytes, before_booked = transferred_bytes(hybrid.pdd.url), _booked(hybrid)
+        before_bytes, before_booked = transferred_bytes(hybrid.pdd.reach_url), _booked(hybrid)
         r = _complete(hybrid, prompts.text(tokens))
         assert r.headers["x-prfaas-route"] == route
         n = r.json()["usage"]["prompt_tokens"]
@@ -155,14 +211,16 @@ def test_n_minus_1_and_the_booked_bytes_equal_what_vllm_transferred(hybrid: Hybr
 
 
 def test_a_prompt_the_decode_holds_is_booked_without_what_it_reuses(hybrid: Hybrid) -> None:
-    """A remote prompt again, then extended: the decode reuses up to its checkpoint (the last whole block of the
-    first prompt's N-1 tokens) and pulls the rest plus the state; the router and the gateway book exactly that."""
+    """A remote prompt again, then extended, then one that shares ~600 of its tokens: the decode reuses every
+    whole block it holds (of the first prompt's N-1 tokens; it pulls the state in full, so it needs none at the
+    hit) and pulls the rest plus the state; the router and the gateway book exactly that."""
     prompts = Prompts(hybrid.env.tokenizer_file, seed=1048)
     first = prompts.text(LONG_TOKENS)
+    shares = first[: len(first) * 6 // 11] + " " + prompts.text(500)  # ~600 tokens in common: 2 whole blocks
     block = hybrid.profile.spec.architecture.block_tokens  # type: ignore[union-attr]
-    for i, text in enumerate((first, first, first + " " + prompts.text(100))):
+    for i, text in enumerate((first, first, first + " " + prompts.text(100), shares)):
         before_src = hybrid.pdd.prompt_tokens_by_source()
-        before_bytes, before_booked = transferred_bytes(hybrid.pdd.url), _booked(hybrid)
+        before_bytes, before_booked = transferred_bytes(hybrid.pdd.reach_url), _booked(hybrid)
         r = _complete(hybrid, text)
         assert r.headers["x-prfaas-route"] == "remote"
         n = r.json()["usage"]["prompt_tokens"]
@@ -173,9 +231,9 @@ def test_a_prompt_the_decode_holds_is_booked_without_what_it_reuses(hybrid: Hybr
         assert got["external_kv_transfer"] + reused == n - 1 and got["local_compute"] == 1, got
         if i == 0:
             assert reused == 0
-            checkpoint = (n - 1) // block * block
+            held = (n - 1) // block * block
         else:
-            assert reused == checkpoint, (reused, checkpoint)
+            assert reused == (held if i < 3 else 2 * block), (i, reused, held)
         router, gateway = (a - b for a, b in zip(_booked(hybrid), before_booked, strict=True))
         print(
             f"\nremote {n} tokens, {reused:.0f} reused: vLLM {moved:.0f} B; "
@@ -188,10 +246,108 @@ def test_a_prompt_the_decode_holds_is_booked_without_what_it_reuses(hybrid: Hybr
 def test_the_profile_predicts_the_transferred_bytes_at_held_back_lengths(hybrid: Hybrid) -> None:
     prompts = Prompts(hybrid.env.tokenizer_file, seed=48)
     texts = [prompts.text(n) for n in (200, 500, 900, 1500)]
-    checked = check_profile(hybrid.profile, hybrid.pdp.url, hybrid.pdd.url, texts, hybrid.env.served_model_name)
+    checked = check_profile(
+        hybrid.profile, hybrid.pdp.reach_url, hybrid.pdd.reach_url, texts, hybrid.env.served_model_name
+    )
     for c in checked:
         print(f"\n{c.prompt_tokens} tokens: predicted {c.predicted_bytes:.0f} B, transferred {c.measured_bytes:.0f} B")
     assert all(abs(c.error) <= TOLERANCE for c in checked), checked
+
+
+HEADER_BYTES = 66
+"""Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12: one set per packet the veth counts (GSO packets included)."""
+PER_REQUEST_BYTES = 24_576
+"""A→B besides the KV, per request: the gateway's answer to the router (the KV handle), UCX's and NIXL's own
+messages around a pull (measured ~1-2 KiB on the dense tier), with room."""
+BACKGROUND_BYTES_PER_S = 4_096
+"""The gateway's /status answers to the router's polls and TCP keep-alives."""
+
+
+def test_the_booked_bytes_are_what_crossed_the_shaped_veth(hybrid: Hybrid) -> None:
+    """Region A (PrFaaS engine, gateway) to region B (PD engines, router) over the tbf veth: for fresh remote
+    prompts, the router's and the gateway's booked bytes equal vLLM's transferred bytes (±2 %), and the veth's
+    payload (its kernel byte counter less the TCP/IP headers of its packets) is those bytes plus no more than the
+    requests' control messages and the status polls."""
+    pair = hybrid.pair
+    if pair is None:
+        skip_or_fail(f"network namespaces refused: {hybrid.netns_refused}")
+        return
+    prompts = Prompts(hybrid.env.tokenizer_file, seed=4802)
+    lengths = (900, LONG_TOKENS, 1500)
+    before_link, before_booked, shaped = pair.counters("a"), _booked(hybrid), pair.qdisc("a").get("bytes", 0)
+    started, moved = time.monotonic(), 0.0
+    for tokens in lengths:
+        before_bytes = transferred_bytes(hybrid.pdd.reach_url)
+        r = _complete(hybrid, prompts.text(tokens))
+        assert r.headers["x-prfaas-route"] == "remote", dict(r.headers)
+        moved += _settled_transfer(hybrid.pdd, before_bytes)
+    elapsed = time.monotonic() - started
+    link = pair.counters("a") - before_link
+    router, gateway = (a - b for a, b in zip(_booked(hybrid), before_booked, strict=True))
+    payload = link.tx_bytes - HEADER_BYTES * link.tx_packets
+    slack = PER_REQUEST_BYTES * len(lengths) + BACKGROUND_BYTES_PER_S * elapsed
+    print(
+        f"\nveth A→B {link.tx_bytes} B in {link.tx_packets} packets (payload ~{payload} B); vLLM transferred "
+        f"{moved:.0f} B; router {router:.0f} B, gateway {gateway:.0f} B; payload/booked {payload / router:.4f}; "
+        f"kernel/booked {link.tx_bytes / router:.4f}; {elapsed:.1f} s"
+    )
+    assert abs(router - moved) <= TOLERANCE * moved and abs(gateway - moved) <= TOLERANCE * moved, (router, moved)
+    assert router <= payload <= router + slack, (payload, router, slack)
+    assert pair.qdisc("a").get("bytes", 0) - shaped >= moved, "the KV did not pass the veth's tbf"
+
+
+EMULATOR = [sys.executable, "-m", "prfaas_cli.main", "engine", "--block-size", "128", "--byte-scale", "1"]
+
+
+@pytest.fixture
+def emulated(hybrid: Hybrid, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """An emulated prefill and decode engine given the measured profile (a ModelProfile file)."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(hybrid.profile.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    urls, procs = [], []
+    for role in ("prefill", "decode"):
+        port = free_port()
+        argv = [*EMULATOR, "--role", role, "--port", str(port), "--kv-listen", f"127.0.0.1:{free_port()}"]
+        argv += ["--model-profile", str(profile), "--model", hybrid.env.served_model_name, "--time-scale", "100"]
+        procs.append(spawn_process(argv, tmp_path / f"{role}.log"))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for url in urls:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, f"the emulated engine at {url} did not start"
+                time.sleep(0.1)
+        yield urls[0], urls[1]
+    finally:
+        stop_processes(procs)
+
+
+def test_the_emulator_with_the_measured_profile_counts_what_the_real_hybrid_counts(
+    hybrid: Hybrid, emulated: tuple[str, str]
+) -> None:
+    """The same P/D exchanges (token ids, so both count the same prompt) on the real pair and on the emulated one:
+    a fresh prompt, the same again, one that shares two whole blocks but less than the first one's checkpoint, and
+    the first one extended. vLLM is the reference: the decode's tokens by source and bytes agree (it reuses every
+    whole block it holds: it pulls the state in full), and so do the prefill's (a local prefill resumes at a
+    checkpoint only)."""
+    rng = random.Random(4803)
+    first = [rng.randrange(10, 2000) for _ in range(1080)]
+    shares = first[:600] + [rng.randrange(10, 2000) for _ in range(480)]
+    extended = first + [rng.randrange(10, 2000) for _ in range(100)]
+    model = hybrid.env.served_model_name
+    for prompt in (first, first, shares, extended):
+        real = pd_exchange(hybrid.pdp.reach_url, hybrid.pdd.reach_url, prompt, model)
+        emu = pd_exchange(*emulated, prompt, model)
+        print(f"\n{len(prompt)} tokens: vLLM {real}\n{' ' * len(str(len(prompt)))}  emulator {emu}")
+        assert real.prompt_tokens == emu.prompt_tokens == len(prompt)
+        assert emu.by_source == real.by_source, (len(prompt), real, emu)
+        assert emu.prefill_by_source == real.prefill_by_source, (len(prompt), real, emu)
+        assert emu.transferred_bytes == real.transferred_bytes, (len(prompt), real, emu)
 
 
 def _router(h: Hybrid, name: str, labels: dict[str, str]) -> float:

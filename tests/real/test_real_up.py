@@ -21,7 +21,8 @@ import pytest
 
 from prfaas_cli.main import build_parser
 from prfaas_local import real_up
-from prfaas_local.vllm_engines import EnginePool, Prompts
+from prfaas_local.vllm_engines import EnginePool, Prompts, RealEnginesUnavailable, RealEnv
+from support.real_engines import skip_or_fail
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +45,35 @@ def test_up_on_real_engines_serves_every_request_and_flips_by_relabel(vllm_pool:
     assert {e["name"]: e["role"] for e in published["endpoints"]} == {"pd-0": "both", "pd-1": "both"}
     assert published.get("draining", []) == []
     assert not vllm_pool.engines, "the run left engines behind"
+
+
+def test_up_on_the_hybrid_model_runs_its_phases(real_env: RealEnv, tmp_path: Path) -> None:
+    """``prfaas up --engines vllm --model hybrid``: the same run on the tiny Qwen3-Next (its engines' flags and the
+    routers' profile from ``prfaas profile``): every request served, remote ones among them, the pinned split
+    reached by a drain and a relabel."""
+    try:
+        env = real_env.hybrid()
+    except RealEnginesUnavailable as exc:
+        skip_or_fail(str(exc))
+        raise
+    pool = EnginePool(env, tmp_path / "logs")
+    argv = ["up", "--engines", "vllm", "--model", "hybrid", "--duration", "25", "--pin-prefill", "0"]
+    try:
+        rc = real_up.run(build_parser().parse_args([*argv, "--work-dir", str(tmp_path), "-o", "json"]), pool=pool)
+    finally:
+        pool.close()
+    out = json.loads((tmp_path / "summary.json").read_text())
+    print("\n" + json.dumps({k: out[k] for k in ("requests", "by_route", "link", "final_roles", "wall_seconds")}))
+    assert rc == 0, out["errors"]
+    assert out["requests"]["requests"] > 0 and out["requests"]["ok"] == out["requests"]["requests"]
+    assert "remote" in out["by_route"], out["by_route"]
+    assert out["link"]["router_remote_kv_bytes"] > 0
+    assert [f["action"] for f in out["role_flips"]] == ["FlipToDecode"], out["role_flips"]
+    assert out["final_roles"] == {"prefill": 0, "decode": 2}
+    published = json.loads((tmp_path / "router.json").read_text())
+    assert published["model"]["architecture"]["linearKind"] == "GatedDeltaNet"
+    assert published["routing"]["prefixBlockTokens"] == published["model"]["architecture"]["blockTokens"] == 256
+    assert "Setting attention block size to 256 tokens" in (tmp_path / "logs" / "pd-1.log").read_text()
 
 
 def test_up_on_real_engines_serves_your_own_openai_client_until_sigterm(tmp_path: Path, prompts: Prompts) -> None:

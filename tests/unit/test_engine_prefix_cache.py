@@ -70,3 +70,22 @@ def test_zero_capacity_disables_caching(capacity: int) -> None:
     hashes = block_hashes(list(range(8)), 4)
     cache.insert(hashes)
     assert cache.match(hashes, 8) == 0
+
+
+def test_a_hybrids_local_prefill_resumes_only_at_a_checkpoint_a_pull_at_any_block() -> None:
+    """vLLM's "align" mode keeps a recurrent state at the end of the last whole block of a prompt's N-1 tokens: a
+    local prefill's hit ends there, never at an earlier block the prompts share (dense would hit those); a decode
+    that pulls the state in full reuses every whole block it holds."""
+    cache = PrefixCache(capacity_blocks=100, block_size=4, checkpoints_only=True)
+    dense = PrefixCache(capacity_blocks=100, block_size=4)
+    served = list(range(18))  # N-1 = 17 tokens: the checkpoint after 16 (block 4)
+    for c in (cache, dense):
+        c.insert(block_hashes(served, 4), len(served))
+    again = block_hashes(served, 4)
+    assert cache.match(again, 18) == dense.match(again, 18) == 16
+    shares_10 = block_hashes([*served[:10], *range(100, 110)], 4)  # 2 whole blocks in common, no checkpoint
+    assert dense.match(shares_10, 20) == 8
+    assert cache.match(shares_10, 20) == 0
+    assert cache.match(shares_10, 20, pulling=True) == 8
+    extended = block_hashes([*served, *range(200, 210)], 4)
+    assert cache.match(extended, 28) == 16  # resumes at the checkpoint, not at the longer dense prefix

@@ -214,14 +214,17 @@ def _kv(**change: Any) -> Any:
     return kv_model_from_architecture(architecture_from_config({**TINY_QWEN3_NEXT, **change}, block_size=128))
 
 
-def test_a_hybrid_decode_holds_a_prompt_only_at_its_checkpoint() -> None:
+def test_a_hybrid_decode_holds_every_whole_block_of_n_minus_1_tokens() -> None:
+    """Measured on vLLM 0.32 (tests/real/test_real_hybrid.py's parity case): a decode that pulls a hybrid's KV
+    reuses every whole block it holds (it pulls the recurrent state in full, so it needs none at the hit)."""
     held = DecodeHoldings(_kv(), block_tokens=128)
     first = list(range(1080))
     assert held.held_tokens(first, "pdd") == 0
     held.learn(first, "pdd")
-    assert held.held_tokens(first, "pdd") == 1024  # measured: the repeat reused 1,024 tokens
+    assert held.held_tokens(first, "pdd") == 1024  # the repeat reused 1,024 tokens (4 blocks of 256)
     assert held.held_tokens([*first, *range(5000, 5100)], "pdd") == 1024  # extended: the same
-    assert held.held_tokens(first[:1000] + [7] * 80, "pdd") == 0  # diverges before the checkpoint: nothing
+    for shared, reused in ((300, 256), (600, 512), (800, 768), (1000, 768), (1050, 1024)):
+        assert held.held_tokens(first[:shared] + [7] * (1080 - shared), "pdd") == reused, shared
     assert held.held_tokens(first, "other") == held.held_tokens(first, None) == 0
     held.forget({"pdd"})
     assert held.held_tokens(first, "pdd") == 0
@@ -241,7 +244,7 @@ def test_holdings_are_bounded_oldest_first() -> None:
     prompts = [[i] * 600 for i in range(3)]
     for p in prompts:
         held.learn(p, "pdd")
-    assert [held.held_tokens(p, "pdd") for p in prompts] == [0, 512, 512]
+    assert [held.held_tokens(p, "pdd") for p in prompts] == [0, 0, 512]  # 2 blocks each: the last one's stay
 
 
 @pytest.mark.parametrize(("value", "tokens"), [(None, 0), ("0", 0), ("1024", 1024)])
@@ -253,3 +256,33 @@ def test_the_gateway_reads_the_decode_cached_header(value: str | None, tokens: i
 def test_a_bad_decode_cached_header_names_itself(value: str) -> None:
     with pytest.raises(ValueError, match="x-prfaas-decode-cached-tokens"):
         decode_cached_header(value)
+
+
+def test_the_engine_emulator_takes_a_measured_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from prfaas_cli.engine_cmd import _profile_file
+    from prfaas_engine.config import EngineConfig
+
+    arch = architecture_from_config(TINY_QWEN3_NEXT, block_size=128)
+    doc = {"apiVersion": "prfaas.io/v1alpha1", "kind": "ModelProfile", "metadata": {"name": "tiny-hybrid"}}
+    good = tmp_path / "profile.yaml"
+    good.write_text(yaml.safe_dump({**doc, "spec": {"architecture": arch.model_dump(by_alias=True)}}))
+    name, spec = _profile_file(str(good))
+    config = EngineConfig(model_profile=name, model_profile_spec=spec, block_size_tokens=128)
+    assert (config.model_name, config.block_tokens, config.kv_model.recurrent) == ("tiny-hybrid", 256, True)
+    assert config.kv_model.pulled_kv_bytes(1080, 1024) == 336_896
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**doc, "spec": {"architecture": {"fullAttentionLayers": "x"}}}))
+    assert main(["engine", "--model-profile", str(bad)]) == 1
+    assert "not a ModelProfile: spec.architecture.fullAttentionLayers" in capsys.readouterr().err
+    assert main(["engine", "--model-profile", str(tmp_path / "absent.yaml")]) == 1
+    assert "neither a built-in profile (internal-1t" in capsys.readouterr().err
+
+
+def test_a_decode_holds_the_last_block_of_a_prompt_that_fills_it() -> None:
+    """Measured on vLLM 0.32: a 1,024-token prompt (4 blocks of 256) sent again reuses 768 tokens (a hit never
+    covers the last token), extended by 50 tokens it reuses 1,024 (the decode computed the 1,024th itself)."""
+    held = DecodeHoldings(_kv(), block_tokens=128)
+    b = list(range(1024))
+    held.learn(b, "pdd")
+    assert held.held_tokens(b, "pdd") == 768
+    assert held.held_tokens([*b, *range(3000, 3050)], "pdd") == 1024

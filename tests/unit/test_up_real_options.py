@@ -40,3 +40,9 @@ def test_the_readme_command_plans_a_trace_without_an_output_tokens_option() -> N
     t0, records, _ = real_up.planned(args, 2, 60.0)
     assert 128 < t0 < 1900
     assert records and all(r.output_tokens == real_up.OUTPUT_TOKENS for r in records)
+
+
+def test_a_real_model_is_refused_with_emulated_engines(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build_parser().parse_args(["up", "--engines", "vllm", "--model", "hybrid"]).model == "hybrid"
+    assert main(["up", "--model", "hybrid"]) == 2
+    assert "--model picks a real model: it runs with --engines vllm" in capsys.readouterr().err

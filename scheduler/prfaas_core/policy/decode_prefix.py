@@ -2,11 +2,12 @@
 learns it from what it routed, and a remote request's KV bytes (its counter, the gateway's booking) then leave
 out what the decode side has (:meth:`~prfaas_core.capacity.kv.KvModel.pulled_kv_bytes`). Pure.
 
-* dense: every whole block of an earlier prompt (vLLM's prefix cache; a hit ends at the first block it lacks);
-* hybrid (linear layers): only at a *checkpoint*, the end of the last whole block of an earlier prompt's N-1
-  tokens, where vLLM's "align" mode keeps a recurrent state (measured on vLLM 0.32: a 1,079-token prompt sent
-  again, or extended, reused 1,024 tokens at a 256-token block; a prompt that shares fewer tokens than the
-  checkpoint reuses nothing).
+Every whole block of an earlier prompt (the decode computed its last token itself), dense and hybrid alike: a hit
+ends at the first block the decode lacks (a 1,024-token prompt of 256-token blocks sent again reuses 768 tokens,
+extended it reuses 1,024). A hybrid's decode needs no recurrent state at the hit: it pulls the state at N-1 from
+the producer in full (measured on vLLM 0.32 with the tiny Qwen3-Next, 256-token blocks: after a 1,080-token prompt,
+prompts sharing 300, 600, 800, 1,000 and 1,050 of its tokens reused 256, 512, 768, 768 and 1,024 tokens). A
+*local* prefill on a hybrid resumes only where a state was saved, a checkpoint (:func:`checkpoint_tokens`).
 
 A hit never covers the last prompt token (the engine computes at least one). Bounded: the oldest entries go first
 (a decode engine's cache evicts too; an entry it dropped makes the counters low by that request's reuse).
@@ -22,6 +23,12 @@ from ..request.tokens import block_hashes
 
 DEFAULT_CAPACITY = 65_536
 """Entries kept (instance, block): ~16M tokens of 256-token blocks."""
+
+
+def checkpoint_tokens(prompt_tokens: int, block_tokens: int) -> int:
+    """Where a hybrid engine keeps the recurrent state of a prompt it prefilled (vLLM's "align" mode), the one
+    place a later *local* prefill can resume: the end of the last whole block of its N-1 tokens (0: none)."""
+    return max(0, prompt_tokens - 1) // block_tokens * block_tokens
 
 
 def decode_cached_header(value: str | None) -> int:
@@ -61,10 +68,7 @@ class DecodeHoldings:
         """Decode ``instance`` has served ``ids`` (its KV, pulled or computed, is in its cache now)."""
         if instance is None:
             return
-        hashes = self._hashes(ids)
-        if self.kv.recurrent:
-            hashes = hashes[-1:]  # the checkpoint only
-        for h in hashes:
+        for h in block_hashes(ids, self.block_tokens):  # every whole block: it computed the last token itself
             key = (instance, h)
             self._held.pop(key, None)
             self._held[key] = None

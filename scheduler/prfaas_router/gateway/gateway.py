@@ -344,8 +344,9 @@ class Gateway:
         ]
 
     def _egress(self, link: str | None, prompt_tokens: int, decode_cached: int = 0) -> None:
-        """Count the KV the served prefill left for region B to pull: ``S_kv`` of the whole blocks of the engine's
-        prompt tokens."""
+        """Count the KV the served prefill left for region B to pull, as the decode side will pull it
+        (:meth:`~prfaas_core.capacity.kv.KvModel.pulled_kv_bytes`): the whole blocks of the prompt's pulled tokens
+        (a hybrid's N-1) that the decode lacks (``decode_cached``, the router's header), plus a hybrid's state."""
         name = link if link and LINK_LABEL.fullmatch(link) else UNKNOWN_LINK
         nbytes = self.rt.compiled.kv.pulled_kv_bytes(prompt_tokens, decode_cached)
         self.metrics.gateway_egress.labels(name).inc(nbytes)
