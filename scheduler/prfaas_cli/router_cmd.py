@@ -20,6 +20,17 @@ from prfaas_local.formats import yaml_error
 from .output import EXIT_OK, UsageError, error, fail, os_error
 
 
+class _Stderr:
+    """Standard error as it is when a line is written, not when logging was configured (a command run in-process,
+    as tests do, must not leave the logs bound to a stream that is closed afterwards)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info") -> None:
     """JSON logs (structlog) on stderr, one object per line."""
     logging.basicConfig(format="%(message)s", stream=sys.stderr, level=getattr(logging, level.upper()))
@@ -33,7 +44,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 
