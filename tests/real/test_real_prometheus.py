@@ -187,6 +187,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("prfaas_gateway_admission", ""): CALENDAR,
     ("prfaas_gateway_link_", ""): CALENDAR,
     ("prfaas_gateway_pull_", ""): CALENDAR,
+    ("prfaas_gateway_claims_", ""): CALENDAR + " (the claims it corrects are the calendar's bookings)",
     ("prfaas_gateway_loans_total", ""): CALENDAR + " (and loans need a second gateway replica)",
     ("prfaas_router_replica_sync_total", 'result=~"unreachable|refused|unauthorized"'): "needs router replicas that "
     "cannot reach each other (one router here); promtool cases in alerts/tests",
