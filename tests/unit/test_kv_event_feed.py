@@ -79,7 +79,7 @@ def batches(metrics: RouterMetrics, outcome: str) -> float:
 
 
 async def until(cond: Any, pub: zmq.Socket | None = None, then: list[bytes] | None = None) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # generous: a loaded CI machine, not the feed, sets the pace
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         if pub is not None and then is not None:
@@ -87,12 +87,6 @@ async def until(cond: Any, pub: zmq.Socket | None = None, then: list[bytes] | No
         await asyncio.sleep(0.02)
 
 
-@pytest.mark.skip(
-    reason=(
-        "quarantined at the session-21 merge: hung past the 300-s timeout once in the merged CI "
-        "(issue 49's ZMQ subscriber); see the session 21 note"
-    )
-)
 def test_the_router_keeps_its_index_of_an_engine_from_its_events() -> None:
     async def main() -> None:
         ctx = zmq.Context()

@@ -193,19 +193,19 @@ class KvEventFeed:
         if self._ctx is None:
             self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.SUBSCRIBE, KV_EVENTS_TOPIC.encode())
-        sock.connect(url)
         decode, index = msgspec.msgpack.Decoder().decode, self.runtime.pd_index
         batches, blocks = self.metrics.kv_event_batches, self.metrics.kv_event_blocks
-        log.info("subscribed to KV events", engine=name, url=url)
         try:
+            sock.setsockopt(zmq.SUBSCRIBE, KV_EVENTS_TOPIC.encode())
+            sock.connect(url)  # an address zmq cannot parse fails here, and the socket is still closed
+            log.info("subscribed to KV events", engine=name, url=url)
             while True:
                 frames = await sock.recv_multipart()
                 try:
                     if len(frames) != 3 or len(frames[1]) != 8:
                         raise ValueError(f"{len(frames)} frames, not (topic, 8-byte sequence, payload)")
                     got = index.apply(name, int.from_bytes(frames[1], "big", signed=True), decode(frames[2]))
-                except (ValueError, msgspec.DecodeError) as exc:
+                except (ValueError, TypeError, KeyError, msgspec.DecodeError) as exc:  # decodable is not well-formed
                     batches.labels(name, "malformed").inc()
                     log.warning("KV event batch unreadable", engine=name, error=str(exc)[:200])
                     continue
@@ -226,8 +226,9 @@ class KvEventFeed:
             task.cancel()
         await asyncio.gather(*(task for _, task in self._subs.values()), return_exceptions=True)
         self._subs.clear()
-        if self._ctx is not None:
-            self._ctx.term()
+        if self._ctx is not None:  # destroy, not term: term waits forever on a socket a failed start left open
+            self._ctx.destroy(linger=0)
+            self._ctx = None
 
 
 @dataclass
