@@ -10,8 +10,25 @@ from typing import Any
 import structlog
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to standard error as it is at each record, not as it was when logging was configured (an operator run
+    in-process, as a test may, must not leave its logs bound to a stream closed afterwards)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass
+
+
 def configure(level: str = "INFO") -> None:
-    """JSON lines on stderr for our loggers and kopf's (kopf's own records go through the same renderer)."""
+    """JSON lines on stderr for our loggers and kopf's: structlog's events go through the standard library's logging,
+    so ours and kopf's own records leave by one handler and one renderer."""
     lvl = getattr(logging, level.upper(), logging.INFO)
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -19,12 +36,12 @@ def configure(level: str = "INFO") -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[
