@@ -118,11 +118,14 @@ class Proxy:
         self.remote_tls.clear()
         self.context.learn(self.http, self.rt.compiled.config.endpoints)  # the engines may change
         for remote in self.rt.compiled.remotes:
-            verify: Any = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
+            # one context per remote (reading its CA once), for the httpx client and the aiohttp legs alike
+            verify: ssl.SSLContext | bool = (
+                ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
+            )
             self.remote_clients[remote.name] = httpx.AsyncClient(
                 verify=verify, timeout=httpx.Timeout(remote.timeout_seconds, connect=5.0)
             )
-            self.remote_tls[remote.name] = ssl.create_default_context(cafile=remote.ca_file) if remote.ca_file else True
+            self.remote_tls[remote.name] = verify
             self.remote_tokens[remote.name] = None
         self.refresh_tokens()
 
