@@ -15,6 +15,7 @@ A hit never covers the last prompt token (the engine computes at least one). Bou
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from .. import names
@@ -48,7 +49,9 @@ class DecodeHoldings:
         self.kv = kv
         self.block_tokens = kv.block_tokens or block_tokens
         self.capacity = capacity
-        self._held: dict[tuple[str, bytes], None] = {}
+        self._held: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        """(instance, block), least recently served first (an OrderedDict: evicting the oldest is O(1), where a dict's
+        first key is found by skipping every slot deleted before it, which made each request O(capacity))."""
 
     def _hashes(self, ids: Sequence[int]) -> list[bytes]:
         usable = max(0, len(ids) - 1)  # a hit never covers the last token
@@ -70,10 +73,12 @@ class DecodeHoldings:
             return
         for h in block_hashes(ids, self.block_tokens):  # every whole block: it computed the last token itself
             key = (instance, h)
-            self._held.pop(key, None)
-            self._held[key] = None
+            if key in self._held:
+                self._held.move_to_end(key)
+            else:
+                self._held[key] = None
         while len(self._held) > self.capacity:
-            del self._held[next(iter(self._held))]
+            self._held.popitem(last=False)
 
     def retarget(self, kv: KvModel, block_tokens: int) -> None:
         """A new configuration: the same holdings if the model's blocks stay, none otherwise."""
@@ -84,4 +89,4 @@ class DecodeHoldings:
 
     def forget(self, instances: set[str]) -> None:
         """Instances that left (or restarted with an empty cache)."""
-        self._held = {k: None for k in self._held if k[0] not in instances}
+        self._held = OrderedDict((k, None) for k in self._held if k[0] not in instances)

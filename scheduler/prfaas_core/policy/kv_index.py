@@ -30,6 +30,7 @@ Pure: the router's subscriber feeds decoded batches in.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,8 +79,8 @@ class _Engine:
     seq: int | None = None
     keys: dict[Any, bytes] = field(default_factory=dict)
     """vLLM's block hash -> our key."""
-    held: dict[bytes, int] = field(default_factory=dict)
-    """Our key -> the groups that hold it (a bit per group)."""
+    held: OrderedDict[bytes, int] = field(default_factory=OrderedDict)
+    """Our key -> the groups that hold it (a bit per group), oldest first (O(1) to evict the oldest)."""
     recurrent: int = 0
     """The groups known to hold recurrent state (bits)."""
     attention: int = 0
@@ -116,7 +117,7 @@ class KvEventIndex:
         """The model keeps recurrent state (a hybrid): hits only at checkpoints."""
         self.capacity_blocks = learned.capacity_blocks if capacity_blocks is None else capacity_blocks
         self._engines: dict[str, _Engine] = {}
-        self._points: dict[tuple[str, bytes], None] = {}
+        self._points: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         """(instance, block) where a learned hybrid instance holds a checkpoint, oldest first."""
 
     @classmethod
@@ -162,7 +163,7 @@ class KvEventIndex:
             elif kind == "BlockRemoved":
                 removed += self._removed(state, ev)
         while len(state.held) > self.capacity_blocks:  # a safety bound: the engine's own cache is bounded
-            del state.held[next(iter(state.held))]
+            state.held.popitem(last=False)
         return Applied(stored, removed, unresolved, resync)
 
     def _stored(self, state: _Engine, ev: Mapping[str, Any]) -> tuple[int, int]:
@@ -258,16 +259,18 @@ class KvEventIndex:
             held = self.learned.match(hashes).get(instance, 0) // self.block_size
             for k in (held, len(hashes)) if 0 < held < len(hashes) else (len(hashes),):
                 key = (instance, hashes[k - 1])
-                self._points.pop(key, None)
-                self._points[key] = None
+                if key in self._points:
+                    self._points.move_to_end(key)
+                else:
+                    self._points[key] = None
             while len(self._points) > self.capacity_blocks:
-                del self._points[next(iter(self._points))]
+                self._points.popitem(last=False)
         self.learned.insert(hashes, instance)
 
     def forget(self, instances: Iterable[str]) -> None:
         gone = set(instances)
         self.learned.forget(gone)
-        self._points = {k: None for k in self._points if k[0] not in gone}
+        self._points = OrderedDict((k, None) for k in self._points if k[0] not in gone)
         for name in gone:
             self._engines.pop(name, None)
 
