@@ -1,6 +1,7 @@
 """Micro-benchmark of the router's hot path, in-process: the routing decision alone (the core's policy call
 over the current snapshot: prefix-index lookups, decide_route, admission) versus the work around it that is
-reported separately — token counting of a text prompt and prefix-block hashing. Prints JSON.
+reported separately — token counting of a text prompt, prefix-block hashing and the decode holdings' learning of an
+answered prompt (at capacity). Prints JSON.
 
 Tokenising cost is reported for the character estimate and for a model tokenizer (a byte-level BPE with a
 32K vocabulary, trained here on generated text, loaded through the router's own ModelTokenizer): p50/p99 at
@@ -107,6 +108,22 @@ def tokenising_cost(reps: int) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+def decode_holdings_cost(rt: Runtime, rng: random.Random, reps: int) -> dict[str, float]:
+    """What the router does after each answered request: the decode's holdings learn the prompt (p50/max ms of a
+    27K-token prompt, once the holdings are full and every learn evicts; a quadratic eviction once cost 114 ms)."""
+    held = rt.decode_held
+    per_prompt = 27_000 // held.block_tokens
+    for i in range(held.capacity // per_prompt + 2):  # fill to capacity
+        held.learn([rng.randrange(150_000) for _ in range(27_000)], f"pd-{3 + i % 5}")
+    times = []
+    for i in range(reps):
+        ids = [rng.randrange(150_000) for _ in range(27_000)]
+        t0 = time.perf_counter()
+        held.learn(ids, f"pd-{3 + i % 5}")
+        times.append(time.perf_counter() - t0)
+    return {"p50": round(statistics.median(times) * 1e3, 2), "max": round(max(times) * 1e3, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=20_000)
@@ -150,6 +167,7 @@ def main() -> None:
     t0 = time.perf_counter()
     block_hashes(ids, 16)
     hash_s = time.perf_counter() - t0
+    learn_s = decode_holdings_cost(rt, rng, 3 if args.smoke else 30)
     print(
         json.dumps(
             {
@@ -160,6 +178,7 @@ def main() -> None:
                 "instance_pick_us": us(plan_s),
                 "tokenize_27k_tokens_ms": round(tokenize_s * 1e3, 2),
                 "prefix_hash_27k_tokens_ms": round(hash_s * 1e3, 2),
+                "decode_holdings_learn_27k_tokens_at_capacity_ms": learn_s,
                 "target_policy_call_p99_us": 50,
                 "tokenize": tokenising_cost(args.tokenize_reps),
             },
