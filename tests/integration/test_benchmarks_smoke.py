@@ -63,7 +63,7 @@ def test_elastic_capacity(tmp_path: Path) -> None:
 def test_router_decision() -> None:
     out = json.loads(run("router_decision.py", "--smoke"))
     assert out["policy_call_us"]["p50"] > 0
-    assert 0 < out["decode_holdings_learn_27k_tokens_at_capacity_ms"]["p50"]
+    assert out["decode_holdings_learn_27k_tokens_at_capacity_ms"]["p50"] > 0
     costs = out["tokenize"]
     assert set(costs) == {"chars4", "bpe-32000"}
     for figures in costs.values():
