@@ -222,13 +222,18 @@ class FleetSimulation:
         accepted = accepted_ttft_s(local_ttft, slo, False)
         nbytes = transfer_bytes(self.kv, total, 0)
         options = []
+        usable = [
+            ln
+            for ln in self.links[region]
+            if ln.params is not None and not (ln.drained or self.sites[ln.site].drained or self.sites[ln.site].lost)
+        ]
+        for link in usable:  # its demand: the KV offered, split equally among the links it could take
+            if total > link.threshold:
+                link.offered.append((now, nbytes * 8.0 / GBPS_BITS / len(usable)))
         for link in self.links[region]:
             site = self.sites[link.site]
             if site.lost:
                 continue
-            usable = link.params is not None and not (link.drained or site.drained)
-            if usable and total > link.threshold:
-                link.offered.append((now, nbytes * 8.0 / GBPS_BITS))
             params = link.params or LinkParams(link.name, 1.0)
             cap = SiteCap(site.cap_gbps, site.shares.get(link.name, site.cap_gbps), frozenset(site.keys[link.name]))
             tick = AdmitTick(
@@ -313,6 +318,9 @@ class Goodput:
     multiplier: float
     best: FleetRun | None
     probes: int
+    link_peaks: dict[str, float] = field(default_factory=dict)
+    """Each link's largest 1-s-window egress over every probe, Gbps (``site_peaks``: each site's)."""
+    site_peaks: dict[str, float] = field(default_factory=dict)
 
 
 def goodput(
@@ -330,11 +338,16 @@ def goodput(
     eps = precision or scn.search.relative_precision
     att = scn.search.attainment
     probes = 0
+    links: dict[str, float] = {}
+    sites: dict[str, float] = {}
 
     def probe(m: float) -> FleetRun | None:
         nonlocal probes
         probes += 1
         r = run_fleet(scn, phase, mode, m, d)
+        for peaks, bins in ((links, r.link_bins), (sites, r.site_bins)):
+            for name, b in bins.items():
+                peaks[name] = max(peaks.get(name, 0.0), r.peak(b))
         return r if meets(r, att) else None
 
     m, ok = 1.0, probe(1.0)
@@ -352,9 +365,9 @@ def goodput(
         else:
             hi = m
     if lo is None:
-        return Goodput(0.0, None, probes)
+        return Goodput(0.0, None, probes, links, sites)
     if hi is None:
-        return Goodput(lo, best, probes)
+        return Goodput(lo, best, probes, links, sites)
     while (hi - lo) / hi > eps:
         mid = (lo + hi) / 2
         r = probe(mid)
@@ -362,4 +375,4 @@ def goodput(
             lo, best = mid, r
         else:
             hi = mid
-    return Goodput(lo, best, probes)
+    return Goodput(lo, best, probes, links, sites)
