@@ -60,6 +60,16 @@ def test_elastic_capacity(tmp_path: Path) -> None:
     assert (tmp_path / "elastic-capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_fleet_routing(tmp_path: Path) -> None:
+    out = run("fleet_routing.py", "--smoke", "--out", str(tmp_path))
+    assert "every link and site within its cap" in out
+    rep = json.loads((tmp_path / "fleet.json").read_text())
+    assert [r["phase"] for r in rep["phases"]] == ["steady", "squeeze", "cut", "site-lost"]
+    cut = next(r for r in rep["phases"] if r["phase"] == "cut")
+    assert cut["fleet"]["multiplier"] > cut["static"]["multiplier"] > 0
+    assert (tmp_path / "fleet-routing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_router_decision() -> None:
     out = json.loads(run("router_decision.py", "--smoke"))
     assert out["policy_call_us"]["p50"] > 0
