@@ -33,6 +33,7 @@ def run(script: str, *args: str, timeout: float = 240.0) -> str:
 def test_every_benchmark_has_a_smoke_test() -> None:
     covered = {
         "elastic_capacity",
+        "fleet_routing",
         "goodput_vs_peers",
         "operator_scale",
         "parity",
