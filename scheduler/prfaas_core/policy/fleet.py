@@ -11,6 +11,12 @@ its gateway declines. Of the candidates the one with the lowest predicted TTFT w
 caller's preference order); it is taken unless local beats it by the rule of
 :func:`~.link_calendar.prefer_local` — local when no site beats it.
 
+**A router's pick** (:func:`predicted_ttft_s`, used by :func:`~.short_term.route` when several remotes are
+usable): a router sees its own ledger per link (its lanes the remote's ready instances), not the site calendars, so
+it ranks the ready remotes whose breakers allow them by the TTFT its ledger predicts through each (the window under
+the link's ceiling, the remote's queue, what the remote lacks of the prompt) and the lowest wins (ties: the
+configured order); that remote's gateway then books or declines. One usable remote: it, as before.
+
 **The site cap's sharing rule** (:func:`site_shares`): when the links' demands together exceed the site's egress
 cap, the cap is split **max-min fair** over the links' demands (water-filling: a link that asks less than an equal
 share keeps what it asks; what it leaves is split equally among the others, again and again). When the cap does not
@@ -27,8 +33,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .link_admission import AdmitTick, Booking, admit
-from .link_calendar import Deadline, prefer_local
-from .link_state import EgressLedger
+from .link_calendar import Deadline, earliest_window, prefer_local
+from .link_state import EgressLedger, LinkParams
 
 _EPS = 1e-9
 
@@ -133,3 +139,21 @@ def choose_site(
     if prefer_local(ttft, local_ttft_s, slo_ttft_s, local_wait_s):
         return SiteChoice("local", None, None, None, ttft, local_ttft_s, f"local prefill: {fit}", tuple(skipped))
     return SiteChoice("remote", o.site, o.link, booking, ttft, local_ttft_s, f"remote: {fit}", tuple(skipped))
+
+
+def predicted_ttft_s(
+    ledger: EgressLedger, now_s: float, nbytes: float, prefill_s: float, params: LinkParams
+) -> float:
+    """The TTFT a router's ledger predicts through one remote (its earliest window, layer-wise, under the link's
+    ceiling; its lanes' queue included); ``inf`` when the ceiling is 0."""
+    window = earliest_window(ledger, now_s, nbytes, prefill_s, params)
+    return math.inf if window is None else window.ttft_s
+
+
+def fastest(predicted: Sequence[float]) -> int:
+    """The index of the lowest prediction (ties: the first, the configured preference order); 0 when empty."""
+    best = 0
+    for i, p in enumerate(predicted):
+        if p < predicted[best] - _EPS:
+            best = i
+    return best
