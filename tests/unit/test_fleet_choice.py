@@ -6,16 +6,21 @@ past its share."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prfaas_core.capacity.plan_inputs import case_study_inputs
 from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.breaker import BreakerBoard, BreakerParams
 from prfaas_core.policy.fleet import SiteOption, choose_site, site_shares
 from prfaas_core.policy.link_admission import AdmitTick, Booking, admit, book
 from prfaas_core.policy.link_calendar import Deadline, SiteCap, booked_gbps
-from prfaas_core.policy.link_state import EgressLedger, LinkParams, Transfer
+from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState, Transfer
+from prfaas_core.policy.routing import InstanceView, RouteRequest
+from prfaas_core.policy.short_term import RemoteSide, RouteTick, route
 
 LINK = LinkParams("l", 100.0, 0.8)  # cap 80 Gbps
 
@@ -198,14 +203,7 @@ def test_without_a_site_the_calendar_is_the_links_own() -> None:
 # --- the router's pick among its remotes (short_term.route) -----------------------------------------------------
 
 
-def _router_tick(ledgers: dict[str, EgressLedger], remotes: tuple[object, ...], **kw: object):  # noqa: ANN202
-    from dataclasses import replace
-
-    from prfaas_core.capacity.plan_inputs import case_study_inputs
-    from prfaas_core.policy.link_state import LinkState
-    from prfaas_core.policy.routing import InstanceView, RouteRequest
-    from prfaas_core.policy.short_term import RouteTick
-
+def _router_tick(ledgers: dict[str, EgressLedger], remotes: tuple[RemoteSide, ...], **kw: object) -> RouteTick:
     inputs = case_study_inputs()
     tick = RouteTick(
         0.0,
@@ -217,7 +215,7 @@ def _router_tick(ledgers: dict[str, EgressLedger], remotes: tuple[object, ...], 
         {k: LinkParams(k, 100.0) for k in ledgers},
         {k: LinkState() for k in ledgers},
         ledgers,
-        remotes,  # type: ignore[arg-type]
+        remotes,
         prefill=[InstanceView("p0", queued_prefill_s=30.0)],
         decode=[InstanceView("d0")],
     )
@@ -225,9 +223,6 @@ def _router_tick(ledgers: dict[str, EgressLedger], remotes: tuple[object, ...], 
 
 
 def test_router_picks_the_remote_with_the_lower_predicted_ttft() -> None:
-    from prfaas_core.policy.breaker import BreakerBoard, BreakerParams
-    from prfaas_core.policy.short_term import RemoteSide, route
-
     busy = EgressLedger(lanes=1)
     busy.reserve("queued", Transfer(0.0, 0.0, 20.0, 0))  # the first site's one lane busy for 20 s
     ledgers = {"to-a": busy, "to-b": EgressLedger(lanes=1)}

@@ -141,9 +141,7 @@ def choose_site(
     return SiteChoice("remote", o.site, o.link, booking, ttft, local_ttft_s, f"remote: {fit}", tuple(skipped))
 
 
-def predicted_ttft_s(
-    ledger: EgressLedger, now_s: float, nbytes: float, prefill_s: float, params: LinkParams
-) -> float:
+def predicted_ttft_s(ledger: EgressLedger, now_s: float, nbytes: float, prefill_s: float, params: LinkParams) -> float:
     """The TTFT a router's ledger predicts through one remote (its earliest window, layer-wise, under the link's
     ceiling; its lanes' queue included); ``inf`` when the ceiling is 0."""
     window = earliest_window(ledger, now_s, nbytes, prefill_s, params)

@@ -261,7 +261,9 @@ def _fits(placed: dict[str, Transfer], changed: Sequence[str], ceiling: float, s
         others = [(o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items() if k != key]
         if site is not None:
             mine = site.link_keys | {_NEW}
-            link = [(o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items() if k != key and k in mine]
+            link = [
+                (o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items() if k != key and k in mine
+            ]
             if peak_gbps(others, t.stream_start_s, t.stream_end_s) + t.rate_gbps > site.cap_gbps + _EPS:
                 return False
             others = link

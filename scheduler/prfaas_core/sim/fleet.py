@@ -109,7 +109,9 @@ class FleetRun:
 class FleetSimulation:
     """One fleet over one phase in one mode (see the module docstring)."""
 
-    def __init__(self, scn: FleetScenario, phase: FleetPhaseSpec, mode: FleetMode, multiplier: float, duration_s: float):
+    def __init__(
+        self, scn: FleetScenario, phase: FleetPhaseSpec, mode: FleetMode, multiplier: float, duration_s: float
+    ):
         if mode not in FLEET_MODES:
             raise ValueError(f"mode: {mode!r} is not one of {', '.join(FLEET_MODES)}")
         spec = scn.fleet
@@ -164,9 +166,7 @@ class FleetSimulation:
             )
             for i, r in enumerate(spec.regions)
         }
-        self._allowed_misses = {
-            name: (1.0 - scn.search.attainment) * len(reqs) for name, reqs in self.requests.items()
-        }
+        self._allowed_misses = {name: (1.0 - scn.search.attainment) * len(reqs) for name, reqs in self.requests.items()}
         self._missed = dict.fromkeys(self.requests, 0)
 
     # --- the site cap's shares ---------------------------------------------------------------------------------
@@ -301,7 +301,9 @@ def _add(bins: dict[int, float], a: float, b: float, gbps: float) -> None:
         k += 1
 
 
-def run_fleet(scn: FleetScenario, phase: FleetPhaseSpec, mode: FleetMode, multiplier: float, duration_s: float) -> FleetRun:
+def run_fleet(
+    scn: FleetScenario, phase: FleetPhaseSpec, mode: FleetMode, multiplier: float, duration_s: float
+) -> FleetRun:
     """One run (see :class:`FleetSimulation`)."""
     return FleetSimulation(scn, phase, mode, multiplier, duration_s).run()
 

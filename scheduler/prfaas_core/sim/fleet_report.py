@@ -84,6 +84,8 @@ def render_table(rep: dict[str, Any]) -> str:
         sites = ", ".join(f"{k} {v:.1f} ({rep['site_caps_gbps'][k]})" for k, v in f["site_peak_gbps"].items())
         lines.append(f"  {r['phase']}: links {links}; sites {sites}")
     lines.append(
-        "every link and site within its cap (both modes)" if not rep["over_cap"] else "OVER CAP: " + "; ".join(rep["over_cap"])
+        "every link and site within its cap (both modes)"
+        if not rep["over_cap"]
+        else "OVER CAP: " + "; ".join(rep["over_cap"])
     )
     return "\n".join(lines)
