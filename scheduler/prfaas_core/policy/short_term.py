@@ -6,7 +6,8 @@
 * :func:`route` (per request): the routing view (``t`` in force, the remote link's mode, the ledger's
   admission estimate and queue wait, the local queue) -> :func:`~.routing.decide_route` -> the prefill and
   decode instances (:func:`~.routing.pick_prefill_instance`, :func:`~.routing.pick_decode_instance`), the
-  remote side chosen among the ready ones whose :class:`~.breaker.BreakerBoard` could allow it; only when
+  remote side chosen among the ready ones whose :class:`~.breaker.BreakerBoard` could allow it (of several, the
+  lowest TTFT predicted through each link's ledger, :func:`.fleet.predicted_ttft_s`); only when
   the decision sends the request there (and a decode instance takes it) is a probe acquired
   (:attr:`RoutePlan.probe`), so a short request never takes a half-open breaker's probe.
 
@@ -194,7 +195,8 @@ class RouteTick:
     link_states: Mapping[str, LinkState]
     ledgers: Mapping[str, EgressLedger]
     remotes: Sequence[RemoteSide] = ()
-    """The remote sides in preference order (the first ready one its breaker allows is used)."""
+    """The remote sides in preference order: of the ready ones its breaker allows, the lowest predicted TTFT is
+    used (ties: the first)."""
     local_wait_s: float | None = None
     remote_wait_s: float | None = None
     """The remote queue's wait when ``wait_from_ledger`` is False (the simulator knows its PrFaaS queues)."""
