@@ -43,7 +43,9 @@ class FleetLinkSpec(ApiModel):
     site: str = Field(min_length=1, description="The PrFaaS site it leaves.")
     capacity_gbps: float = Field(default=100.0, gt=0, description="Link bandwidth, model Gbps.")
     max_utilization: float = Field(default=0.8, gt=0, le=1, description="Cap = capacity x this.")
-    threshold_tokens: int = Field(default=19_000, ge=0, description="t: remote above this uncached length.")
+    threshold_tokens: int = Field(
+        default=19_634, ge=0, description="t: remote above this uncached length (default: the case study plan's t)."
+    )
     drained: bool = Field(default=False, description="Maintenance: no new remote prefills over this link.")
 
     @property
