@@ -8,8 +8,9 @@ peak over 1-s windows) against the link's cap, offload fraction, role flips and 
 the scenario's own rates. ``--plot-dir`` writes PNGs (TTFT CDF, egress vs cap, roles and ``t`` over time).
 ``--elastic`` compares elastic capacity with the best static deployment instead (:mod:`.simulate_elastic`).
 ``--write-trace FILE`` writes the scenario's request sequence as a JSONL trace and exits. ``-`` reads the
-scenario from standard input. A progress bar is drawn on stderr only when it is a terminal. Exit 0 ok, 1 invalid
-input or a failure (nothing written on invalid input), 2 usage.
+scenario from standard input. A progress bar is drawn on stderr only when it is a terminal. A fleet scenario (a
+``fleet:`` block: several PrFaaS sites and PD regions) compares fleet routing with static pairing per phase instead
+(:mod:`.simulate_fleet`). Exit 0 ok, 1 invalid input or a failure (nothing written on invalid input), 2 usage.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from prfaas_core.request.trace import TraceError, TraceRecord, dump_trace, parse
 from prfaas_core.schema.validation import validation_message
 from prfaas_core.sim.arrivals import to_trace_records
 from prfaas_core.sim.deployments import ScenarioError, static_split_configs
+from prfaas_core.sim.fleet_config import FleetScenario
 from prfaas_core.sim.report import comparison_to_dict, render_table
 from prfaas_core.sim.scenario import Scenario, default_scenario
 from prfaas_core.sim.search import (
@@ -48,6 +50,7 @@ from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_
 
 from .output import EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, error, fail, is_terminal, os_error
 from .simulate_elastic import run_elastic
+from .simulate_fleet import run_fleet_cli
 
 
 class SimulateCliError(Exception):
@@ -81,6 +84,13 @@ def register(sub: Any) -> None:
 
 
 def load_scenario(path_text: str | None) -> tuple[Scenario, Path | None]:
+    scenario, path = load_any(path_text)
+    if isinstance(scenario, FleetScenario):
+        raise SimulateCliError(f"{path_text}: a fleet scenario (fleet:), not a single-pair one")
+    return scenario, path
+
+
+def load_any(path_text: str | None) -> tuple[Scenario | FleetScenario, Path | None]:
     if path_text is None:
         return default_scenario(), None
     try:
@@ -95,6 +105,8 @@ def load_scenario(path_text: str | None) -> tuple[Scenario, Path | None]:
     if body is not None and not isinstance(body, dict):
         raise SimulateCliError(f"{source}: a scenario is a YAML mapping")
     try:
+        if isinstance(body, dict) and "fleet" in body:
+            return FleetScenario.model_validate(body), path
         return Scenario.model_validate(body or {}), path
     except ValidationError as exc:
         raise SimulateCliError(validation_message(source, exc)) from None
@@ -305,9 +317,23 @@ def render_plots(c: Comparison) -> dict[str, bytes]:
 # --- entry point --------------------------------------------------------------------------------------------
 
 
+def _run_fleet(scn: FleetScenario, args: argparse.Namespace) -> int:
+    if args.seed is not None:
+        if args.seed < 0:
+            raise UsageError(f"--seed: must be ≥ 0, got {args.seed}")
+        scn = scn.model_copy(update={"seed": args.seed})
+    if args.elastic or args.write_trace:
+        raise UsageError("--elastic and --write-trace: not for a fleet scenario")
+    plot_dir = check_plot_dir(args.plot_dir) if args.plot_dir else None
+    return run_fleet_cli(scn, args.output, plot_dir, args.quick)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        scenario, path = load_scenario(args.scenario)
+        loaded, path = load_any(args.scenario)
+        if isinstance(loaded, FleetScenario):
+            return _run_fleet(loaded, args)
+        scenario = loaded
         if args.seed is not None:
             if args.seed < 0:
                 raise UsageError(f"--seed: must be ≥ 0, got {args.seed}")

@@ -33,6 +33,7 @@ def run(script: str, *args: str, timeout: float = 240.0) -> str:
 def test_every_benchmark_has_a_smoke_test() -> None:
     covered = {
         "elastic_capacity",
+        "fleet_routing",
         "goodput_vs_peers",
         "operator_scale",
         "parity",
@@ -58,6 +59,16 @@ def test_elastic_capacity(tmp_path: Path) -> None:
     assert rep["elastic"]["completed"] == rep["elastic"]["arrived"] > 0
     assert rep["elastic"]["gpu_hours"] > 0 and rep["static"]
     assert (tmp_path / "elastic-capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fleet_routing(tmp_path: Path) -> None:
+    out = run("fleet_routing.py", "--smoke", "--out", str(tmp_path))
+    assert "every link and site within its cap" in out
+    rep = json.loads((tmp_path / "fleet.json").read_text())
+    assert [r["phase"] for r in rep["phases"]] == ["steady", "squeeze", "cut", "site-lost"]
+    cut = next(r for r in rep["phases"] if r["phase"] == "cut")
+    assert cut["fleet"]["multiplier"] > cut["static"]["multiplier"] > 0
+    assert (tmp_path / "fleet-routing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_router_decision() -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from prfaas_cli.main import main
 
@@ -171,3 +172,24 @@ def test_example_scenarios_run(name: str, capsys: pytest.CaptureFixture[str]) ->
     for rep in (v for k, v in out.items() if k in DEPLOYMENTS):
         assert rep["completed"] == rep["requests"]
         assert rep["egress_peak_gbps"] <= out["link_capacity_gbps"] + 1e-6
+
+
+def test_a_fleet_scenario_compares_fleet_routing_with_static_pairing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load((EX / "fleet.yaml").read_text(encoding="utf-8"))
+    doc["search"] = {"durationSeconds": 60, "relativePrecision": 0.3}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    plots = tmp_path / "plots"
+    assert main(["simulate", str(path), "-o", "json", "--plot-dir", str(plots)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [p["phase"] for p in out["phases"]] == ["steady", "squeeze", "cut", "site-lost"]
+    assert out["over_cap"] == []
+    lost = out["phases"][3]
+    assert "site-1" not in lost["fleet"]["remote_by_site"] and lost["fleet"]["multiplier"] > 0
+    assert (plots / "fleet-routing.png").read_bytes()[:4] == b"\x89PNG"
+    doc["fleet"]["links"][0]["site"] = "site-9"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    assert main(["simulate", str(path)]) == 1
+    assert "fleet.links[0].site" in capsys.readouterr().err

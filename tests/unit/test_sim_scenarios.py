@@ -13,6 +13,7 @@ import yaml
 
 from prfaas_core.capacity.planner import compute_balanced_threshold, split_lengths
 from prfaas_core.capacity.planner import evaluate as planner_point
+from prfaas_core.sim.fleet_config import FleetScenario
 from prfaas_core.sim.scenario import Scenario, TimeCurveSpec, default_scenario
 from prfaas_core.sim.search import compare, compare_static_splits, evaluate, prepare, quick, run_config
 
@@ -31,7 +32,9 @@ def test_the_embedded_default_is_the_case_study_file() -> None:
 
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_every_example_scenario_is_valid(name: str) -> None:
-    assert load(name).name == name.removesuffix(".yaml")
+    doc = yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8"))
+    model = FleetScenario if "fleet" in doc else Scenario  # a fleet (several sites and regions) is its own kind
+    assert model.model_validate(doc).name == name.removesuffix(".yaml")
 
 
 def test_default_scenario_goodput_beats_both_baselines_within_the_cap() -> None:

@@ -14,6 +14,9 @@ simulator's gateway (:mod:`prfaas_core.sim.gateway`) both call :func:`admit` and
    instance could start the stream) past ``max_ttft_s``, even for a window that starts now (``link_window``);
 5. a window that waits while ``max_waiting`` prefills already wait for theirs (``overloaded``).
 
+In a fleet (``AdmitTick.site``) the calendar is the site's, and rule 1's window fits the link and the site egress
+cap together (:class:`~.link_calendar.SiteCap`; the sharing rule between the site's links: :mod:`.fleet`).
+
 A booking carries the bookings it moved back and its own :class:`~.link_calendar.Deadline` (with the lane order
 ``deadline``), so that later requests can be ordered against it.
 """
@@ -25,7 +28,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .link_calendar import Deadline, StreamTiming, Window, window_by_deadline
+from .link_calendar import Deadline, SiteCap, StreamTiming, Window, window_by_deadline
 from .link_state import EgressLedger, LinkParams, Transfer
 
 LaneOrder = Literal["deadline", "arrival"]
@@ -62,6 +65,9 @@ class AdmitTick:
     max_waiting: float = math.inf
     pull_gbps: float | None = None
     """What one pull achieves (pull-after-prefill)."""
+    site: SiteCap | None = None
+    """A fleet site's egress cap (the ledger is then the site's calendar, every link's bookings): the window fits
+    under the link's ceiling, bounded by its share of the site cap, and under the site cap (:mod:`.fleet`)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,7 @@ def admit(ledger: EgressLedger, deadlines: Mapping[str, Deadline], tick: AdmitTi
         due_s=due,
         deadlines=dict(deadlines),
         pull_gbps=tick.pull_gbps,
+        site=tick.site,
     )
     if placement is None:
         return Decline("overloaded", None, "the link's ceiling is 0")

@@ -23,6 +23,12 @@ paces it to a slower booking, so a pull booked at half its speed would pass the 
 5.5 Gbps in 1-s windows on a 4-Gbps cap before this rule). Among the earliest feasible start of each rate, the
 one ending first wins (the lowest predicted TTFT). Pure; time is a parameter; O(n^2) in the booked streams (tens at
 a time).
+
+**A site's egress cap** (a fleet, :mod:`.fleet`): a PrFaaS site's links leave through the same NICs, so a site's
+calendar is one ledger for all its links (its lanes are the site's instances) and a booking on one link passes
+:class:`SiteCap`: its stream fits under the link's ceiling (bounded by the link's share of the site cap,
+:func:`.fleet.site_shares`) next to that link's streams *and* under the site cap next to every stream of the site.
+Without it (one link per site, the single pair) nothing changes.
 """
 
 from __future__ import annotations
@@ -45,6 +51,26 @@ OVERRUN_GRACE_S = 1.0
 _EPS = 1e-9
 _NEW = "\x00new"
 """The key :func:`window_by_deadline` checks the new request's stream under (no booking's key)."""
+
+
+@dataclass(frozen=True)
+class SiteCap:
+    """The site egress cap a booking on one of the site's links also fits under (model Gbps). The ledger is then
+    the site's (every link's bookings); ``link_keys`` are the keys of this link's own bookings."""
+
+    cap_gbps: float
+    """The site's egress cap (its links' streams together)."""
+    share_gbps: float
+    """This link's share of it (:func:`.fleet.site_shares`): the link's ceiling is at most this."""
+    link_keys: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.cap_gbps < 0 or self.share_gbps < 0:
+            raise ValueError("site cap_gbps and share_gbps must be >= 0")
+
+
+def _keyed(ledger: EgressLedger, now_s: float) -> dict[str, Transfer]:
+    return {k: t for k, t in ((k, ledger.get(k)) for k in ledger.keys(now_s)) if t is not None}
 
 
 @dataclass(frozen=True)
@@ -146,18 +172,25 @@ def earliest_window(
     *,
     pull_gbps: float | None = None,
     available_gbps: float | None = None,
+    site: SiteCap | None = None,
 ) -> Window | None:
-    """The window that fits and ends first (see the module docstring); None when the ceiling is 0."""
+    """The window that fits and ends first (see the module docstring); None when the ceiling is 0. With ``site``
+    the ledger is the site's and the stream fits under both the link's and the site's ceilings."""
     if timing not in STREAM_TIMINGS:
         raise ValueError(f"timing: {timing!r} is not one of {', '.join(STREAM_TIMINGS)}")
     if nbytes < 0 or prefill_s < 0:
         raise ValueError("nbytes and prefill_s must be >= 0")
     ceiling = ceiling_gbps(ledger, now_s, params, available_gbps)
+    if site is not None:
+        ceiling = min(ceiling, site.share_gbps, site.cap_gbps)
     if ceiling <= _EPS:
         return None
     prefill_s = max(prefill_s, 1e-6)
     gbits = nbytes * 8.0 / GBPS_BITS
     spans = _spans(ledger.transfers(now_s), now_s)
+    link_spans = spans
+    if site is not None:
+        link_spans = _spans([t for k, t in _keyed(ledger, now_s).items() if k in site.link_keys], now_s)
     lane_ends = ledger.lane_ends(now_s) or [now_s]
     first_free = min(lane_ends)
     offset = prefill_s if timing == "pull-after-prefill" else 0.0
@@ -177,7 +210,8 @@ def earliest_window(
             a, b = s + offset, s + offset + span
             if best is not None and b >= best.stream_end_s - _EPS:
                 break  # later starts only end later
-            if peak_gbps(spans, a, b) + rate <= ceiling + _EPS:
+            fits_site = site is None or peak_gbps(spans, a, b) + rate <= site.cap_gbps + _EPS
+            if fits_site and peak_gbps(link_spans, a, b) + rate <= ceiling + _EPS:
                 lane = max(
                     (i for i, e in enumerate(lane_ends) if e <= s + _EPS),
                     key=lane_ends.__getitem__,
@@ -217,13 +251,22 @@ def _ttft_end(t: Transfer) -> float:
     return max(t.stream_end_s, t.end_s)
 
 
-def _fits(placed: dict[str, Transfer], changed: Sequence[str], ceiling: float) -> bool:
-    """Every stream in ``changed`` fits under ``ceiling`` next to all the others in ``placed``."""
+def _fits(placed: dict[str, Transfer], changed: Sequence[str], ceiling: float, site: SiteCap | None = None) -> bool:
+    """Every stream in ``changed`` fits under ``ceiling`` next to all the others in ``placed`` (with ``site``: next
+    to its link's others, and under the site cap next to all)."""
     for key in changed:
         t = placed[key]
         if t.rate_gbps <= _EPS or t.bytes <= 0:
             continue
         others = [(o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items() if k != key]
+        if site is not None:
+            mine = site.link_keys | {_NEW}
+            link = [
+                (o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items() if k != key and k in mine
+            ]
+            if peak_gbps(others, t.stream_start_s, t.stream_end_s) + t.rate_gbps > site.cap_gbps + _EPS:
+                return False
+            others = link
         if peak_gbps(others, t.stream_start_s, t.stream_end_s) + t.rate_gbps > ceiling + _EPS:
             return False
     return True
@@ -241,6 +284,7 @@ def window_by_deadline(
     deadlines: dict[str, Deadline],
     pull_gbps: float | None = None,
     available_gbps: float | None = None,
+    site: SiteCap | None = None,
 ) -> Placement | None:
     """:func:`earliest_window`, earliest deadline first on the lanes: when that window waits for a lane, the request
     (due at ``due_s``: its TTFT objective, absolute) may go ahead of bookings on a lane that have not started yet
@@ -250,14 +294,15 @@ def window_by_deadline(
     short request with a tight objective no longer waits out a long prefill booked a moment earlier with seconds
     of slack (measured at 100 Gbps: spills held up to 8 s behind such bookings, missing their SLO). A booking
     without a deadline never moves, nor one that has started (its start not after ``now_s``); a request that would
-    miss its own due time even ahead of them moves nobody."""
+    miss its own due time even ahead of them moves nobody. With ``site`` (a site's calendar) it goes ahead only of
+    its own link's bookings, and every moved stream fits under the site cap too."""
     base = earliest_window(
-        ledger, now_s, nbytes, prefill_s, params, timing, pull_gbps=pull_gbps, available_gbps=available_gbps
+        ledger, now_s, nbytes, prefill_s, params, timing, pull_gbps=pull_gbps, available_gbps=available_gbps, site=site
     )
     if base is None or base.wait_s <= _EPS or ledger.lanes <= 0 or not due_s < float("inf"):
         return None if base is None else Placement(base, {})
     prefill_s = base.prefill_s
-    booked = {k: t for k, t in ((k, ledger.get(k)) for k in ledger.keys(now_s)) if t is not None}
+    booked = _keyed(ledger, now_s)
     best: Placement | None = None
     for lane in range(ledger.lanes):
         on_lane = sorted(((k, t) for k, t in booked.items() if t.lane == lane), key=lambda kt: kt[1].start_s)
@@ -268,6 +313,8 @@ def window_by_deadline(
             jumped = pending[i:]
             if any(k not in deadlines or deadlines[k].due_s <= due_s for k, _ in jumped):
                 break  # earliest deadline first: never ahead of one whose deadline is as early (or unknown)
+            if site is not None and any(k not in site.link_keys for k, _ in jumped):
+                break  # another link's booking: its own link's ceiling is not this one's
             start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
             mine = replace(base.later(start - base.start_s), lane=lane)
             if now_s + mine.ttft_s > due_s + _EPS:
@@ -284,7 +331,7 @@ def window_by_deadline(
             if any(_ttft_end(t) > deadlines[k].limit_s + _EPS for k, t in moved.items()):
                 continue
             placed = {**booked, **moved, _NEW: mine.transfer()}
-            if _fits(placed, [_NEW, *moved], base.ceiling_gbps):
+            if _fits(placed, [_NEW, *moved], base.ceiling_gbps, site):
                 best = Placement(mine, moved)
     return best or Placement(base, {})
 

@@ -6,7 +6,8 @@
 * :func:`route` (per request): the routing view (``t`` in force, the remote link's mode, the ledger's
   admission estimate and queue wait, the local queue) -> :func:`~.routing.decide_route` -> the prefill and
   decode instances (:func:`~.routing.pick_prefill_instance`, :func:`~.routing.pick_decode_instance`), the
-  remote side chosen among the ready ones whose :class:`~.breaker.BreakerBoard` could allow it; only when
+  remote side chosen among the ready ones whose :class:`~.breaker.BreakerBoard` could allow it (of several, the
+  lowest TTFT predicted through each link's ledger, :func:`.fleet.predicted_ttft_s`); only when
   the decision sends the request there (and a decode instance takes it) is a probe acquired
   (:attr:`RoutePlan.probe`), so a short request never takes a half-open breaker's probe.
 
@@ -18,12 +19,14 @@ itself. Time is a parameter; nothing here does I/O.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..capacity.kv import KvModel
 from .breaker import BreakerBoard, BreakerParams
+from .fleet import fastest, predicted_ttft_s
 from .link_calendar import calendar_threshold
 from .link_state import EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
 from .routing import (
@@ -35,6 +38,7 @@ from .routing import (
     decide_route,
     pick_decode_instance,
     pick_prefill_instance,
+    transfer_bytes,
 )
 from .threshold import ThresholdBounds, ThresholdDecision, decide_threshold
 
@@ -191,7 +195,8 @@ class RouteTick:
     link_states: Mapping[str, LinkState]
     ledgers: Mapping[str, EgressLedger]
     remotes: Sequence[RemoteSide] = ()
-    """The remote sides in preference order (the first ready one its breaker allows is used)."""
+    """The remote sides in preference order: of the ready ones its breaker allows, the lowest predicted TTFT is
+    used (ties: the first)."""
     local_wait_s: float | None = None
     remote_wait_s: float | None = None
     """The remote queue's wait when ``wait_from_ledger`` is False (the simulator knows its PrFaaS queues)."""
@@ -233,12 +238,31 @@ def _why_no_remote(tick: RouteTick) -> str:
 
 
 def _usable(tick: RouteTick) -> RemoteSide | None:
-    for remote in tick.remotes:
-        if remote.not_ready is not None:
-            continue
-        if tick.breakers is None or tick.breakers.available(remote.name, tick.breaker_now_s, tick.breaker_params):
-            return remote
-    return None
+    """The remote this request would use: of the ready ones whose breakers allow them, the one with the lowest
+    TTFT predicted through its link (:func:`.fleet.predicted_ttft_s`; ties and a single one: the configured order)."""
+    usable = [
+        r
+        for r in tick.remotes
+        if r.not_ready is None
+        and (tick.breakers is None or tick.breakers.available(r.name, tick.breaker_now_s, tick.breaker_params))
+    ]
+    if len(usable) <= 1:
+        return usable[0] if usable else None
+    req = tick.request
+    nbytes = transfer_bytes(tick.kv, req.total_tokens, req.pd_cached_tokens)
+    predicted = [
+        predicted_ttft_s(
+            tick.ledgers[r.link],
+            tick.now_s,
+            nbytes,
+            tick.prfaas_seconds(float(max(1, req.total_tokens - r.cached_tokens))),
+            tick.links[r.link],
+        )
+        if r.link in tick.ledgers and r.link in tick.links
+        else math.inf
+        for r in usable
+    ]
+    return usable[fastest(predicted)]
 
 
 def route(tick: RouteTick, policy: ShortTermPolicy = PRODUCTION) -> RoutePlan:

@@ -30,6 +30,10 @@ class EventQueue:
         self._seq += 1
         heapq.heappush(self._heap, (time_s if time_s > self.now_s else self.now_s, self._seq, callback, arg))
 
+    def clear(self) -> None:
+        """Drop every pending event (a run that has decided its outcome)."""
+        self._heap.clear()
+
     def __len__(self) -> int:
         return len(self._heap)
 
