@@ -24,6 +24,7 @@ from ..names import API_GROUP, GROUP_VERSION
 from .check import Issue, check_against_crd, format_path
 from .crds import crd_schema_by_kind
 from .engine_checks import engine_issues
+from .fleet_graph import graph_issues
 
 
 @dataclass
@@ -231,9 +232,10 @@ def validate_documents(
         checked[i].issues.extend(extra)
     for i, extra in unresolved.items():
         (checked[i].issues if strict_references else checked[i].unresolved).extend(extra)
-    errors, warnings = engine_issues([c.model for c in checked], default_namespace)
-    for i, extra in errors.items():
-        checked[i].issues.extend(extra)
-    for i, extra in warnings.items():
-        checked[i].warnings.extend(extra)
+    models = [c.model for c in checked]
+    for errors, warnings in (engine_issues(models, default_namespace), graph_issues(models, default_namespace)):
+        for i, extra in errors.items():
+            checked[i].issues.extend(extra)
+        for i, extra in warnings.items():
+            checked[i].warnings.extend(extra)
     return checked
