@@ -165,6 +165,11 @@ def _mode(doc: Document) -> str:
     return str(spec.get("mode", "Managed")) if isinstance(spec, dict) else "Managed"
 
 
+def _same_remote(a: Document, b: Document) -> bool:
+    """Two identical Remote descriptions of one PrefillCluster (several regions' files checked at once)."""
+    return a.kind == "PrefillCluster" and _mode(a) == "Remote" and a.body.get("spec") == b.body.get("spec")
+
+
 def cross_object_issues(
     checked: Sequence[Checked], default_namespace: str = "default"
 ) -> tuple[dict[int, list[Issue]], dict[int, list[Issue]]]:
@@ -185,6 +190,8 @@ def cross_object_issues(
             continue
         key = _key(c.document, default_namespace)
         dup_key: tuple[str | None, ...] = (*key, _mode(c.document)) if c.document.kind == "PrefillCluster" else key
+        if dup_key in seen and _same_remote(checked[seen[dup_key]].document, c.document):
+            continue  # a fleet's regions each describe the site they use: the same description is no duplicate
         if dup_key in seen:
             first = checked[seen[dup_key]].document
             out.setdefault(i, []).append(
