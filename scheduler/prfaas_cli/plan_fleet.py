@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -95,7 +96,9 @@ def build_fleet(found: list[BaseModel], workload: WorkloadSpec, args: argparse.N
     for name, pd in sorted(pds.items()):
         mine = [link for link in links if link.spec.pd_cluster_ref.name == name]
         link = mine[0] if mine else None
-        site = sites[link.spec.prefill_cluster_ref.name] if link and link.spec.prefill_cluster_ref.name in sites else None
+        site = (
+            sites[link.spec.prefill_cluster_ref.name] if link and link.spec.prefill_cluster_ref.name in sites else None
+        )
         site = site or next(iter(sites.values()))
         if link is None:
             raise FleetInputError(f"PDCluster {name}: no InterDCLink names it in pdClusterRef (it reaches no site)")
@@ -186,7 +189,7 @@ def to_dict(result: FleetPlan) -> dict[str, Any]:
     }
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for i, row in enumerate(rows):

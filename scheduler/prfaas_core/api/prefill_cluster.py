@@ -29,7 +29,6 @@ from .engine import EngineSettingsSpec
 from .hardware import HardwareSpec
 from .scaling import ScalingSpec, ScalingStatus, scaling_field
 
-
 DRAINED_SITE_DOC = (
     "Maintenance drain of the site: true takes it out of service on purpose; no new remote prefill is sent to it, "
     "the prefills already in flight finish. Managed: the operator lists every prefill pod in its gateway's drain "

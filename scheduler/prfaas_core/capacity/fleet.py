@@ -23,7 +23,7 @@ Pure.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ..names import GBPS_BITS
@@ -80,7 +80,11 @@ class Fleet:
             if (link.pd_cluster, link.site) in pairs:
                 raise ValueError(f"link {link.name}: a second link between {link.pd_cluster!r} and {link.site!r}")
             pairs.add((link.pd_cluster, link.site))
-        if not self.regions or any(r.demand_rps < 0 for r in self.regions) or sum(r.demand_rps for r in self.regions) <= 0:
+        if (
+            not self.regions
+            or any(r.demand_rps < 0 for r in self.regions)
+            or sum(r.demand_rps for r in self.regions) <= 0
+        ):
             raise ValueError("the fleet needs at least one PD cluster and a positive demand")
 
 
@@ -199,9 +203,7 @@ class _Solved:
     """Per link: long requests per second."""
 
 
-def _route(
-    fleet: Fleet, models: Mapping[str, _RegionModel], alpha: float, n_pd: Mapping[str, int]
-) -> _Solved | None:
+def _route(fleet: Fleet, models: Mapping[str, _RegionModel], alpha: float, n_pd: Mapping[str, int]) -> _Solved | None:
     locals_: dict[str, _Local] = {}
     for r in fleet.regions:
         local = models[r.name].local(alpha * r.demand_rps, n_pd[r.name])
@@ -236,7 +238,9 @@ def _route(
         )
         bounds.append(float(site.instances))
         if site.site_cap_gbps is not None:
-            rows.append([split[link.name].kv_long_bytes * 8.0 / GBPS_BITS if link.name in split else 0.0 for link in live])
+            rows.append(
+                [split[link.name].kv_long_bytes * 8.0 / GBPS_BITS if link.name in split else 0.0 for link in live]
+            )
             bounds.append(site.site_cap_gbps)
     scale = [max(1.0, max(abs(v) for v in row)) for row in rows]  # rows of unit size keep the tableau stable
     rows = [[v / s for v in row] for row, s in zip(rows, scale, strict=True)]
@@ -279,7 +283,7 @@ def plan_fleet(fleet: Fleet, gains: bool = True) -> FleetPlan:
         loc = solved.locals_[r.name]
         short = loc.rate * (1.0 - loc.split.offload_fraction)
         busy = short * r.inputs.pd_hardware.prefill_seconds(loc.split.l_short_tokens) if short > 0 else 0.0
-        decode_util = loc.rate / (loc.n_decode * models_decode(r)) if loc.n_decode else 0.0
+        decode_util = loc.rate / (loc.n_decode * r.inputs.decode_requests_per_second()) if loc.n_decode else 0.0
         regions.append(
             RegionPlan(
                 r.name,
@@ -338,10 +342,6 @@ def plan_fleet(fleet: Fleet, gains: bool = True) -> FleetPlan:
     return replace(result, gains=tuple(_gains(fleet, alpha))) if gains else result
 
 
-def models_decode(region: FleetRegion) -> float:
-    return region.inputs.decode_requests_per_second()
-
-
 def _gains(fleet: Fleet, alpha: float) -> list[Gain]:
     base = _fleet_rps(fleet, alpha)
     trials: list[tuple[str, str, Fleet, Mapping[str, int] | None]] = []
@@ -366,7 +366,3 @@ def _gains(fleet: Fleet, alpha: float) -> list[Gain]:
         a, _ = _highest(trial, n_pd)
         out.append(Gain(resource, added, max(0.0, _fleet_rps(fleet, a) - base)))
     return sorted(out, key=lambda g: -g.fleet_rps_gain)
-
-
-def link_egress_total(links: Sequence[LinkPlan]) -> float:
-    return sum(lp.egress_gbps for lp in links)
