@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..names import GROUP_VERSION, KIND_PREFILL_CLUSTER
 from .admission import GatewayAdmission
@@ -83,20 +84,6 @@ class LinkSchedulingSpec(GatewayAdmission):
             reason="FieldValueForbidden",
         ),
         CelRule(
-            rule="!has(self.links) || self.links.all(l, l.name != self.link)",
-            message="links lists the links besides link: the first link is not repeated there",
-            check=lambda s: all(x.name != s.link for x in s.links),
-            field_path=".links",
-            reason="FieldValueDuplicate",
-        ),
-        CelRule(
-            rule="!has(self.links) || self.links.all(a, self.links.exists_one(b, b.name == a.name))",
-            message="links names each link once (one link per PD cluster and site)",
-            check=lambda s: len({x.name for x in s.links}) == len(s.links),
-            field_path=".links",
-            reason="FieldValueDuplicate",
-        ),
-        CelRule(
             rule="!has(self.peers) || size(self.peers) == 0 || size(self.peers) == self.replicas"
             " || size(self.peers) == self.replicas - 1",
             message="peers lists every gateway replica (replicas of them; one replica's own URL may be left out): "
@@ -123,8 +110,24 @@ class LinkSchedulingSpec(GatewayAdmission):
         default_factory=list,
         max_length=64,
         description="A site serving several PD clusters: the links besides link (one per PD cluster, each with its "
-        "InterDCLink's capacity and cap). Empty (default): the one link.",
+        "InterDCLink's capacity and cap; each name once, and not link's). Empty (default): the one link.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+
+    @model_validator(mode="after")
+    def _links_once(self) -> LinkSchedulingSpec:
+        names = [x.name for x in self.links]
+        if len(set(names)) != len(names) or self.link in names:
+            raise PydanticCustomError(
+                "cel_rule",
+                "{message}",
+                {
+                    "message": "links names each link once, and not link's (one link per PD cluster and site)",
+                    "field_path": ".links",
+                    "rule": "",
+                },
+            )
+        return self
 
     def all_links(self) -> list[ScheduledLink]:
         """``link`` and then ``links``: every link the site's gateway schedules."""
