@@ -123,7 +123,7 @@ def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfile
     admission, links = None, []
     if ls is not None:
         admission = GatewayAdmission.model_validate(
-            ls.model_dump(by_alias=True, exclude={"capacity_gbps", "max_utilization", "egress_pacing"})
+            ls.model_dump(by_alias=True, exclude={"capacity_gbps", "max_utilization", "egress_pacing", "links"})
         )
         if (paced := paced_gbps(pfc)) is not None:  # one pull achieves the pods' paced egress, one pod's pulls share it
             admission = admission.model_copy(update={"pull_gbps": paced, "instance_gbps": paced})
