@@ -1,5 +1,6 @@
 """Validation of manifests: each object against the CRD (schema + CEL) *and* the pydantic models, then
-across objects (dangling references, duplicates). Pure: takes parsed documents, returns issues.
+across objects (dangling references, duplicates, the engines' configuration, the fleet graph of
+:mod:`.fleet_graph`). Pure: takes parsed documents, returns issues.
 
 Both per-object checkers run on every object so that a disagreement between the CRD and the models is
 visible (the test suite requires they reject the same invalid manifests and name the same field); a field both
