@@ -63,6 +63,17 @@ def site_links(site: PrefillCluster, links_here: Sequence[InterDCLink]) -> list[
     return [out[k] for k in sorted(out)]
 
 
+def egress_bound_gbps(site: PrefillCluster) -> float | None:
+    """What a Managed site's KV may use in all (elastic sizing's bound): the sum of the caps of the links it
+    schedules, under its site cap; None where it schedules none."""
+    ls = site.spec.link_scheduling
+    if ls is None:
+        return None
+    total = sum(sl.capacity_gbps * sl.max_utilization for sl in ls.all_links())
+    cap = site.spec.site_egress_cap_gbps
+    return total if cap is None else min(total, cap)
+
+
 def site_cap(site: PrefillCluster, links: Sequence[SiteLinkStatus]) -> SiteCapStatus | None:
     cap = site.spec.site_egress_cap_gbps
     if cap is None:
