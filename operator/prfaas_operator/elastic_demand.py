@@ -17,6 +17,7 @@ from prfaas_core.capacity.kv import KvModelError, kv_model_from_profile
 from prfaas_core.policy.elastic import Load, pd_demand, site_demand
 
 from .elastic import Demand
+from .fleet import egress_bound_gbps
 from .observe import DemandQuery, Snapshot
 from .registry import Entry
 
@@ -43,8 +44,8 @@ def pd_query(entry: Entry, url: str) -> DemandQuery:
 def site_load_demand(
     entry: Entry, pfc: PrefillCluster, profile: Entry | None, snap: Snapshot | None, url: str
 ) -> tuple[Demand | None, float]:
-    """The site's demand (bounded by its link's cap where it schedules the link) and the link's cost per hour
-    at the KV that load sends (``scaling.linkPricePerGB``)."""
+    """The site's demand (bounded by its links' caps where it schedules them, under its site cap) and the links'
+    cost per hour at the KV that load sends (``scaling.linkPricePerGB``)."""
     if snap is None or url in snap.errors:
         return None, 0.0
     key = (entry.namespace or "", entry.name)
@@ -57,8 +58,7 @@ def site_load_demand(
         kv = kv_model_from_profile(profile.model.spec) if profile is not None and profile.valid else None
     except (HardwareProfileError, KvModelError):
         return None, 0.0
-    link = pfc.spec.link_scheduling
-    cap = link.capacity_gbps * link.max_utilization if link is not None else None
+    cap = egress_bound_gbps(pfc)
     need, why = site_demand(load, hw, SITE_SLO, pfc.spec.scaling.target_utilization, kv, cap)
     cost = 0.0
     price = pfc.spec.scaling.link_price_per_gb

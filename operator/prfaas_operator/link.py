@@ -19,6 +19,7 @@ from prfaas_core.names import KIND_INTER_DC_LINK, KIND_PD_CLUSTER, KIND_PREFILL_
 from prfaas_core.policy.link_state import LinkMode, LinkParams, LinkState, next_link_state
 from prfaas_core.policy.threshold import bandwidth_floor_tokens
 
+from .fleet import link_condition
 from .kube import KubeApi
 from .logs import logger
 from .metrics import OperatorMetrics
@@ -90,6 +91,11 @@ class LinkReconciler:
             return
         conds = set_condition(conds, "Ready", True, "Reconciled", "references resolved", now_s, gen)
         link: InterDCLink = entry.model
+        site = self.world.get(KIND_PREFILL_CLUSTER, entry.namespace, link.spec.prefill_cluster_ref.name)
+        conds, drain_event = link_condition(conds, link, site.model if site and site.valid else None, now_s, gen)
+        if drain_event is not None:
+            log.info("link drain changed", reason=drain_event[0], message=drain_event[1])
+            await post_event(self.api, entry.body, "Normal", *drain_event, now_s)
         if not measure or snap is None:
             await self.writer.write(entry, InterDCLinkStatus(observed_generation=gen, conditions=conds))
             return

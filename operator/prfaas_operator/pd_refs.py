@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prfaas_core.api import InterDCLink, ModelProfile, PDCluster, PrefillCluster
 from prfaas_core.names import KIND_INTER_DC_LINK, KIND_MODEL_PROFILE, KIND_PREFILL_CLUSTER
 
+from .fleet import preference
 from .registry import Entry, Key, World
 
 
@@ -80,4 +81,6 @@ def resolve(world: World, links: LinkIndex, entry: Entry) -> tuple[Refs | None, 
             return None, "InvalidReference", f"InterDCLink {link.name}: PrefillCluster {ref!r} is invalid"
         prefills[ref] = pfc.model
         prefill_entries[ref] = pfc
-    return Refs(profile.model, [e.model for e in ordered], prefills, prefill_entries, link_entries), "", ""
+    # the links in the routers' preference order (fleet.preference): links[0] is the one the loop plans with
+    ordered = sorted(ordered, key=lambda e: preference(e.model, prefills.get(e.model.spec.prefill_cluster_ref.name)))
+    return Refs(profile.model, [e.model for e in ordered], prefills, prefill_entries, ordered), "", ""

@@ -20,12 +20,19 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from prfaas_core.api import GatewayStatus, PrefillCluster, PrefillClusterStatus
-from prfaas_core.names import KIND_MODEL_PROFILE, KIND_PREFILL_CLUSTER, LABEL_DRAINING, LABEL_PREFILL_CLUSTER
+from prfaas_core.api import Condition, GatewayStatus, PrefillCluster, PrefillClusterStatus
+from prfaas_core.names import (
+    KIND_INTER_DC_LINK,
+    KIND_MODEL_PROFILE,
+    KIND_PREFILL_CLUSTER,
+    LABEL_DRAINING,
+    LABEL_PREFILL_CLUSTER,
+)
 
 from .actuate import workload_path
 from .elastic import ElasticScaler, SizeRequest, removed
 from .elastic_demand import site_load_demand
+from .fleet import site_cap, site_conditions, site_links
 from .kube import ApiError, JsonDict, KubeApi, api_path
 from .logs import logger
 from .metrics import OperatorMetrics
@@ -186,14 +193,15 @@ class PrefillClusterReconciler:
             await self._publish_gateway(entry, pfc, pods)
         else:
             await self._retire_gateway(entry)
+        site, conds = await self._site(entry, pfc, conds, now_s)
         if not sync:
             if old is not None and old.reason in ("InvalidSpec", "DanglingReference"):
                 conds = set_condition(
                     conds, "Ready", "Unknown", "Syncing", "references resolved; status syncing", now_s, gen
                 )
-            await self.writer.write(entry, PrefillClusterStatus(observed_generation=gen, conditions=conds))
+            await self.writer.write(entry, PrefillClusterStatus(observed_generation=gen, **site, conditions=conds))
             return
-        status: dict[str, Any] = {"observed_generation": gen}
+        status: dict[str, Any] = {"observed_generation": gen, **site}
         if pfc.spec.mode == "Remote":
             try:
                 gw = await fetch_gateway_status(self.secrets, pfc, self.gateways, now_s)
@@ -259,6 +267,20 @@ class PrefillClusterReconciler:
             )
         conds = set_condition(conds, "Degraded", False, "Synced", "status refreshed this cycle", now_s, gen)
         await self.writer.write(entry, PrefillClusterStatus(**status, conditions=conds))
+
+    async def _site(
+        self, entry: Entry, pfc: PrefillCluster, conds: list[Condition], now_s: float
+    ) -> tuple[dict[str, Any], list[Condition]]:
+        """The site's links known here, its egress cap against them, and its Drained and SiteCapBinding
+        conditions (:mod:`.fleet`); a change of either posts an Event."""
+        here = [e.model for e in self.world.all(KIND_INTER_DC_LINK) if e.valid and e.namespace == entry.namespace]
+        links = site_links(pfc, here)
+        cap = site_cap(pfc, links)
+        conds, events = site_conditions(conds, pfc, links, cap, now_s, entry.generation)
+        for reason, message in events:
+            logger(KIND_PREFILL_CLUSTER, entry.namespace, entry.name).info("site", reason=reason, message=message)
+            await post_event(self.api, entry.body, "Normal", reason, message, now_s)
+        return {"links": links, "site_cap": cap}, conds
 
     async def _size(
         self, entry: Entry, pfc: PrefillCluster, pods: list[JsonDict], snap: Snapshot | None, now_s: float

@@ -42,6 +42,7 @@ from prfaas_core.names import (
 )
 from prfaas_core.policy.threshold import ThresholdBounds
 
+from . import fleet
 from .kube import ApiError, JsonDict, KubeApi, api_path
 from .pacing import paced_gbps
 
@@ -114,17 +115,22 @@ def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfile
     and link. No threshold (the gateway routes every leg it is sent); ``pdCluster`` carries the PrefillCluster's
     name, as the chart's rendering did."""
     endpoints, draining = pod_endpoints(pods, role="prefill")
+    if pfc.spec.drained:  # a drained site: its gateway starts nothing new, what it holds finishes
+        draining = sorted({*draining, *(e.name for e in endpoints)})
     ep = pfc.spec.endpoint
     token, tls = (ep.token_secret_ref, ep.tls_secret_ref) if ep is not None else (None, None)
     ls = pfc.spec.link_scheduling
     admission, links = None, []
     if ls is not None:
         admission = GatewayAdmission.model_validate(
-            ls.model_dump(by_alias=True, exclude={"capacity_gbps", "max_utilization", "egress_pacing"})
+            ls.model_dump(by_alias=True, exclude={"capacity_gbps", "max_utilization", "egress_pacing", "links"})
         )
         if (paced := paced_gbps(pfc)) is not None:  # one pull achieves the pods' paced egress, one pod's pulls share it
             admission = admission.model_copy(update={"pull_gbps": paced, "instance_gbps": paced})
-        links = [RouterLink(name=ls.link, capacity_gbps=ls.capacity_gbps, max_utilization=ls.max_utilization)]
+        links = [
+            RouterLink(name=sl.name, capacity_gbps=sl.capacity_gbps, max_utilization=sl.max_utilization)
+            for sl in ls.all_links()
+        ]
     serving = GatewayServing(
         prefill_cluster=pfc.metadata.name,
         token_file=f"{GATEWAY_DIR}/token/{token.key}" if token else None,
@@ -157,12 +163,16 @@ def build(
     bounds: ThresholdBounds,
 ) -> RouterConfig:
     """A PD cluster's routers' configuration: its endpoints and drain list, the remote gateways and links,
-    and the bounds on ``t`` the loop published (:func:`prfaas_core.policy.threshold.published_bounds`)."""
+    and the bounds on ``t`` the loop published (:func:`prfaas_core.policy.threshold.published_bounds`). One remote
+    per link in service, in :mod:`.fleet`'s preference order; a drained link keeps its place among the links only."""
     endpoints, draining = pod_endpoints(pods)
     remotes = []
+    links = fleet.ordered(links, prefill_clusters)
     for link in links:
         pfc = prefill_clusters.get(link.spec.prefill_cluster_ref.name)
         if pfc is None or pfc.spec.mode != "Remote" or pfc.spec.endpoint is None:
+            continue
+        if fleet.link_drained(link, pfc):
             continue
         ep = pfc.spec.endpoint
         remotes.append(

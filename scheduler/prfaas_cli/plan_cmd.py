@@ -7,7 +7,11 @@ ModelProfile, PrefillCluster, PDCluster and InterDCLink they hold. ``--workload`
 (YAML) or a trace (JSONL, see ``prfaas_core.request.trace``); ``-`` reads either from standard input.
 ``--budget X`` (the most throughput whose cost per hour fits X) and ``--cheapest-for-rate R`` size the PrFaaS site
 and the PD cluster together instead (cost = instances x pricePerInstanceHour + link GB x ``--link-price-per-gb``).
-Exit 0 ok, 1 invalid input, nothing that fits, or a failure (nothing written on invalid input), 2 usage.
+FILES holding a fleet (several PD clusters, sites or links: every region's files at once) plan the fleet
+instead (``prfaas_cli.plan_fleet``): each PD cluster's ``t`` and split, what it sends over each link to each site,
+what binds and where added capacity pays most; ``--demand PD=RPS`` gives each PD cluster's demand.
+Exit 0 ok, 1 invalid input, nothing that fits (a fleet: a --demand that does not fit) or a failure (nothing
+written on invalid input), 2 usage.
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ from prfaas_core.capacity.planner import (
 from prfaas_core.capacity.workload import WorkloadSpec, mean, workload_from_trace
 from prfaas_core.names import K_TOKENS
 from prfaas_core.request.trace import TraceError, parse_trace
-from prfaas_core.schema.validation import validate_documents, validation_message
+from prfaas_core.schema.validation import Checked, validate_documents, validation_message
 from prfaas_local.formats import yaml_error
 from prfaas_local.manifests import STDIN, InputError, load_documents, read_input
 from prfaas_local.plots import PlotDirError, check_plot_dir, figure, png, write_plots
 
-from . import plan_budget
+from . import plan_budget, plan_fleet
 from .output import EXIT_ERROR, EXIT_OK, STRUCTURED, UsageError, add_output_arg, emit, fail
 
 KINDS_NEEDED = ("ModelProfile", "PrefillCluster", "PDCluster", "InterDCLink")
@@ -72,13 +76,37 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--list-hardware", action="store_true", help="list the built-in hardware profiles and exit")
     plan_budget.add_arguments(p)
+    plan_fleet.add_arguments(p)
     p.set_defaults(handler=run)
+
+
+def run_fleet(args: argparse.Namespace) -> int | None:
+    """FILES holding a fleet (several PD clusters, sites or links): its plan; None when they hold one pair."""
+    try:
+        found = plan_fleet.models(_checked(args.files))
+        if not plan_fleet.is_fleet(found):
+            if args.demand:
+                raise UsageError("--demand: plans a fleet (several PD clusters, sites or links); use --workload")
+            return None
+        if plan_budget.wanted(args) or args.plot_dir or args.link_gbps is not None or args.homogeneous_instances:
+            raise UsageError("a fleet's plan takes --workload, --demand and -o only")
+        workload = load_workload(args.workload) if args.workload else WorkloadSpec()
+        result = plan_fleet.solve(found, workload, args)
+    except (PlanCliError, InputError, UsageError, plan_fleet.FleetInputError) as exc:
+        return fail(exc)
+    if args.output in STRUCTURED:
+        emit(plan_fleet.to_dict(result), args.output)
+    else:
+        print(plan_fleet.render(result))
+    return EXIT_OK if result.multiplier >= 1.0 or not args.demand else EXIT_ERROR
 
 
 def run(args: argparse.Namespace) -> int:
     if args.list_hardware:
         _print_hardware(args.output)
         return 0
+    if args.files and (fleet := run_fleet(args)) is not None:
+        return fleet
     if plan_budget.wanted(args):
         try:
             inputs = build_inputs(args)
@@ -134,12 +162,17 @@ def load_workload(path_text: str) -> WorkloadSpec:
         raise PlanCliError(validation_message(source, exc)) from None
 
 
-def _specs_from_files(files: list[str]) -> tuple[ModelProfileSpec, PrefillClusterSpec, PDClusterSpec, InterDCLinkSpec]:
+def _checked(files: list[str]) -> list[Checked]:
     checked = validate_documents(load_documents(files))
     bad = [c for c in checked if not c.ok]
     if bad:
         lines = [f"{c.document.label}: {issue}" for c in bad for issue in c.issues]
         raise PlanCliError("invalid manifests:\n  " + "\n  ".join(lines))
+    return checked
+
+
+def _specs_from_files(files: list[str]) -> tuple[ModelProfileSpec, PrefillClusterSpec, PDClusterSpec, InterDCLinkSpec]:
+    checked = _checked(files)
     found: dict[str, list[tuple[str, BaseModel]]] = {k: [] for k in KINDS_NEEDED}
     for c in checked:
         if c.skipped is None and c.model is not None and c.document.kind in found:

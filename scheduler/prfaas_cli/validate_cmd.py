@@ -5,7 +5,9 @@ Each file can be checked alone (a GitOps pipeline checking one manifest at a tim
 that is not among the given files is reported as unresolved and does not fail the check; with
 ``--strict-references`` (a whole-tree check) it is an error. YAML that is not a Kubernetes manifest (no kind:
 a Helm values file) is skipped, saying so; other API groups' objects are skipped too (a pipeline may pass every
-YAML file of a repository). An input with no YAML document at all is an error. Exit 0 when every object is
+YAML file of a repository). An input with no YAML document at all is an error. Given several regions' files at
+once, the fleet graph is checked too (one link per PD cluster and site, a site's scheduled links against their
+InterDCLinks, site caps; docs/fleet-api.md); a site cap that can never bind is a warning. Exit 0 when every object is
 valid, 1 otherwise, 2 on a usage error.
 """
 

@@ -80,6 +80,12 @@ HEADER_DECODE_CACHED_TOKENS: Final = "x-prfaas-decode-cached-tokens"
 HEADER_LINK_AVAILABLE_GBPS: Final = "x-prfaas-link-available-gbps"
 """The link's available bandwidth as the sending router estimates it (model Gbps; sent only while the estimate
 bounds the configured capacity): the gateway's calendar books under the lowest fresh report."""
+HEADER_LINK_CAPACITY_GBPS: Final = "x-prfaas-link-capacity-gbps"
+"""The sending router's view of the link's capacity (its RouterLink's, from the InterDCLink; model Gbps): a gateway
+whose own differs refuses the prefill (400 naming this header and capacityGbps)."""
+HEADER_LINK_MAX_UTILIZATION: Final = "x-prfaas-link-max-utilization"
+"""The sending router's view of the link's cap, a fraction of capacity (a gateway whose own differs: 400)."""
+LINK_VIEW_HEADERS: Final = (HEADER_LINK_CAPACITY_GBPS, HEADER_LINK_MAX_UTILIZATION)
 ADMISSION_HEADERS: Final = (
     HEADER_KV_BYTES,
     HEADER_MAX_WAIT_MS,
@@ -88,6 +94,7 @@ ADMISSION_HEADERS: Final = (
     HEADER_LINK,
     HEADER_LINK_AVAILABLE_GBPS,
     HEADER_DECODE_CACHED_TOKENS,
+    *LINK_VIEW_HEADERS,
 )
 """Stripped by the gateway before the engine (its forwarding allow-list passes them to it, no further)."""
 HEADER_PULL_ID: Final = "x-prfaas-pull-id"

@@ -33,7 +33,7 @@ INSTALLS = [
     ("03-helm/real-engines/values-region-a.yaml", ["04-real-engines/common", "04-real-engines/region-a"]),
     ("03-helm/real-engines/values-region-b.yaml", ["04-real-engines/common", "04-real-engines/region-b"]),
 ]
-MANIFEST_DIRS = ["01-two-region", "04-real-engines", "03-helm/demo/resources.yaml"]
+MANIFEST_DIRS = ["01-two-region", "04-real-engines", "03-helm/demo/resources.yaml", "06-fleet"]
 """The examples of custom resources (02-simulate and 05-up hold scenarios; 03-helm chart values, besides the demo's
 resources)."""
 WORKLOAD_KINDS = {"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "LeaderWorkerSet"}

@@ -87,6 +87,17 @@ def test_gateway_books_declines_and_the_router_chooses(tmp_path: Path) -> None:
             gateway + "/v1/completions", json=leg, headers={**headers, names.HEADER_KV_BYTES: "lots"}, timeout=10
         )
         assert bad.status_code == 400 and names.HEADER_KV_BYTES in bad.text
+        # a router whose view of the link disagrees with the gateway's (another capacity or cap) is refused, the
+        # header and the field named; one that agrees is admitted as before (declined here: the link is booked)
+        for header, value, field in (
+            (names.HEADER_LINK_CAPACITY_GBPS, "100", "capacityGbps"),
+            (names.HEADER_LINK_MAX_UTILIZATION, "0.5", "maxUtilization"),
+        ):
+            bad = httpx.post(gateway + "/v1/completions", json=leg, headers={**headers, header: value}, timeout=10)
+            assert bad.status_code == 400 and header in bad.text and field in bad.text, bad.text
+        agreeing = {**headers, names.HEADER_LINK_CAPACITY_GBPS: "0.005", names.HEADER_LINK_MAX_UTILIZATION: "0.8"}
+        r = httpx.post(gateway + "/v1/completions", json=leg, headers=agreeing, timeout=10)
+        assert r.status_code == 429 and AdmissionDecline.model_validate(r.json()).reason == "link_window", r.text
         # through the router: the gateway declines, the remote TTFT loses to local, the router goes local
         status, out = http("POST", router + "/v1/completions", {**body, "prompt": prompt(40_000)}, timeout_s=30)
         assert status == 200, out

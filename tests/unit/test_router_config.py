@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,7 +14,7 @@ from prfaas_core.api import InterDCLink, ModelProfile, PDCluster, PrefillCluster
 from prfaas_core.api.engine import EngineSettingsSpec
 from prfaas_core.capacity.profiles import builtin_model_profiles
 from prfaas_core.policy.threshold import ThresholdBounds
-from prfaas_operator.router_config import build, routing_for
+from prfaas_operator.router_config import build, build_gateway, routing_for
 from prfaas_router.state.config import ConfigError, ConfigWatcher, load_config
 
 MODEL = builtin_model_profiles()["internal-1t"].model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -103,3 +104,65 @@ def test_the_operator_gives_routers_the_links_available_bandwidth_mode(available
         ThresholdBounds(0, 1_000_000),
     )
     assert [(x.name, x.available_bandwidth) for x in config.links] == [(link["metadata"]["name"], available)]
+
+
+FLEET = Path(__file__).parents[2] / "examples/06-fleet"
+
+
+def _fleet_region(
+    region: str, drained_link: str = "", drained_site: str = ""
+) -> tuple[PDCluster, list[InterDCLink], dict[str, PrefillCluster]]:
+    docs = [yaml.safe_load(p.read_text()) for p in sorted((FLEET / f"region-{region}").glob("*.yaml"))]
+    for d in docs:
+        if d["metadata"]["name"] in (drained_link, drained_site):
+            d["spec"]["drained"] = True
+    pd = PDCluster.model_validate(next(d for d in docs if d["kind"] == "PDCluster"))
+    links = [InterDCLink.model_validate(d) for d in docs if d["kind"] == "InterDCLink"]
+    sites = {d["metadata"]["name"]: PrefillCluster.model_validate(d) for d in docs if d["kind"] == "PrefillCluster"}
+    return pd, links, sites
+
+
+def _build(pd: PDCluster, links: list[InterDCLink], sites: dict[str, PrefillCluster]) -> Any:
+    profile = ModelProfile.model_validate(yaml.safe_load((FLEET / "common/model-profile.yaml").read_text()))
+    return build(pd, [], profile.spec, links, sites, ThresholdBounds(0, 1_000_000))
+
+
+def test_a_pd_cluster_reaching_two_sites_gets_one_remote_per_link_widest_first() -> None:
+    """Preference order: widest cap, then shortest RTT, then name (east reaches site 1 at 80 Gbps, site 2 at 8)."""
+    pd, links, sites = _fleet_region("east")
+    config = _build(pd, list(reversed(links)), sites)
+    assert [(r.name, r.link) for r in config.remotes] == [("site-1", "east-to-site-1"), ("site-2", "east-to-site-2")]
+    assert [x.name for x in config.links] == ["east-to-site-1", "east-to-site-2"]
+    pd, links, sites = _fleet_region("west")  # equal caps: the shorter RTT (site 1, 5 ms) first
+    assert [r.name for r in _build(pd, links, sites).remotes] == ["site-1", "site-2"]
+
+
+def test_a_drained_link_or_site_has_no_remote_but_keeps_its_link() -> None:
+    """No new remote prefill crosses a drained link or goes to a drained site; the link stays so in-flight pulls
+    over it finish and are counted."""
+    config = _build(*_fleet_region("east", drained_link="east-to-site-1"))
+    assert [r.link for r in config.remotes] == ["east-to-site-2"]
+    assert [x.name for x in config.links] == ["east-to-site-2", "east-to-site-1"]  # drained last
+    config = _build(*_fleet_region("east", drained_site="site-2"))
+    assert [r.link for r in config.remotes] == ["east-to-site-1"]
+    assert {x.name for x in config.links} == {"east-to-site-1", "east-to-site-2"}
+
+
+def test_a_site_gateway_gets_every_link_it_serves_and_a_drained_site_drains_its_pods() -> None:
+    doc = yaml.safe_load((FLEET / "site-1/prefill-cluster.yaml").read_text())
+    profile = ModelProfile.model_validate(yaml.safe_load((FLEET / "common/model-profile.yaml").read_text()))
+    pods = [
+        {
+            "metadata": {"name": f"p-{i}", "labels": {}},
+            "spec": {"containers": [{"name": "e", "ports": [{"name": "http", "containerPort": 8000}]}]},
+            "status": {"phase": "Running", "podIP": f"10.0.0.{i}", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        for i in (1, 2)
+    ]
+    config = build_gateway(PrefillCluster.model_validate(doc), pods, profile.spec)
+    assert [(x.name, x.capacity_gbps) for x in config.links] == [("east-to-site-1", 100), ("west-to-site-1", 100)]
+    assert config.gateway is not None and config.gateway.admission is not None
+    assert config.gateway.admission.link == "east-to-site-1" and config.draining == []
+    doc["spec"]["drained"] = True
+    config = build_gateway(PrefillCluster.model_validate(doc), pods, profile.spec)
+    assert config.draining == ["p-1", "p-2"] and len(config.endpoints) == 2

@@ -15,7 +15,15 @@ from .model_profile import (
     ModelTokenizerSpec,
 )
 from .pd_cluster import LongTermPolicySpec, PDCluster, PDClusterSpec, PDClusterStatus
-from .prefill_cluster import LinkSchedulingSpec, PrefillCluster, PrefillClusterSpec, PrefillClusterStatus
+from .prefill_cluster import (
+    LinkSchedulingSpec,
+    PrefillCluster,
+    PrefillClusterSpec,
+    PrefillClusterStatus,
+    ScheduledLink,
+    SiteCapStatus,
+    SiteLinkStatus,
+)
 from .replica_books import InstanceBookWire, ReplicaBooksWire
 from .resources import KINDS, KINDS_BY_NAME, ResourceKind
 from .router_config import RemoteGateway, RouterConfig, RouterEndpoint, RouterLink
@@ -64,7 +72,10 @@ __all__ = [
     "RouterConfig",
     "RouterEndpoint",
     "RouterLink",
+    "ScheduledLink",
     "SecretKeyRef",
+    "SiteCapStatus",
+    "SiteLinkStatus",
     "SloSpec",
     "TtftSlo",
     "WorkloadRef",

@@ -32,6 +32,14 @@ AVAILABLE_BANDWIDTH_DOC = (
 )
 
 
+DRAINED_LINK_DOC = (
+    "Maintenance drain: true takes the link out of service on purpose. The operator leaves its remote out of the "
+    "PD cluster's routers (no new remote prefill crosses it; the routers' other links, else their local path, take "
+    "the work) and keeps the link itself in their configuration, so the prefills already in flight over it finish "
+    "and are counted; the link reports Drained=True. False (default): in service."
+)
+
+
 class LinkMeasurementSpec(ApiModel):
     """Where the link's measured egress comes from."""
 
@@ -84,6 +92,7 @@ class InterDCLinkSpec(ApiModel):
         description="Measured egress source.",
         json_schema_extra={"default": {}},
     )
+    drained: bool = Field(default=False, description=DRAINED_LINK_DOC)
 
 
 class InterDCLinkStatus(ApiModel):
@@ -113,7 +122,7 @@ class InterDCLinkStatus(ApiModel):
         "this cycle measured.",
         json_schema_extra={"format": "date-time"},
     )
-    conditions: list[Condition] = conditions_field("Ready, Degraded.")
+    conditions: list[Condition] = conditions_field("Ready, Degraded, Drained.")
 
 
 class InterDCLink(ApiModel):

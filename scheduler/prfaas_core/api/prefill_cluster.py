@@ -10,15 +10,55 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..names import GROUP_VERSION, KIND_PREFILL_CLUSTER
 from .admission import GatewayAdmission
-from .base import ApiModel, CelRule, Condition, LocalObjectRef, ObjectMeta, WorkloadRef, conditions_field
+from .base import (
+    DNS_SUBDOMAIN_PATTERN,
+    ApiModel,
+    CelRule,
+    Condition,
+    LocalObjectRef,
+    ObjectMeta,
+    WorkloadRef,
+    conditions_field,
+)
 from .common import GatewayEndpointSpec, KvTransportSpec, Region
 from .engine import EngineSettingsSpec
 from .hardware import HardwareSpec
 from .scaling import ScalingSpec, ScalingStatus, scaling_field
+
+DRAINED_SITE_DOC = (
+    "Maintenance drain of the site: true takes it out of service on purpose; no new remote prefill is sent to it, "
+    "the prefills already in flight finish. Managed: the operator lists every prefill pod in its gateway's drain "
+    "list (the gateway starts nothing new there; what it holds finishes). Remote: the operator leaves the site out "
+    "of this region's routers (their other sites, else their local path, take the work), keeping its links in their "
+    "configuration so in-flight pulls are counted. Set it in the region that runs the site and in every region that "
+    "uses it (each region's routers read only their own API server). The PrefillCluster reports Drained=True."
+)
+SITE_CAP_DOC = (
+    "Optional: the site's egress cap, Gbps, shared by all its links (they leave through the same NICs and the "
+    "same paid egress). Each link keeps its own cap (capacityGbps x maxUtilization); the site cap bounds their sum. "
+    "Absent: only the links' caps. `prfaas validate` warns when it is at or above the sum of its links' caps (it "
+    "can never bind: not wrong, but a stale or mistyped figure), and status.siteCap says whether it binds."
+)
+
+
+class ScheduledLink(ApiModel):
+    """One more link a site's gateway schedules (``linkScheduling.links``): another PD cluster's InterDCLink."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The InterDCLink's name in the decoding region.",
+    )
+    capacity_gbps: float = Field(gt=0, le=100_000, description="The link's capacity, Gbps (its InterDCLink's).")
+    max_utilization: float = Field(
+        default=0.8, gt=0, le=1, description="The cap: fraction of capacity KV may use (its InterDCLink's)."
+    )
 
 
 class LinkSchedulingSpec(GatewayAdmission):
@@ -66,6 +106,33 @@ class LinkSchedulingSpec(GatewayAdmission):
         "as the wire lets them, and a pull faster than what the cap leaves waits, so the cap may sit partly idle "
         "on a tight link.",
     )
+    links: list[ScheduledLink] = Field(
+        default_factory=list,
+        max_length=64,
+        description="A site serving several PD clusters: the links besides link (one per PD cluster, each with its "
+        "InterDCLink's capacity and cap; each name once, and not link's). Empty (default): the one link.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @model_validator(mode="after")
+    def _links_once(self) -> LinkSchedulingSpec:
+        names = [x.name for x in self.links]
+        if len(set(names)) != len(names) or self.link in names:
+            raise PydanticCustomError(
+                "cel_rule",
+                "{message}",
+                {
+                    "message": "links names each link once, and not link's (one link per PD cluster and site)",
+                    "field_path": ".links",
+                    "rule": "",
+                },
+            )
+        return self
+
+    def all_links(self) -> list[ScheduledLink]:
+        """``link`` and then ``links``: every link the site's gateway schedules."""
+        first = ScheduledLink(name=self.link, capacity_gbps=self.capacity_gbps, max_utilization=self.max_utilization)
+        return [first, *self.links]
 
 
 class PrefillClusterSpec(ApiModel):
@@ -155,7 +222,29 @@ class PrefillClusterSpec(ApiModel):
         description="Managed only: the gateway schedules the inter-DC link its KV crosses (absent: it does not; "
         "the routers' own ledgers admit).",
     )
+    site_egress_cap_gbps: float | None = Field(default=None, gt=0, le=1_000_000, description=SITE_CAP_DOC)
+    drained: bool = Field(default=False, description=DRAINED_SITE_DOC)
     scaling: ScalingSpec = scaling_field()
+
+
+class SiteLinkStatus(ApiModel):
+    """One link of the site as this region's operator sees it."""
+
+    name: str = Field(min_length=1, description="The link (InterDCLink) name.")
+    pd_cluster: str | None = Field(default=None, description="The PD cluster it reaches (where known here).")
+    cap_gbps: float = Field(ge=0, description="Its cap: capacityGbps x maxUtilization, Gbps.")
+    drained: bool = Field(default=False, description="Drained (the link's or the site's spec.drained).")
+
+
+class SiteCapStatus(ApiModel):
+    """The site egress cap against its links."""
+
+    cap_gbps: float = Field(ge=0, description="spec.siteEgressCapGbps.")
+    links_cap_gbps: float = Field(ge=0, description="The sum of the caps of its links in service (not drained).")
+    binds: bool = Field(
+        description="Whether the site cap binds: below the sum of its links' caps, so the links together cannot "
+        "all run at their own caps at once."
+    )
 
 
 class PrefillClusterStatus(ApiModel):
@@ -184,7 +273,11 @@ class PrefillClusterStatus(ApiModel):
         "heartbeat (operator --status-heartbeat-seconds, 300 s).",
         json_schema_extra={"format": "date-time"},
     )
-    conditions: list[Condition] = conditions_field("Ready, Degraded.")
+    links: list[SiteLinkStatus] = Field(
+        default_factory=list, max_length=64, description="The site's links known in this region."
+    )
+    site_cap: SiteCapStatus | None = Field(default=None, description="Set when spec.siteEgressCapGbps is.")
+    conditions: list[Condition] = conditions_field("Ready, Degraded, Drained, SiteCapBinding.")
 
 
 class PrefillCluster(ApiModel):

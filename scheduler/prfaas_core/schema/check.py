@@ -26,7 +26,7 @@ from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 JsonDict = dict[str, Any]
-IssueSource = Literal["schema", "cel", "model", "reference", "document", "engine"]
+IssueSource = Literal["schema", "cel", "model", "reference", "document", "engine", "graph"]
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Validation of manifests: each object against the CRD (schema + CEL) *and* the pydantic models, then
-across objects (dangling references, duplicates). Pure: takes parsed documents, returns issues.
+across objects (dangling references, duplicates, the engines' configuration, the fleet graph of
+:mod:`.fleet_graph`). Pure: takes parsed documents, returns issues.
 
 Both per-object checkers run on every object so that a disagreement between the CRD and the models is
 visible (the test suite requires they reject the same invalid manifests and name the same field); a field both
@@ -24,6 +25,7 @@ from ..names import API_GROUP, GROUP_VERSION
 from .check import Issue, check_against_crd, format_path
 from .crds import crd_schema_by_kind
 from .engine_checks import engine_issues
+from .fleet_graph import graph_issues
 
 
 @dataclass
@@ -164,6 +166,11 @@ def _mode(doc: Document) -> str:
     return str(spec.get("mode", "Managed")) if isinstance(spec, dict) else "Managed"
 
 
+def _same_remote(a: Document, b: Document) -> bool:
+    """Two identical Remote descriptions of one PrefillCluster (several regions' files checked at once)."""
+    return a.kind == "PrefillCluster" and _mode(a) == "Remote" and a.body.get("spec") == b.body.get("spec")
+
+
 def cross_object_issues(
     checked: Sequence[Checked], default_namespace: str = "default"
 ) -> tuple[dict[int, list[Issue]], dict[int, list[Issue]]]:
@@ -184,6 +191,8 @@ def cross_object_issues(
             continue
         key = _key(c.document, default_namespace)
         dup_key: tuple[str | None, ...] = (*key, _mode(c.document)) if c.document.kind == "PrefillCluster" else key
+        if dup_key in seen and _same_remote(checked[seen[dup_key]].document, c.document):
+            continue  # a fleet's regions each describe the site they use: the same description is no duplicate
         if dup_key in seen:
             first = checked[seen[dup_key]].document
             out.setdefault(i, []).append(
@@ -231,9 +240,10 @@ def validate_documents(
         checked[i].issues.extend(extra)
     for i, extra in unresolved.items():
         (checked[i].issues if strict_references else checked[i].unresolved).extend(extra)
-    errors, warnings = engine_issues([c.model for c in checked], default_namespace)
-    for i, extra in errors.items():
-        checked[i].issues.extend(extra)
-    for i, extra in warnings.items():
-        checked[i].warnings.extend(extra)
+    models = [c.model for c in checked]
+    for errors, warnings in (engine_issues(models, default_namespace), graph_issues(models, default_namespace)):
+        for i, extra in errors.items():
+            checked[i].issues.extend(extra)
+        for i, extra in warnings.items():
+            checked[i].warnings.extend(extra)
     return checked

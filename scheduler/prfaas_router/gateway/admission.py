@@ -39,6 +39,7 @@ from prfaas_core.policy.link_admission import CLAIMS, AdmitTick, Decline, admit,
 from prfaas_core.policy.link_calendar import Deadline, booked_gbps
 from prfaas_core.policy.link_shares import LinkShares
 from prfaas_core.policy.link_state import EgressLedger, LinkParams
+from prfaas_core.policy.link_view import link_view_disagreement
 
 from ..state.metrics import RouterMetrics
 from ..state.peers import PeerLoans
@@ -194,6 +195,9 @@ class LinkAdmission(PullsOnWire):
         link = headers.get(names.HEADER_LINK)
         if link is not None and link != self.link:
             return json_error(400, f"{names.HEADER_LINK}: this gateway schedules link {self.link!r}, not {link!r}")
+        disagreement = link_view_disagreement(headers, self.link, self.whole.capacity_gbps, self.whole.max_utilization)
+        if disagreement is not None:
+            return json_error(400, disagreement)
         self.report(headers, now_s)
         avail = self.available(now_s)
         params = avail.bound(self.params)
