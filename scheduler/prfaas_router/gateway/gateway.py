@@ -152,9 +152,11 @@ class Gateway:
             if isinstance(verdict, web.Response):
                 return verdict
             booking = verdict
-            await self.admission.hold(booking, rt.model_now)
-        held = time.perf_counter()
+        held = started
         try:
+            if booking is not None and self.admission is not None:
+                await self.admission.hold(booking, rt.model_now)  # a router gone meanwhile frees its window below
+            held = time.perf_counter()
             resp, instance = await self._prefill_on_instance(request, body, ids, hashes, hits, booking)
         except BaseException:
             if booking is not None and self.admission is not None:
