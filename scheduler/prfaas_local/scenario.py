@@ -59,7 +59,8 @@ class ElasticSpec(ApiModel):
     rate_window_seconds: float = Field(default=15.0, gt=0, description="Model seconds the rates cover.")
     scale_down_stabilization_seconds: float = Field(default=20.0, ge=0)
     startup_seconds: float = Field(default=10.0, ge=0, description="An engine's start-up (the forecast horizon).")
-    target_utilization: float = Field(default=0.8, gt=0, le=1)
+    prfaas_target_utilization: float = Field(default=0.8, gt=0, le=1, description="The site plans for this share.")
+    pd_target_utilization: float = Field(default=0.8, gt=0, le=1, description="The PD cluster plans for this share.")
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     drain_timeout_seconds: float = Field(default=60.0, gt=0)
     settle_seconds: float = Field(

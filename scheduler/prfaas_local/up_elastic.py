@@ -63,7 +63,9 @@ class ElasticSettings:
     behavior: ScaleBehavior
     period_s: float
     rate_window_s: float
-    target_utilization: float
+    prfaas_target_utilization: float
+    pd_target_utilization: float
+    """Each cluster's share of its throughput to plan for (the two kinds' ``scaling.targetUtilization``)."""
     drain_timeout_s: float
     settle_s: float
     """After the replay: model seconds the session goes on until both clusters are back at their min."""
@@ -95,6 +97,9 @@ class _Region:
     history: list[tuple[float, float, float, float]] = field(default_factory=list)
     demand: list[tuple[float, float]] = field(default_factory=list)
     leaving: dict[str, float] = field(default_factory=dict)
+    starting: dict[str, RouterEndpoint] = field(default_factory=dict)
+    """Engines started and not yet answering: they join the configuration once they do (as a Service lists only
+    ready pods), so no request reaches one still starting."""
     """Engines drained out of service -> when; stopped once they hold nothing (or at the drain timeout)."""
     made: int = 0
 
@@ -178,6 +183,8 @@ class ElasticRun:
         r, s = self.site, self.s
         self._reshape()
         states = self._read(r, self._prfaas_names())
+        if self._started(r, states):
+            self._publish_gateway()
         self._retire(r, states, now, self._stop_prfaas)
         queue, ready = self._gateway()
         rates = r.rates(now, s.rate_window_s)
@@ -186,7 +193,7 @@ class ElasticRun:
         load = Load(prompt_tokens_per_s=rates[0], requests_per_s=rates[1], waiting=queue)
         cap = self.stack.link_gbps * self.stack.spec.link_max_utilization
         hw = self.inputs.prfaas_hardware
-        need, why = site_demand(load, hw, self.slo, s.target_utilization, self.inputs.kv, cap)
+        need, why = site_demand(load, hw, self.slo, s.prfaas_target_utilization, self.inputs.kv, cap)
         desired = self._decide(r, now, need, why, ready)
         self.samples.append(CapacitySample(now, r.name, desired, ready, need))
         while self.stack.spec.n_prfaas - len(r.leaving) < desired:
@@ -203,7 +210,8 @@ class ElasticRun:
         else:
             i = stack.spec.n_prfaas
             stack.spec = _with(stack.spec, n_prfaas=i + 1)
-            stack._start_prfaas(i)  # the stack's own builder
+            ref = stack._start_prfaas(i)  # the stack's own builder
+            r.starting[ref.name] = RouterEndpoint(name=ref.name, url=stack.peer_url(ref.name), role="prefill")
             r.made += 1
         self._publish_gateway()
 
@@ -215,7 +223,7 @@ class ElasticRun:
 
     def _publish_gateway(self) -> None:
         stack = self.stack
-        serving = [n for n in self._prfaas_names() if n not in self.site.leaving]
+        serving = [n for n in self._prfaas_names() if n not in self.site.leaving and n not in self.site.starting]
         config = dict(stack.configs["gateway"])
         known = {e["name"]: e for e in config["endpoints"]}
         self._gateway_endpoints.update(known)
@@ -258,7 +266,11 @@ class ElasticRun:
         r, s = self.pd, self.s
         endpoints = list(self.cluster.config.endpoints)
         in_prefill = {e.name for e in endpoints if e.role == "prefill"}
-        states = self._read(r, [e.name for e in endpoints] + list(r.leaving), in_prefill)
+        states = self._read(r, [e.name for e in endpoints] + list(r.leaving) + list(r.starting), in_prefill)
+        up = self._started(r, states)
+        if up:
+            self.cluster.add_endpoints(up)
+            endpoints = list(self.cluster.config.endpoints)
         self._retire(r, states, now, self._stop_pd)
         ready = self._router_ready()
         rates = r.rates(now, s.rate_window_s)
@@ -272,12 +284,12 @@ class ElasticRun:
         prefill = Load(rates[0], rates[1], waiting["prefill"])
         decode = Load(generation_tokens_per_s=rates[2], decode_waiting=waiting["decode"])
         hw = self.inputs.pd_hardware
-        need, why = pd_demand(prefill, decode, hw, self.slo, s.target_utilization)
+        need, why = pd_demand(prefill, decode, hw, self.slo, s.pd_target_utilization)
         assert hw.decode is not None  # pd_demand raised otherwise
-        decode_need = decode_demand(rates[2], hw.decode.tokens_per_second, s.target_utilization)
+        decode_need = decode_demand(rates[2], hw.decode.tokens_per_second, s.pd_target_utilization)
         desired = self._decide(r, now, need, why, ready)
         self.samples.append(CapacitySample(now, r.name, desired, ready, need))
-        serving = [e for e in endpoints if e.name not in r.leaving]
+        serving = [e for e in endpoints if e.name not in r.leaving] + list(r.starting.values())
         if len(serving) < desired:
             self._add_pd(serving, desired - len(serving), need - decode_need, decode_need)
         elif len(serving) > desired:
@@ -295,7 +307,7 @@ class ElasticRun:
             self.pd.made += 1
             ref = self.stack._engine(name, role, "H20")  # the stack's own engine builder
             added.append(RouterEndpoint(name=name, url=ref.url, role=self.cluster.label(role)))
-        self.cluster.add_endpoints(added)
+            self.pd.starting[name] = added[-1]
 
     def _drain_pd(
         self, serving: list[RouterEndpoint], n: int, prefill_need: float, decode_need: float, now: float
@@ -303,7 +315,7 @@ class ElasticRun:
         """``n`` engines out of the router's configuration, from the role with the most to spare (each role keeps
         one; never one the long-term loop is draining for a flip), the newest first."""
         busy = set(self.cluster.config.draining)
-        pool = [e for e in serving if e.name not in busy]
+        pool = [e for e in serving if e.name not in busy and e.name not in self.pd.starting]
         gone: list[str] = []
         for _ in range(n):
             left = [e for e in pool if e.name not in gone]
@@ -342,6 +354,12 @@ class ElasticRun:
             )  # fmt: skip
         return d.desired
 
+    @staticmethod
+    def _started(r: _Region, states: dict[str, dict[str, Any]]) -> list[RouterEndpoint]:
+        """The engines starting that answer now (out of ``r.starting``)."""
+        up = [r.starting.pop(n) for n in list(r.starting) if n in states]
+        return up
+
     def _retire(self, r: _Region, states: dict[str, dict[str, Any]], now: float, stop: Any) -> None:
         """Stop each engine leaving that holds nothing any more (or has drained past the timeout)."""
         for name, since in sorted(r.leaving.items(), key=lambda kv: -int(kv[0].split("-")[1])):
@@ -358,8 +376,8 @@ class ElasticRun:
         return (
             self.site.desired == self.site.bounds.min_instances
             and self.pd.desired == self.pd.bounds.min_instances
-            and not self.site.leaving
-            and not self.pd.leaving
+            and not (self.site.leaving or self.site.starting)
+            and not (self.pd.leaving or self.pd.starting)
         )
 
     async def run(self, st: Any, stop: asyncio.Event) -> None:

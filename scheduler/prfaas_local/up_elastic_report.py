@@ -28,7 +28,8 @@ def settings_of(spec: Any, n_prfaas: int, n_pd: int) -> ElasticSettings:
         behavior,
         spec.period_seconds,
         spec.rate_window_seconds,
-        spec.target_utilization,
+        spec.prfaas_target_utilization,
+        spec.pd_target_utilization,
         spec.drain_timeout_seconds,
         spec.settle_seconds,
     )
