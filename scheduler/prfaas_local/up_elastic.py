@@ -198,8 +198,12 @@ class ElasticRun:
         self.samples.append(CapacitySample(now, r.name, desired, ready, need))
         while self.stack.spec.n_prfaas - len(r.leaving) < desired:
             self._add_prfaas()
-        while self.stack.spec.n_prfaas - len(r.leaving) > desired:
-            self._drain_prfaas(now)
+        # a scale-in waits until every engine in service is ready (the region's own view): an engine is never
+        # stopped before it has come up and served, so a scale-out that a quick fall overtook still lands first
+        serving = self.stack.spec.n_prfaas - len(r.leaving)
+        if serving > desired and ready >= serving and not r.starting:
+            for _ in range(serving - desired):
+                self._drain_prfaas(now)
 
     def _add_prfaas(self) -> None:
         """Back into service the newest one leaving, or a new engine with its relay; the relays re-split."""
@@ -292,7 +296,7 @@ class ElasticRun:
         serving = [e for e in endpoints if e.name not in r.leaving] + list(r.starting.values())
         if len(serving) < desired:
             self._add_pd(serving, desired - len(serving), need - decode_need, decode_need)
-        elif len(serving) > desired:
+        elif len(serving) > desired and ready >= len(serving):  # as the site: every engine ready first
             self._drain_pd(serving, len(serving) - desired, need - decode_need, decode_need, now)
 
     def _add_pd(self, serving: list[RouterEndpoint], n: int, prefill_need: float, decode_need: float) -> None:
@@ -374,7 +378,9 @@ class ElasticRun:
     def at_min(self) -> bool:
         """Both clusters back at their min, nothing left draining."""
         return (
-            self.site.desired == self.site.bounds.min_instances
+            self.stack.spec.n_prfaas == self.site.bounds.min_instances
+            and len(self.cluster.config.endpoints) == self.pd.bounds.min_instances
+            and self.site.desired == self.site.bounds.min_instances
             and self.pd.desired == self.pd.bounds.min_instances
             and not (self.site.leaving or self.site.starting)
             and not (self.pd.leaving or self.pd.starting)
