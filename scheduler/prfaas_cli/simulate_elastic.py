@@ -5,6 +5,7 @@ demand, both clusters)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,51 @@ def report(prepared: Prepared, peak: tuple[int, int], statics: list[Outcome], el
     if best is not None:
         out["gpu_hours_ratio"] = round(elastic.gpu_hours / best.gpu_hours, 4)
         out["cost_ratio"] = round(elastic.cost / best.cost, 4)
+    if elastic.trace is not None and elastic.trace.time_s:
+        out.update(where_it_goes(elastic, prepared))
     return out
+
+
+def where_it_goes(elastic: Outcome, prepared: Prepared, window_s: float = 600.0) -> dict[str, Any]:
+    """Where the elastic run's instances go, per ``window_s`` of the day: each cluster's desired, ready and demand
+    (the policy's own, in instances at its target utilisation) as means over the loop's samples; and the demand
+    envelope's GPU-hours over the day (the demand as it was, and in whole instances per cluster within the min)."""
+    tr = elastic.trace
+    assert tr is not None
+    inputs = prepared.planned.inputs
+    g_prf, g_pd = inputs.prfaas_hardware.gpus_per_instance, inputs.pd_hardware.gpus_per_instance
+    rows = []
+    start = 0.0
+    while start < tr.time_s[-1]:
+        idx = [i for i, t in enumerate(tr.time_s) if start <= t < start + window_s]
+        if idx:
+
+            def mean(xs: list[Any], idx: list[int] = idx) -> float:
+                return round(float(sum(xs[i] for i in idx)) / len(idx), 2)
+
+            rows.append(
+                {"from_s": start, "to_s": start + window_s,
+                 "prfaas": {"desired": mean(tr.prfaas_desired), "ready": mean(tr.prfaas_ready),
+                            "demand": mean(tr.prfaas_demand)},
+                 "pd": {"desired": mean(tr.pd_desired), "ready": mean(tr.pd_ready), "demand": mean(tr.pd_demand)}}
+            )  # fmt: skip
+        start += window_s
+    hours = prepared.scenario.duration_seconds / 3600.0
+    n = len(tr.time_s)
+    frac = sum(a * g_prf + b * g_pd for a, b in zip(tr.prfaas_demand, tr.pd_demand, strict=True)) / n * hours
+    whole = (
+        sum(
+            max(1, math.ceil(a - 1e-9)) * g_prf + max(2, math.ceil(b - 1e-9)) * g_pd
+            for a, b in zip(tr.prfaas_demand, tr.pd_demand, strict=True)
+        )
+        / n
+        * hours
+    )
+    return {
+        "per_window": rows,
+        "demand_envelope_gpu_hours": round(frac, 1),
+        "demand_envelope_whole_instances_gpu_hours": round(whole, 1),
+    }
 
 
 def render_table(rep: dict[str, Any]) -> str:
@@ -70,6 +115,20 @@ def render_table(rep: dict[str, Any]) -> str:
         lines.append(
             f"elastic / best static (*): GPU-hours x{rep['gpu_hours_ratio']:.3f}, cost x{rep['cost_ratio']:.3f} "
             "(elastic sizes are time averages)"
+        )
+    rows = rep.get("per_window") or []
+    if rows:
+        lines.append("where the elastic instances go (means per window; demand = the policy's, in instances):")
+        lines.append(f"{'window s':<13} {'PrFaaS desired/ready/demand':>28} {'PD desired/ready/demand':>26}")
+        for r in rows:
+            a, b = r["prfaas"], r["pd"]
+            lines.append(
+                f"{r['from_s']:5.0f}-{r['to_s']:<6.0f} {a['desired']:>10.2f} {a['ready']:>7.2f} {a['demand']:>8.2f} "
+                f"{b['desired']:>10.2f} {b['ready']:>6.2f} {b['demand']:>8.2f}"
+            )
+        lines.append(
+            f"demand envelope: {rep['demand_envelope_gpu_hours']:.1f} GPU-hours as demanded, "
+            f"{rep['demand_envelope_whole_instances_gpu_hours']:.1f} in whole instances per cluster"
         )
     return "\n".join(lines)
 

@@ -196,24 +196,44 @@ class LocalCluster:
             self._publish({"draining": sorted(draining)})
             self.wait_applied()
         for name in decision.drain:
-            self.set_drain(by_name[name].url, True)
+            if name in by_name:  # (one the elastic loop took out meanwhile is gone already)
+                self.set_drain(by_name[name].url, True)
         for name in decision.undrain:  # a flip aborted at its drain timeout: back in service, same role
             if name in by_name:
                 self.set_drain(by_name[name].url, False)
             draining.discard(name)
-        endpoints = list(self.config.endpoints)
-        for name, role in decision.flip:
-            url = by_name[name].url
-            self.set_role(url, role)
-            self.set_drain(url, False)
-            draining.discard(name)
-            label = self.label(role)
-            endpoints = [RouterEndpoint(name=e.name, url=e.url, role=label) if e.name == name else e for e in endpoints]
-        t_min = effects.threshold_min_tokens
-        changes: dict[str, Any] = {"endpoints": endpoints, "draining": sorted(draining)}
-        if t_min is not None:
-            changes["threshold_min_tokens"] = t_min
-        self._publish(changes)
+        with self._lock:  # the endpoints as they are now (the elastic loop may add or remove some meanwhile)
+            endpoints = list(self.config.endpoints)
+            for name, role in decision.flip:
+                if name not in by_name:
+                    continue
+                url = by_name[name].url
+                self.set_role(url, role)
+                self.set_drain(url, False)
+                draining.discard(name)
+                label = self.label(role)
+                endpoints = [
+                    RouterEndpoint(name=e.name, url=e.url, role=label) if e.name == name else e for e in endpoints
+                ]
+            t_min = effects.threshold_min_tokens
+            names = {e.name for e in endpoints}
+            changes: dict[str, Any] = {"endpoints": endpoints, "draining": sorted(draining & names)}
+            if t_min is not None:
+                changes["threshold_min_tokens"] = t_min
+            self._publish(changes)
+
+    def add_endpoints(self, added: list[RouterEndpoint]) -> None:
+        """New engines into the router's configuration (elastic capacity: a scale-out)."""
+        with self._lock:
+            self._publish({"endpoints": [*self.config.endpoints, *added]})
+
+    def remove_endpoints(self, names: list[str]) -> None:
+        """Engines out of the router's configuration (elastic capacity: a scale-in, drain first: the router
+        sends them nothing new; what they hold finishes)."""
+        with self._lock:
+            gone = set(names)
+            endpoints = [e for e in self.config.endpoints if e.name not in gone]
+            self._publish({"endpoints": endpoints, "draining": sorted(set(self.config.draining) - gone)})
 
     def _publish(self, changes: dict[str, Any]) -> None:
         """Change the config and write the file when it changed (the loop's thread and the phases' thread

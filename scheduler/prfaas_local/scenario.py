@@ -49,12 +49,32 @@ class LoopSpec(ApiModel):
     flip_to_prefill_ratio: float = Field(default=0.8, gt=0)
 
 
+class ElasticSpec(ApiModel):
+    """Elastic capacity for the run: both clusters grow from the sizes the stack starts at (their min) up to their
+    max with demand, and back (``prfaas_local/up_elastic.py``; the core's decision, short periods)."""
+
+    prfaas_max_instances: int = Field(default=3, ge=1, le=8, description="Most PrFaaS engines.")
+    pd_max_instances: int = Field(default=6, ge=2, le=16, description="Most PD engines.")
+    period_seconds: float = Field(default=5.0, gt=0, description="Model seconds between two decisions.")
+    rate_window_seconds: float = Field(default=15.0, gt=0, description="Model seconds the rates cover.")
+    scale_down_stabilization_seconds: float = Field(default=20.0, ge=0)
+    startup_seconds: float = Field(default=10.0, ge=0, description="An engine's start-up (the forecast horizon).")
+    prfaas_target_utilization: float = Field(default=0.8, gt=0, le=1, description="The site plans for this share.")
+    pd_target_utilization: float = Field(default=0.8, gt=0, le=1, description="The PD cluster plans for this share.")
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    drain_timeout_seconds: float = Field(default=60.0, gt=0)
+    settle_seconds: float = Field(
+        default=300.0, ge=0, description="After the replay: model seconds to wait for both clusters back at min."
+    )
+
+
 class ScenarioSpec(ApiModel):
     description: str = Field(default="", max_length=2000)
     output_tokens: int = Field(default=32, ge=1, le=100_000, description="Output tokens per request.")
     time_scale: float = Field(default=2.0, gt=0, le=1000, description="Model seconds per wall second.")
     link_gbps: float = Field(default=100.0, gt=0, le=100_000, description="The link's capacity at the start.")
     loop: LoopSpec = Field(default_factory=LoopSpec)
+    elastic: ElasticSpec | None = Field(default=None, description="Elastic capacity (absent: fixed sizes).")
     phases: list[PhaseSpec] = Field(min_length=1, max_length=50)
 
 
@@ -157,6 +177,7 @@ def generate_trace(phases: list[Phase], lambda_max_rps: float, output_tokens: in
 
 __all__ = [
     "DEFAULT_SCENARIO",
+    "ElasticSpec",
     "Phase",
     "PhaseSpec",
     "ScenarioError",

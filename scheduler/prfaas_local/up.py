@@ -42,6 +42,8 @@ from .scenario import (
 )
 from .scenario import generate_trace as scenario_trace
 from .stack import LocalStack, StackSpec
+from .up_elastic import ElasticRun
+from .up_elastic_report import elastic_summary, settings_of
 from .up_prom import LocalPrometheus, alerts_seen, running_stack, start_prometheus
 from .up_report import loop_summary, print_summary, render_plot, summary
 from .up_session import run_session
@@ -213,13 +215,20 @@ def replay_run(args: argparse.Namespace, up: UpPlan, stack: LocalStack, records:
     slo = SloSpec()
     started_unix = time.time()
     view = LiveView(slo, len(records))
+    spec = up.scenario.elastic
+    sizing = None
+    if spec is not None:
+        settings = settings_of(spec, args.prfaas, args.pd)
+        sizing = lambda cluster: ElasticRun(stack, cluster, up.inputs, settings)  # noqa: E731
     try:
         st, cluster = asyncio.run(
-            run_session(stack, records, up.phases, up.params, up.inputs, args.seed, on_tick=view.update)
+            run_session(stack, records, up.phases, up.params, up.inputs, args.seed, on_tick=view.update, elastic=sizing)
         )
     finally:
         view.close()
     out = summary(st, slo, time.perf_counter() - st.started)
+    if spec is not None:
+        out["elastic"] = elastic_summary(st, {"prfaas": args.prfaas, "pd": args.pd}, up.phases)
     out["link_scheduling"] = link_scheduling_summary(args.link_scheduling, stack)
     published = json.loads(stack.config_path.read_text())
     out.update(loop_summary(st, cluster.counts(), cluster.config.threshold_min_tokens, published))
@@ -260,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         up = make_plan(args, scenario_of(args))
+        if up.scenario.elastic is not None:
+            settings_of(up.scenario.elastic, args.prfaas, args.pd)  # its bounds against the stack's sizes
         records = records_of(args, up)
         plot_dir = check_plot_dir(args.plot_dir) if args.plot_dir else None
     except (OSError, ValueError) as exc:  # ScenarioError and PlotDirError are ValueErrors

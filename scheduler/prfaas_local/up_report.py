@@ -185,6 +185,14 @@ def print_summary(out: dict[str, Any]) -> None:
         booked = {k: round(v) for k, v in sorted(ls["admissions"].items())}
         pulls = {k: round(v) for k, v in sorted(ls["pulls"].items())}
         print(f"\nlink scheduled by the gateway ({ls['mode']}): windows {booked}; pulls ended {pulls}")
+    el = out.get("elastic")
+    for name, c in (el or {}).get("clusters", {}).items():
+        print(
+            f"\nelastic {name}: {c['start']} -> desired {c['peak_desired']} (ready {c['peak_ready']}) -> "
+            f"{c['end_desired']}; after the demand step: scale-out asked at +{c['scale_out_asked_s']} s, ready at "
+            f"+{c['scale_out_ready_s']} s; after the fall: scale-in at +{c['scale_in_asked_s']} s, back at the start "
+            f"at +{c['back_to_start_s']} s (model)"
+        )
     lp = out["loop"]
     print(
         f"\nflips {len(out['role_flips'])}, t changes {len(out['threshold_changes'])}; roles now "
@@ -218,8 +226,15 @@ def render_plot(st: SessionState, slo: SloSpec) -> bytes:
     the cap; the router's ``t`` with its floor ``t_min``; the PD roles."""
     from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, NullFormatter
 
-    fig = figure(12, 12)
-    ax_ttft, ax_egress, ax_t, ax_roles = fig.subplots(4, 1, sharex=True)
+    fig = figure(12, 15 if st.capacity else 12)
+    axes = fig.subplots(5 if st.capacity else 4, 1, sharex=True)
+    ax_ttft, ax_egress, ax_t, ax_roles = axes[:4]
+    if st.capacity:  # elastic capacity: desired vs ready per cluster against demand
+        from .up_elastic_report import draw_capacity
+
+        _bands(axes[4], st.phases, label=False)
+        draw_capacity(axes[4], st.capacity)
+        _legend(axes[4])
     series = st.egress_series()
     seen = max([t for t, _ in series[-1:]] + [r[0] for r in st.timeline[-1:]] + [1.0])
     end = max([p.end_s for p in st.phases if p.end_s != float("inf")] + [seen])
@@ -289,7 +304,7 @@ def render_plot(st: SessionState, slo: SloSpec) -> bytes:
     ax_roles.set_ylabel("instances")
     ax_roles.set_ylim(0, max((max(r[1], r[2]) for r in st.timeline), default=1) + 1)
     ax_roles.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_roles.set_xlabel(f"model seconds (wall seconds x {st.time_scale:g})")
+    axes[-1].set_xlabel(f"model seconds (wall seconds x {st.time_scale:g})")
     ax_roles.set_title("PD roles from the long-term loop")
     _legend(ax_roles)
     fig.tight_layout()

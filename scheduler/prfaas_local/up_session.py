@@ -89,6 +89,9 @@ class SessionState:
     relay_egress: list[tuple[float, float]] = field(default_factory=list)
     """(model s at the window's end, model Gbps) per 1-s model window by the relays' own accounting (summed
     over the relays; read at the end of the session)."""
+    capacity: list[Any] = field(default_factory=list)
+    """Elastic capacity: each region loop's :class:`~.up_elastic.CapacitySample` (desired, ready, demand)."""
+    elastic_decisions: list[dict[str, Any]] = field(default_factory=list)
     shaper_burst_gbit: float = 0.0
     """What the relays together may carry above their rates in one window (``LocalStack.relay_burst_gbit``): the
     allowance a window gets above the cap before it counts as over it."""
@@ -171,9 +174,12 @@ async def run_session(
     seed: int,
     on_tick: Callable[[SessionState, LocalCluster], None] | None = None,
     serve_until: asyncio.Event | None = None,
+    elastic: Callable[[LocalCluster], Any] | None = None,
 ) -> tuple[SessionState, LocalCluster]:
     """Replay ``records`` (or, with ``serve_until``, serve until it is set) while the loop runs and the phases
-    are carried out; ``on_tick`` is called about once a wall second (the live view)."""
+    are carried out; ``on_tick`` is called about once a wall second (the live view). ``elastic``: makes the
+    elastic capacity loops (:class:`~.up_elastic.ElasticRun`) for the cluster; after the replay the session
+    goes on until they are back at their min (or their settle time)."""
     assert stack.router_config is not None
     scale = stack.spec.time_scale
     cluster = LocalCluster(
@@ -186,6 +192,7 @@ async def run_session(
         declared_lengths=inputs.lengths,
     )
     loop = LocalLoop(cluster, params, inputs)
+    sizing = elastic(cluster) if elastic is not None else None
     bodies = prepare_bodies(records, seed)
     st = SessionState(phases, scale, len(records))
     st.link_gbps, st.link_max_utilization = stack.spec.link_gbps, stack.spec.link_max_utilization
@@ -257,16 +264,22 @@ async def run_session(
         asyncio.create_task(ticker()),
         asyncio.create_task(sample_egress(stack.link_metric_urls, scale, stop, st.egress, stamps=st.egress_stamps)),
     ]
+    if sizing is not None:
+        tasks.append(asyncio.create_task(sizing.run(st, stop)))
     try:
         if serve_until is not None:
             await serve_until.wait()
         else:
             await replay(stack.urls["router"], records, scale, on_result=st.results.append, bodies=bodies)
+        if sizing is not None:
+            await sizing.settle(st)
     except (aiohttp.ClientError, OSError) as exc:
         raise RuntimeError(f"the replay failed: {exc}") from exc
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if sizing is not None:
+            sizing.close()
         st.relay_egress = await asyncio.to_thread(read_relay_windows, stack, st, client)
         # the last cycle may have published a t_min the router has not reloaded yet: wait until it has, then
         # read the router's t once more, so that the summary compares what was published with what is in force

@@ -59,7 +59,21 @@ def facts(st: SessionState, cluster: LocalCluster, slo: SloSpec) -> dict[str, An
         "routes": routes,
         "done": len(st.results),
         "last": last,
+        "capacity": capacity_line(st),
     }
+
+
+def capacity_line(st: SessionState) -> str | None:
+    """Elastic capacity now: each cluster's desired vs ready against its demand (None: fixed sizes)."""
+    last = {s.cluster: s for s in st.capacity}
+    if not last:
+        return None
+    parts = [
+        f"{label} {s.ready}/{s.desired} ready (demand {s.demand:.1f})"
+        for key, label in (("prfaas", "PrFaaS"), ("pd", "PD"))
+        if (s := last.get(key)) is not None
+    ]
+    return ", ".join(parts)
 
 
 def plain_line(f: dict[str, Any]) -> str:
@@ -74,7 +88,7 @@ def plain_line(f: dict[str, Any]) -> str:
         f"[model {f['now']:5.0f}s wall {f['wall']:4.0f}s {f['phase'].name}] roles {f['roles']} | "
         f"t {t} (floor {f['t_min']}) | egress "
         f"{f['egress']:.1f}/{f['cap']:g} Gbps {'scarce' if f['scarce'] else 'abundant'} | {routes} | done "
-        f"{f['done']} | last {decision}"
+        f"{f['done']} | last {decision}" + (f" | capacity {f['capacity']}" if f["capacity"] else "")
     )
 
 
@@ -118,6 +132,8 @@ class LiveView:
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
         grid.add_row("phase", f"{f['index']}. {ph.name} (model {ph.start_s:g}-{ph.end_s:g} s): {ph.expect}")
+        if f["capacity"]:
+            grid.add_row("capacity", f["capacity"])
         grid.add_row("roles P/D", f"[bold]{f['roles']}[/]   so far: {' -> '.join(f['roles_seen'])}")
         t = "-" if f["t"] is None else f"{f['t']:.0f}"
         raised = f["t"] is not None and f["t"] > f["t_min"]

@@ -58,6 +58,9 @@ def test_elastic_capacity(tmp_path: Path) -> None:
     rep = json.loads((tmp_path / "elastic.json").read_text())
     assert rep["elastic"]["completed"] == rep["elastic"]["arrived"] > 0
     assert rep["elastic"]["gpu_hours"] > 0 and rep["static"]
+    # where the elastic instances go: per window, each cluster's desired, ready and demand; the demand's envelope
+    assert rep["per_window"] and {"desired", "ready", "demand"} <= set(rep["per_window"][0]["pd"])
+    assert 0 < rep["demand_envelope_gpu_hours"] <= rep["demand_envelope_whole_instances_gpu_hours"]
     assert (tmp_path / "elastic-capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

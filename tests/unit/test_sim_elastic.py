@@ -120,3 +120,30 @@ def test_bounds_are_checked() -> None:
         ElasticParams(ScaleBounds(0, 4), ScaleBounds(2, 8))
     with pytest.raises(ValueError, match=r"pd\.min_instances"):
         ElasticParams(ScaleBounds(1, 4), ScaleBounds(1, 8))
+
+
+def test_the_walk_down_trades_one_kind_for_two_of_the_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the planner's peak the walk removes instances while the objective holds, and trades one PrFaaS instance
+    for two PD (or one PD for two PrFaaS) where that is fewer GPUs: the diurnal day's best static, 5 + 7, is a trade
+    away from 4 + 9, which no single removal improves (attainment per size is a made-up table here)."""
+    from types import SimpleNamespace
+
+    from prfaas_core.sim import elastic_run
+
+    meets = {(4, 12), (4, 11), (5, 11), (5, 12), (5, 13), (4, 13), (4, 10), (4, 9), (5, 9), (5, 8), (5, 7), (6, 7)}
+    tried: list[tuple[int, int]] = []
+
+    def fake_static(prepared, n_prf, n_pd, prices):  # type: ignore[no-untyped-def]
+        tried.append((n_prf, n_pd))
+        summary = SimpleNamespace(slo_attainment=0.95 if (n_prf, n_pd) in meets else 0.5)
+        return elastic_run.Outcome(f"{n_prf}+{n_pd}", n_prf, n_pd, summary, 8.0 * (n_prf + n_pd), n_prf + n_pd, 0.0)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(elastic_run, "run_static", fake_static)
+    monkeypatch.setattr(elastic_run, "peak_sizes", lambda *a, **k: (4, 12))
+    monkeypatch.setattr(elastic_run, "run_elastic", lambda *a, **k: None)
+    prepared = prepare(step_scenario(120.0), None)
+    _, statics, _ = elastic_run.compare(prepared)
+    best = elastic_run.best_static(statics, prepared.scenario.search.attainment)
+    assert best is not None and (best.n_prfaas, best.n_pd) == (5, 7)
+    assert (4, 8) in tried and (6, 5) in tried  # 4 + 8 fails, and so does every move from 5 + 7
+    assert len(tried) == len(set(tried))  # each size run once

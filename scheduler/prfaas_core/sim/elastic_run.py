@@ -4,10 +4,12 @@
 deploy — the planner's cheapest deployment (:func:`~prfaas_core.capacity.budget.cheapest_for_rate`) for the
 busiest stretch of the day, taken window by window (each window's rate and its own length mix, sizes the
 elementwise maximum over windows) — plus its neighbourhood (±1 PrFaaS, ±1 PD instance), then a walk down from the
-best of them (one PrFaaS or one PD instance fewer, while the objective still holds: the planner's sizes may be
-more than the simulated day needs). The best static is the fewest GPU-hours among those whose attainment meets
-the objective (the scenario's ``search.attainment``). (Searching every ``N_prfaas x N_pd x split``
-would be ~1000 day-long runs; the planner is the tool that sizes a deployment, so it picks the candidates.)
+best of them while the objective still holds (one PrFaaS or one PD instance fewer: the planner's sizes may be more
+than the simulated day needs; or one PrFaaS more for two PD fewer, or one PD more for two PrFaaS fewer, where that
+is fewer GPUs: the peak's neighbourhood can miss a cheaper split of the same day). The best static is the fewest
+GPU-hours among those whose attainment meets the objective (the scenario's ``search.attainment``). (Searching
+every ``N_prfaas x N_pd x split`` would be ~1000 day-long runs; the planner is the tool that sizes a deployment, so
+it picks the candidates.)
 
 *Elastic*: the same deployment starting at the planner's sizes, with :class:`~prfaas_core.sim.elastic.ElasticLoop`
 sizing both clusters within ``prfaas`` and ``pd`` bounds; the role loop splits whatever PD instances there are.
@@ -230,10 +232,20 @@ def compare(
         static(*n)
     objective = prepared.scenario.search.attainment
     best = best_static(runs.values(), objective)
+    inputs = prepared.planned.inputs
+    gpus = (inputs.prfaas_hardware.gpus_per_instance, inputs.pd_hardware.gpus_per_instance)
     while candidates is None and best is not None:  # the planner's peak may be more than needed: walk down
         n_prf, n_pd = int(best.n_prfaas), int(best.n_pd)
-        smaller = [(n_prf - 1, n_pd), (n_prf, n_pd - 1)]
-        tried = [static(a, b) for a, b in smaller if a >= bounds[0] and b >= pd_bounds[0]]
+        # one instance fewer, or one of a kind traded for two of the other: every move to fewer GPUs (a trade finds
+        # the static that serves the night's long prompts from the site and the day's decode with fewer PD)
+        moves = [(n_prf - 1, n_pd), (n_prf, n_pd - 1), (n_prf + 1, n_pd - 2), (n_prf - 2, n_pd + 1)]
+        here = n_prf * gpus[0] + n_pd * gpus[1]
+        smaller = [
+            (a, b)
+            for a, b in moves
+            if bounds[0] <= a <= bounds[1] and pd_bounds[0] <= b <= pd_bounds[1] and a * gpus[0] + b * gpus[1] < here
+        ]
+        tried = [static(a, b) for a, b in smaller]
         ok = best_static(tried, objective)
         if ok is None:
             break

@@ -236,7 +236,9 @@ class SimElasticSpec(ApiModel):
     pd_max_instances: int = Field(default=16, ge=2, le=10_000, description="Most PD instances.")
     period_seconds: float = Field(default=30.0, gt=0, le=86_400, description="How often each loop decides, s.")
     startup_seconds: float = Field(default=120.0, ge=0, le=86_400, description="A new instance's start-up time, s.")
-    scale_down_stabilization_seconds: float = Field(default=300.0, ge=0, le=86_400, description="Scale-in window, s.")
+    scale_down_stabilization_seconds: float = Field(
+        default=120.0, ge=0, le=86_400, description="Scale-in window, s (default: the start-up time)."
+    )
     tolerance: float = Field(default=0.1, ge=0, lt=1, description="No change within this share of the size.")
     target_utilization: float = Field(default=0.8, gt=0, le=1, description="Plan for this share of throughput.")
     prfaas_price_per_instance_hour: float = Field(default=40.0, ge=0, description="Price of a PrFaaS instance-hour.")
