@@ -82,12 +82,8 @@ class Operator:
             self._nudge_dependents(stored)
 
     def _nudge_dependents(self, entry: Entry) -> None:
-        """A new or changed object can resolve (or break) the references of others."""
-        for kind in self.world.objects:
-            if kind != entry.kind:
-                for other in self.world.all(kind):
-                    if other.namespace == entry.namespace or entry.namespace is None:
-                        self.cycle.nudge(kind, other.key)
+        """A new or changed object can resolve (or break) the references of others (at the next tick)."""
+        self.cycle.nudge_dependents(entry.kind, entry.namespace)
 
     def forget(self, kind: str, body: JsonDict) -> None:
         meta = body.get("metadata") or {}
