@@ -240,7 +240,8 @@ class LocalStack:
         endpoints += [
             {**kv_events_field(e), "name": e.name, "url": urls.get(e.name, e.url), "role": "decode"} for e in decode
         ]
-        link: dict[str, Any] = {"name": LINK, "capacityGbps": s.link_gbps, "maxUtilization": s.link_max_utilization}
+        capacity = s.router_link_gbps or s.gateway_link_gbps or s.link_gbps  # the gateway's view, but on purpose
+        link: dict[str, Any] = {"name": LINK, "capacityGbps": capacity, "maxUtilization": s.link_max_utilization}
         if self.link_metric_urls:
             link["metricsUrl"] = self.link_metric_urls[0]
         config: dict[str, Any] = {
@@ -358,6 +359,15 @@ class LocalStack:
         """The link's capacity becomes ``gbps`` (model): every relay its share, still paced if it was."""
         self.link_gbps = gbps
         self._set_relays()
+
+    def set_gateway_link(self, gbps: float) -> None:
+        """The gateway's configured link capacity becomes ``gbps``, as the routers' does (one InterDCLink: their
+        views agree); the gateway reloads its file."""
+        config = self.configs.get("gateway")
+        if config is None or not config.get("links"):
+            return
+        links = [{**link, "capacityGbps": gbps} for link in config["links"]]
+        self.write_config("gateway", {**config, "links": links})
 
     def _set_relays(self) -> None:
         rate = self.relay_gbps(self.paced, self.link_gbps)
