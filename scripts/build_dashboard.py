@@ -46,6 +46,8 @@ PD = f'{NS}, pd_cluster=~"$pd_cluster"'
 LINK = f'{PD}, link=~"$link"'
 GW = f'{NS}, link=~"$link"'
 """Gateway series (region A: no PD cluster)."""
+SITE = f'{NS}, site=~"$prefill_cluster"'
+"""A fleet site's gateway series (``site``: the PrefillCluster it fronts)."""
 PD_ENGINE = f'{PD}, pd_cluster!=""'
 PF_ENGINE = f'{NS}, prefill_cluster=~"$prefill_cluster", prefill_cluster!=""'
 BY_PD = "namespace, pd_cluster"
@@ -372,6 +374,30 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                         f"max by (link) (avg_over_time({_q('prfaas_router_link_cap_gbps', LINK)}[{RATE}]))",
                         "{{link}} cap",
                     ),
+                ),
+                unit="Gbits",
+                width=8,
+            ),
+            Panel(
+                "Site egress cap: demand vs cap",
+                "A fleet site's egress cap (PrefillCluster spec.siteEgressCapGbps, model Gbps) against the KV its "
+                "links ask for (offered over the last 10 model seconds, booked or not), from the site's gateway "
+                "(replicas summed). Demand above the cap: the cap binds and the links share it max-min fair "
+                "(PrfaasSiteEgressCapBinding after 15m).",
+                (
+                    _t(f"sum by (site) ({_q('prfaas_gateway_site_demand_gbps', SITE)})", "{{site}} demand"),
+                    _t(f"sum by (site) ({_q('prfaas_gateway_site_cap_gbps', SITE)})", "{{site}} cap"),
+                ),
+                unit="Gbits",
+                width=8,
+            ),
+            Panel(
+                "Site cap shares by link",
+                "Each link's max-min fair share of its site's egress cap now (model Gbps; the link's calendar books "
+                "under the lower of it and the link's own cap), beside what the link asks for.",
+                (
+                    _t(f"sum by (site, link) ({_q('prfaas_gateway_site_share_gbps', SITE)})", "{{link}} share"),
+                    _t(f"sum by (site, link) ({_q('prfaas_gateway_site_demand_gbps', SITE)})", "{{link}} demand"),
                 ),
                 unit="Gbits",
                 width=8,

@@ -17,7 +17,6 @@ compare). Times are model seconds (the engines', relays' and routers' ``time_sca
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -194,6 +193,13 @@ class FleetStack:
         st.write_config("gateway", config)
         self.drained.add(site)
 
+    def squeeze(self, site: str, cap_gbps: float) -> None:
+        """``site``'s egress cap becomes ``cap_gbps`` (its gateway reloads; its calendars are kept)."""
+        st = self.sites[site]
+        config = dict(st.configs["gateway"])
+        config["gateway"] = {**config["gateway"], "siteEgressCapGbps": cap_gbps}
+        st.write_config("gateway", config)
+
     # -- what is measured --------------------------------------------------------------------------------------
 
     def remote_bytes(self, region: str) -> dict[str, float]:
@@ -235,10 +241,9 @@ def _samples(text: str, metric: str, label: str) -> dict[str, float]:
     return out
 
 
-def settled(windows: dict[int, float], skip: Iterable[int] = ()) -> dict[int, float]:
-    """The windows that are over (the last one still fills) and not in ``skip``."""
+def settled(windows: dict[int, float], since: int | None = None) -> dict[int, float]:
+    """The windows that are over (the last one still fills), from model second ``since`` on."""
     if not windows:
         return {}
     last = max(windows)
-    gone = set(skip)
-    return {k: v for k, v in windows.items() if k < last and k not in gone}
+    return {k: v for k, v in windows.items() if k < last and (since is None or k >= since)}

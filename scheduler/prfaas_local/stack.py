@@ -199,7 +199,7 @@ class LocalStack:
                 admission.update(replicas=len(peers), peers=list(peers))
                 if self.tls_ca is not None:
                     admission["peerCaFile"] = str(self.tls_ca)
-            gateway["admission"] = admission
+            gateway.update(admission=admission, siteEgressCapGbps=s.site_egress_cap_gbps)
         if s.gateway_tls is not None:
             gateway.update(tlsCertFile=str(s.gateway_tls[0]), tlsKeyFile=str(s.gateway_tls[1]))
         config = {
@@ -363,11 +363,8 @@ class LocalStack:
     def set_gateway_link(self, gbps: float) -> None:
         """The gateway's configured link capacity becomes ``gbps``, as the routers' does (one InterDCLink: their
         views agree); the gateway reloads its file."""
-        config = self.configs.get("gateway")
-        if config is None or not config.get("links"):
-            return
-        links = [{**link, "capacityGbps": gbps} for link in config["links"]]
-        self.write_config("gateway", {**config, "links": links})
+        if (config := self.configs.get("gateway")) is not None and config.get("links"):
+            self.write_config("gateway", {**config, "links": [{**k, "capacityGbps": gbps} for k in config["links"]]})
 
     def _set_relays(self) -> None:
         rate = self.relay_gbps(self.paced, self.link_gbps)

@@ -97,6 +97,8 @@ class StackSpec:
     gateway_link_gbps: float | None = None
     """The link's configured capacity, the gateway's and the routers' alike (their views agree, as the operator
     writes both from one InterDCLink; None: ``link_gbps``); the emulated wire keeps ``link_gbps``."""
+    site_egress_cap_gbps: float | None = None
+    """The gateway's site egress cap (``gateway.siteEgressCapGbps``; None: none, the link alone)."""
     router_link_gbps: float | None = None
     """A routers' view of the link that differs from the gateway's on purpose: they configure this capacity and
     send it with each remote prefill, and the gateway refuses those prefills (400 naming ``capacityGbps``). None:

@@ -77,9 +77,8 @@ def test_a_cut_link_moves_its_region_to_the_other_site_under_the_site_cap(tmp_pa
             windows = settled(fleet.site_windows(site))
             assert windows, site
             assert max(windows.values()) <= spec.site_cap_gbps + burst + 1e-9, (site, windows)
-            print(
-                f"{site}: {len(windows)} windows, the busiest {max(windows.values()):.2f} Gbps (cap {spec.site_cap_gbps})"
-            )
+            busiest = max(windows.values())
+            print(f"{site}: {len(windows)} windows, the busiest {busiest:.2f} Gbps (cap {spec.site_cap_gbps})")
     finally:
         stop.set()
         fleet.stop()
