@@ -4,9 +4,11 @@ steady load from both regions, through four phases (model seconds):
 1. **steady**: both regions prefer site-1 (its links first; equal predicted TTFT), whose gateway books both links
    under its site cap;
 2. **cut**: east's link to site-1 is cut: east's remote prefills move to site-2 (the delay is reported);
-3. **squeeze**: site-2's egress cap is squeezed (its gateway's ``siteEgressCapGbps``): its egress, by its relays'
-   own 1-s counters, stays under the squeezed cap (plus the shaper's burst);
-4. **drain**: site-2 is drained: it takes no new work (east, its other site cut, prefills locally).
+3. **squeeze**: site-2's egress cap is squeezed (its gateway's ``siteEgressCapGbps``) to one pull's rate: its
+   egress, by its relays' own 1-s counters, stays under the squeezed cap (plus the shaper's burst), where its two
+   relays could carry twice that;
+4. **drain**: site-2 is drained: after what it held finishes (``SETTLE_S``) it takes no new work (east, its other
+   site cut, prefills locally).
 
 Every request is answered (a remote call cut mid-way falls back to the local prefill). The report: per phase the
 requests, the KV each gateway served per link, each site's busiest settled 1-s window against its cap.
@@ -30,6 +32,8 @@ from .fleet import FleetSpec, FleetStack, link_name, settled
 
 PHASES = ("steady", "cut", "squeeze", "drain")
 TOKENS = 20_000
+SETTLE_S = 60.0
+"""Model seconds after the drain before site-2's new work is counted: the prefills it held then finish."""
 
 
 class _Load:
@@ -39,11 +43,16 @@ class _Load:
         self.fleet, self.phase = fleet, PHASES[0]
         self.stop = threading.Event()
         self.statuses: dict[str, list[int]] = {p: [] for p in PHASES}
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
         self.threads = [
             threading.Thread(target=self._client, args=(rs.url("router"),), daemon=True)
-            for rs in fleet.regions.values()
+            for rs in self.fleet.regions.values()
             for _ in range(2)
         ]
+        for t in self.threads:
+            t.start()
 
     def _client(self, url: str) -> None:
         with httpx.Client(timeout=120.0) as client:
@@ -83,8 +92,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"phases": [], "site_cap_gbps": spec.site_cap_gbps, "work_dir": str(work)}
     try:
         fleet.start()
-        for t in load.threads:
-            t.start()
+        load.start()
         caps = dict.fromkeys(spec.sites, spec.site_cap_gbps)
         for phase in PHASES:
             load.phase, before, first = phase, _served(fleet), int(_model_now(spec.time_scale))
@@ -93,11 +101,13 @@ def run_fleet(args: argparse.Namespace) -> int:
                 cut_at = fleet.cut(cut)
                 moved = _wait_moved(fleet, before, cut_at, phase_s)
                 report["cut_to_move_model_s"] = moved
-            elif phase == "squeeze":
-                caps["site-2"] = spec.site_cap_gbps / 2
+            elif phase == "squeeze":  # to one pull at a time (a pull runs at its relay's rate, nothing slows it)
+                caps["site-2"] = spec.site_nic_gbps / spec.n_prfaas
                 fleet.squeeze("site-2", caps["site-2"])
             elif phase == "drain":
                 fleet.drain("site-2")
+                time.sleep(SETTLE_S / spec.time_scale)  # what site-2 held when drained finishes
+                before = _served(fleet)
             time.sleep(phase_s / spec.time_scale)
             after = _served(fleet)
             windows = {s: settled(fleet.site_windows(s), first + 2) for s in spec.sites}
