@@ -49,10 +49,11 @@ class FleetSpec:
     link_gbps: float = 10.0
     """Each link's capacity (model Gbps; its cap ``x link_max_utilization``)."""
     link_max_utilization: float = 0.8
-    site_cap_gbps: float = 6.0
-    """Each site's egress cap, shared by its links (model Gbps)."""
-    site_nic_gbps: float = 8.0
-    """The site's relays together (the wire): above the site cap, so that the gateway is what holds it."""
+    site_cap_gbps: float = 2.5
+    """Each site's egress cap, shared by its links (model Gbps): one 2-Gbps pull at a time."""
+    site_nic_gbps: float = 4.0
+    """The site's relays together (the wire; 2 Gbps each, what one pull runs at): above the site cap, so that the
+    gateway is what holds it (without the cap two pulls overlap: 4.19 Gbps in a 1-s window, measured)."""
     time_scale: float = 50.0
     byte_scale: float = 1e-3
     threshold_min_tokens: int = 8_000
