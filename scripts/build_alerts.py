@@ -79,6 +79,24 @@ GROUPS: list[tuple[str, list[dict[str, Any]]]] = [
                 },
             },
             {
+                # A fleet site's gateway books its links under the site's egress cap (siteEgressCapGbps), split
+                # max-min fair over the links' demands; each replica exports its share of the cap and of the demand.
+                "alert": "PrfaasSiteEgressCapBinding",
+                "expr": "sum by (namespace, site) (prfaas_gateway_site_demand_gbps)\n"
+                "  > on (namespace, site) sum by (namespace, site) (prfaas_gateway_site_cap_gbps)",
+                "for": "<<alerts.siteCapBinding.for>>",
+                "labels": {"severity": "warning"},
+                "annotations": {
+                    "summary": "Site {{ $labels.site }}'s links have asked more than its egress cap for "
+                    "<<alerts.siteCapBinding.for>>",
+                    "description": "The KV offered to the links of site {{ $labels.site }} in {{ $labels.namespace }} "
+                    "has exceeded the site's egress cap (siteEgressCapGbps) for <<alerts.siteCapBinding.for>>: its "
+                    "gateway shares the cap max-min fair between the links, so remote prefills wait for a window or "
+                    "are prefilled locally or at another site. Raise siteEgressCapGbps, or move a region's traffic "
+                    "to another site (prfaas plan on the fleet says where capacity pays most).",
+                },
+            },
+            {
                 # Gateway replicas lend each other their idle share of the link (gateway.admission.peers); a
                 # replica that cannot reach a peer keeps only cap / replicas.
                 "alert": "PrfaasGatewayPeersUnreachable",

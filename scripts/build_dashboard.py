@@ -46,6 +46,8 @@ PD = f'{NS}, pd_cluster=~"$pd_cluster"'
 LINK = f'{PD}, link=~"$link"'
 GW = f'{NS}, link=~"$link"'
 """Gateway series (region A: no PD cluster)."""
+SITE = f'{NS}, site=~"$prefill_cluster"'
+"""A fleet site's gateway series (``site``: the PrefillCluster it fronts)."""
 PD_ENGINE = f'{PD}, pd_cluster!=""'
 PF_ENGINE = f'{NS}, prefill_cluster=~"$prefill_cluster", prefill_cluster!=""'
 BY_PD = "namespace, pd_cluster"
@@ -426,6 +428,28 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                     _t(_gbps("vllm:nixl_bytes_transferred_sum", PD_ENGINE, "pd_cluster"), "pulled {{pd_cluster}}"),
                     _t(_gbps("prfaas_gateway_kv_egress_bytes_total", GW, "link"), "gateway served {{link}}"),
                     _t(_gbps("prfaas_router_remote_kv_bytes_total", LINK, "link"), "routers admitted {{link}}"),
+                ),
+                unit="Gbits",
+            ),
+            Panel(
+                "Site egress cap: demand vs cap",
+                "A fleet site's egress cap (PrefillCluster spec.siteEgressCapGbps, model Gbps) against the KV its "
+                "links ask for (offered over the last 10 model seconds, booked or not), from the site's gateway "
+                "(replicas summed). Demand above the cap: the cap binds and the links share it max-min fair "
+                "(PrfaasSiteEgressCapBinding after 15m).",
+                (
+                    _t(f"sum by (site) ({_q('prfaas_gateway_site_demand_gbps', SITE)})", "{{site}} demand"),
+                    _t(f"sum by (site) ({_q('prfaas_gateway_site_cap_gbps', SITE)})", "{{site}} cap"),
+                ),
+                unit="Gbits",
+            ),
+            Panel(
+                "Site cap shares by link",
+                "Each link's max-min fair share of its site's egress cap now (model Gbps; the link's calendar books "
+                "under the lower of it and the link's own cap), beside what the link asks for.",
+                (
+                    _t(f"sum by (site, link) ({_q('prfaas_gateway_site_share_gbps', SITE)})", "{{link}} share"),
+                    _t(f"sum by (site, link) ({_q('prfaas_gateway_site_demand_gbps', SITE)})", "{{link}} demand"),
                 ),
                 unit="Gbits",
             ),

@@ -137,6 +137,7 @@ def build_gateway(pfc: PrefillCluster, pods: list[JsonDict], model: ModelProfile
         tls_cert_file=f"{GATEWAY_DIR}/tls/tls.crt" if tls else None,
         tls_key_file=f"{GATEWAY_DIR}/tls/tls.key" if tls else None,
         admission=admission,
+        site_egress_cap_gbps=pfc.spec.site_egress_cap_gbps if admission is not None else None,
     )
     return RouterConfig(
         pd_cluster=pfc.metadata.name,

@@ -59,6 +59,12 @@ def register(sub: Any) -> None:
     p.add_argument("--output-tokens", type=int, help="output tokens per request (scenario's; 128 with --engines vllm)")
     p.add_argument("--trace", help="replay this trace (JSONL, prfaas_core.request.trace) instead of generating one")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="a fleet instead of one pair: 2 sites, 2 regions, 4 links (emulated engines), phases steady, a link "
+        "cut, a site cap squeezed, a site drained (--duration: model seconds each, default 60)",
+    )
     p.add_argument("--work-dir", help="where configs, logs and summary.json go (default: a temp dir)")
     add_output_arg(p, "table")
     p.add_argument(

@@ -199,7 +199,7 @@ class LocalStack:
                 admission.update(replicas=len(peers), peers=list(peers))
                 if self.tls_ca is not None:
                     admission["peerCaFile"] = str(self.tls_ca)
-            gateway["admission"] = admission
+            gateway.update(admission=admission, siteEgressCapGbps=s.site_egress_cap_gbps)
         if s.gateway_tls is not None:
             gateway.update(tlsCertFile=str(s.gateway_tls[0]), tlsKeyFile=str(s.gateway_tls[1]))
         config = {
@@ -240,7 +240,8 @@ class LocalStack:
         endpoints += [
             {**kv_events_field(e), "name": e.name, "url": urls.get(e.name, e.url), "role": "decode"} for e in decode
         ]
-        link: dict[str, Any] = {"name": LINK, "capacityGbps": s.link_gbps, "maxUtilization": s.link_max_utilization}
+        capacity = s.router_link_gbps or s.gateway_link_gbps or s.link_gbps  # the gateway's view, but on purpose
+        link: dict[str, Any] = {"name": LINK, "capacityGbps": capacity, "maxUtilization": s.link_max_utilization}
         if self.link_metric_urls:
             link["metricsUrl"] = self.link_metric_urls[0]
         config: dict[str, Any] = {
@@ -358,6 +359,12 @@ class LocalStack:
         """The link's capacity becomes ``gbps`` (model): every relay its share, still paced if it was."""
         self.link_gbps = gbps
         self._set_relays()
+
+    def set_gateway_link(self, gbps: float) -> None:
+        """The gateway's configured link capacity becomes ``gbps``, as the routers' does (one InterDCLink: their
+        views agree); the gateway reloads its file."""
+        if (config := self.configs.get("gateway")) is not None and config.get("links"):
+            self.write_config("gateway", {**config, "links": [{**k, "capacityGbps": gbps} for k in config["links"]]})
 
     def _set_relays(self) -> None:
         rate = self.relay_gbps(self.paced, self.link_gbps)

@@ -95,7 +95,14 @@ class StackSpec:
     """How long the emulated engines hold a prefill's KV for a pull that has not started (``prfaas engine
     --kv-timeout``); their gateway's admission assumes the same (``kvLeaseSeconds``; real vLLM: its default, 30 s)."""
     gateway_link_gbps: float | None = None
-    """The capacity the gateway's admission books against (None: ``link_gbps``)."""
+    """The link's configured capacity, the gateway's and the routers' alike (their views agree, as the operator
+    writes both from one InterDCLink; None: ``link_gbps``); the emulated wire keeps ``link_gbps``."""
+    site_egress_cap_gbps: float | None = None
+    """The gateway's site egress cap (``gateway.siteEgressCapGbps``; None: none, the link alone)."""
+    router_link_gbps: float | None = None
+    """A routers' view of the link that differs from the gateway's on purpose: they configure this capacity and
+    send it with each remote prefill, and the gateway refuses those prefills (400 naming ``capacityGbps``). None:
+    the views agree (``gateway_link_gbps``)."""
     egress_pacing: bool = False
     """Each PrFaaS instance's egress paced to cap / instances (what ``linkScheduling.egressPacing: PerInstance``
     asks of the CNI in a cluster): its relay runs at that rate, and the gateway books each pull at it."""

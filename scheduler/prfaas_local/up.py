@@ -256,6 +256,10 @@ def link_scheduling_summary(mode: str, stack: LocalStack) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "fleet", False):
+        from .fleet_up import run_fleet
+
+        return run_fleet(args)
     if args.engines == "vllm":
         if args.link_scheduling != "off":
             print("error: --link-scheduling runs with the emulated engines (their gateway, relays)", file=sys.stderr)

@@ -3,7 +3,8 @@ out (the link reshaped live at a phase's start, its capacity published to the ro
 the summary and the plot read (link egress, the router's ``t`` and link state), and the replay itself.
 
 The stack is anything with LocalStack's interface (``spec``, ``urls``, ``config_path``, ``router_config``,
-``link_metric_urls``, ``reshape_link(gbps)``, which keeps the relays paced when they were, ``relay_burst_gbit()``).
+``link_metric_urls``, ``reshape_link(gbps)``, which keeps the relays paced when they were, ``set_gateway_link(gbps)``,
+``relay_burst_gbit()``).
 """
 
 from __future__ import annotations
@@ -220,6 +221,7 @@ async def run_session(
                 st.current_phase = phase.name
                 if phase.link_gbps != st.link_gbps or not st.link_changes:
                     await asyncio.to_thread(stack.reshape_link, phase.link_gbps)
+                    await asyncio.to_thread(stack.set_gateway_link, phase.link_gbps)
                     await asyncio.to_thread(cluster.set_link_capacity, phase.link_gbps)
                     st.link_gbps = phase.link_gbps
                     st.link_changes.append((now, phase.name, phase.link_gbps))

@@ -131,8 +131,9 @@ def start(procs: Processes, harness: Harness, tmp: Path) -> ObservedStack:
     namespace = harness.namespace()
     operator = harness.start_operator(namespace)
     harness.setup(namespace)
-    # the gateway schedules its link (source-side admission), as a PrefillCluster's spec.linkScheduling asks
-    stack = start_stack(procs, tmp, gateway_admission={"capacityGbps": 100.0})
+    # the gateway schedules its link (source-side admission), as a PrefillCluster's spec.linkScheduling asks, under
+    # a site egress cap (spec.siteEgressCapGbps; above the link's cap, it never binds, and its series exist)
+    stack = start_stack(procs, tmp, gateway_admission={"capacityGbps": 100.0, "siteEgressCapGbps": 100.0})
     targets = {name: stack.url(part).removeprefix("http://") for name, part in PARTS.items()}
     targets["operator"] = f"127.0.0.1:{operator.metrics_port}"
     obs = ObservedStack(stack, harness, operator, namespace, tmp, free_port(), None, targets)

@@ -160,13 +160,14 @@ def test_every_alert_fires_in_one_case_and_stays_silent_in_another() -> None:
 
 
 def test_every_alert_is_per_cluster_or_per_link() -> None:
-    """An aggregation keeps the PD cluster (namespace, pd_cluster) or the link; the two global ones say why."""
+    """An aggregation keeps the PD cluster (namespace, pd_cluster), the link or the fleet site; the two global ones say
+    why."""
     global_ok = {"PrfaasOperatorNotReconciling", "PrfaasOperatorMetricsMissing", "PrfaasOperatorPrometheusErrors"}
     for rule in rules():
         if rule["alert"] in global_ok:
             continue
         expr = " ".join(rule["expr"].split())
-        keys = ("namespace, pd_cluster", "namespace, link", "by (namespace)", "pd_cluster=")
+        keys = ("namespace, pd_cluster", "namespace, link", "namespace, site", "by (namespace)", "pd_cluster=")
         assert any(k in expr for k in keys) or rule["alert"] == "PrfaasRoleFlapping", rule["alert"]
         assert "sum(" not in expr.replace(" ", "") or "by" in expr, rule["alert"]
 

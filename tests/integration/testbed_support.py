@@ -195,7 +195,8 @@ def start_stack(
     router_cmd: Sequence[str] = (),
     **router_extra: Any,
 ) -> Stack:
-    """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link;
+    """``gateway_admission``: the gateway's ``gateway.admission`` block plus ``capacityGbps`` of its link (and
+    ``siteEgressCapGbps``, the gateway's site cap);
     ``gateway_extra``: more top-level fields of the gateway's config; ``wait_ready=False``: return as soon as
     the processes are started; ``link_gbps``: the link emulator's capacity (and the routers' configured one);
     ``gateway_replicas`` > 1: the admission's ``replicas`` and ``peers`` name them all (``gateway``,
@@ -213,6 +214,7 @@ def start_stack(
         threshold_min_tokens=threshold_min_tokens,
         gateway_admission=admission is not None,
         gateway_link_gbps=admission.pop("capacityGbps") if admission is not None else None,
+        site_egress_cap_gbps=admission.pop("siteEgressCapGbps", None) if admission is not None else None,
         admission=admission,
         gateway_token=TOKEN,
         gateway_replicas=gateway_replicas,

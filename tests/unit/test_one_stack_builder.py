@@ -47,3 +47,25 @@ def test_prfaas_up_and_the_real_stack_build_through_it() -> None:
     field = {f.name: f for f in dataclasses.fields(real_up.RealUp)}["stack"]
     assert field.type in ("LocalStack", stack.LocalStack)
     assert "LocalStack.over_vllm(" in inspect.getsource(real_up.RealUp)
+
+
+def test_the_routers_and_the_gateway_see_one_link_unless_a_test_asks_otherwise(tmp_path: Path) -> None:
+    """The routers send their view of the link with each remote prefill and the gateway refuses one that differs
+    (400): the builder gives both the gateway's capacity (``gateway_link_gbps``; the wire keeps ``link_gbps``), and
+    a differing view only when asked for (``router_link_gbps``). A reshaped link rewrites the gateway's too."""
+    engine = stack.EngineRef("prfaas-0", "http://127.0.0.1:1")
+    pd = [stack.EngineRef("pd-0", "http://127.0.0.1:2"), stack.EngineRef("pd-1", "http://127.0.0.1:3")]
+
+    def capacities(**spec: object) -> tuple[float, float]:
+        st = stack.LocalStack(stack.StackSpec(gateway_admission=True, **spec), tmp_path)  # type: ignore[arg-type]
+        gateway = st.make_gateway_config(engine)
+        router = st.make_router_config(pd[:1], pd[1:], None, 0)
+        return gateway["links"][0]["capacityGbps"], router["links"][0]["capacityGbps"]
+
+    assert capacities() == (100.0, 100.0)
+    assert capacities(gateway_link_gbps=0.005) == (0.005, 0.005)
+    assert capacities(gateway_link_gbps=0.005, router_link_gbps=100.0) == (0.005, 100.0)
+    st = stack.LocalStack(stack.StackSpec(gateway_admission=True), tmp_path)
+    st.write_config("gateway", st.make_gateway_config(engine))
+    st.set_gateway_link(5.0)
+    assert st.configs["gateway"]["links"][0]["capacityGbps"] == 5.0

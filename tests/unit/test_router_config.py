@@ -163,6 +163,11 @@ def test_a_site_gateway_gets_every_link_it_serves_and_a_drained_site_drains_its_
     assert [(x.name, x.capacity_gbps) for x in config.links] == [("east-to-site-1", 100), ("west-to-site-1", 100)]
     assert config.gateway is not None and config.gateway.admission is not None
     assert config.gateway.admission.link == "east-to-site-1" and config.draining == []
+    # the site's egress cap reaches the gateway, which books both links under it
+    assert config.gateway.site_egress_cap_gbps == doc["spec"].get("siteEgressCapGbps")
+    doc["spec"]["siteEgressCapGbps"] = 120
+    config = build_gateway(PrefillCluster.model_validate(doc), pods, profile.spec)
+    assert config.gateway is not None and config.gateway.site_egress_cap_gbps == 120
     doc["spec"]["drained"] = True
     config = build_gateway(PrefillCluster.model_validate(doc), pods, profile.spec)
     assert config.draining == ["p-1", "p-2"] and len(config.endpoints) == 2

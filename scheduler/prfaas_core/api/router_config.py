@@ -253,6 +253,12 @@ class GatewayServing(ApiModel):
     admission: GatewayAdmission | None = Field(
         default=None, description="Source-side admission: book each prefill's KV stream in a link calendar."
     )
+    site_egress_cap_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="The site's egress cap (model Gbps; the PrefillCluster's spec.siteEgressCapGbps), shared by "
+        "every link in links[] the gateway schedules (max-min fair over their demands). None: each link alone.",
+    )
 
 
 class RouterConfig(ApiModel):

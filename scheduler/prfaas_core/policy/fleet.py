@@ -28,8 +28,9 @@ all the site's streams, so the cap holds at every instant even while the shares 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .link_admission import AdmitTick, Booking, admit
@@ -37,6 +38,8 @@ from .link_calendar import Deadline, earliest_window, prefer_local
 from .link_state import EgressLedger, LinkParams
 
 _EPS = 1e-9
+DEMAND_WINDOW_S = 10.0
+"""A link's demand (for the site cap's shares): the KV offered to it over this many seconds (model time)."""
 
 
 def site_shares(cap_gbps: float, demands: Mapping[str, float]) -> dict[str, float]:
@@ -63,6 +66,28 @@ def site_shares(cap_gbps: float, demands: Mapping[str, float]) -> dict[str, floa
         for k in shares:
             shares[k] += left / len(shares)
     return shares
+
+
+@dataclass
+class LinkDemands:
+    """Each link's demand on a site (:func:`site_shares`' input): the KV offered to it, booked or not, over the
+    last :data:`DEMAND_WINDOW_S` (model Gbps). The gateway's site keeps one; time is a parameter."""
+
+    window_s: float = DEMAND_WINDOW_S
+    offered: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    """link -> (model time, Gbit offered)."""
+
+    def offer(self, link: str, now_s: float, gbit: float) -> None:
+        self.offered.setdefault(link, deque()).append((now_s, gbit))
+
+    def demands(self, links: Iterable[str], now_s: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for link in links:
+            q = self.offered.get(link, deque())
+            while q and q[0][0] < now_s - self.window_s:
+                q.popleft()
+            out[link] = sum(g for _, g in q) / self.window_s
+        return out
 
 
 @dataclass(frozen=True)

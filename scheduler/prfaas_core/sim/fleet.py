@@ -29,7 +29,7 @@ from ..capacity.hardware import builtin_hardware
 from ..capacity.kv import KvModel, kv_model_from_profile
 from ..capacity.profiles import builtin_model_profiles
 from ..names import GBPS_BITS
-from ..policy.fleet import SiteOption, choose_site, site_shares
+from ..policy.fleet import DEMAND_WINDOW_S, SiteOption, choose_site, site_shares
 from ..policy.link_admission import AdmitTick, book
 from ..policy.link_calendar import Deadline, SiteCap, accepted_ttft_s
 from ..policy.link_state import EgressLedger, LinkParams
@@ -42,8 +42,6 @@ from .scenario import ArrivalSpec
 
 FleetMode = Literal["fleet", "static"]
 FLEET_MODES: tuple[FleetMode, ...] = ("fleet", "static")
-DEMAND_WINDOW_S = 10.0
-"""A link's demand (for the site cap's shares): the KV offered to it over this many seconds."""
 
 
 def _hardware(name: str, where: str) -> Callable[[float], float]:

@@ -20,6 +20,14 @@ from their pulls' timing) and send it along while it bounds the configured capac
 ``prfaas_gateway_admission_wait_seconds{link}``.
 
 The pulls on the wire, the reports and the loans between replicas are :mod:`.pulls`'s (the base class).
+
+**Several links, one site** (a fleet): the gateway schedules every link its config lists (``links[]``; a prefill
+names its link in ``x-prfaas-link``, none: ``gateway.admission.link``), one :class:`LinkAdmission` each
+(:class:`SiteAdmission`). With ``gateway.siteEgressCapGbps`` they book on one calendar, the site's, through the core's
+:class:`~prfaas_core.policy.link_calendar.SiteCap` (each link's ceiling bounded by its max-min fair share of the cap,
+:func:`~prfaas_core.policy.fleet.site_shares`, over the KV offered to each link lately; every stream under the whole
+cap), and a pull goes on the wire only while the site's pulls there leave room for it (as a paced instance's). One
+link and no site cap: as before.
 """
 
 from __future__ import annotations
@@ -35,9 +43,11 @@ from aiohttp import web
 
 from prfaas_core import names
 from prfaas_core.api import GatewayAdmission, RouterConfig, RouterLink
+from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.fleet import LinkDemands, site_shares
 from prfaas_core.policy.link_admission import CLAIMS, AdmitTick, Decline, admit, book, verify_claims
-from prfaas_core.policy.link_calendar import Deadline, booked_gbps
-from prfaas_core.policy.link_shares import LinkShares
+from prfaas_core.policy.link_calendar import Deadline, SiteCap, booked_gbps
+from prfaas_core.policy.link_shares import EPS, LinkShares
 from prfaas_core.policy.link_state import EgressLedger, LinkParams
 from prfaas_core.policy.link_view import link_view_disagreement
 
@@ -115,6 +125,38 @@ class LinkAdmission(PullsOnWire):
         """Pulls reported over that still count on the wire until their earliest end."""
         self._changed = asyncio.Event()
         self.claim_corrected = claim_counter(metrics, self.link)
+        self.site: SiteEgress | None = None
+        """The site whose egress cap this link shares (its calendar is then the site's)."""
+        self._keys: set[str] = set()
+        """This link's bookings on the site's calendar."""
+
+    def join(self, site: SiteEgress) -> None:
+        """Book on ``site``'s calendar from now on (a new link: nothing booked here yet)."""
+        self.site, self.ledger, self._deadlines = site, site.ledger, site.deadlines
+        site.links[self.link] = self
+
+    def _instance_full(self, instance: str | None, rate: float) -> bool:
+        """A full paced instance, or a full site: the site's pulls on the wire leave no room for this one (one
+        faster than the site cap goes alone)."""
+        if super()._instance_full(instance, rate):
+            return True
+        if self.site is None:
+            return False
+        on = self.site.on_wire_gbps()
+        return on > EPS and on + rate > self.site.cap_gbps(self.share) + EPS
+
+    def _leave(self, key: str) -> None:
+        super()._leave(key)
+        if self.site is not None:  # the site's other links' held answers may fit now
+            self.site.changed()
+
+    def _site_cap(self, now_s: float, gbit: float) -> SiteCap | None:
+        site = self.site
+        if site is None:
+            return None
+        site.demand.offer(self.link, now_s, gbit)
+        self._keys = {k for k in self._keys if self.ledger.get(k) is not None}
+        return site.cap_for(self.link, now_s, self.share, frozenset(self._keys))
 
     def _apply(self, spec: GatewayAdmission, link: RouterLink, time_scale: float) -> None:
         """What the spec, the link and the scale set (at start and on a reload)."""
@@ -207,6 +249,7 @@ class LinkAdmission(PullsOnWire):
                 self.metrics.gateway_link_available.labels(self.link, s).set(
                     params.capacity_gbps if s == source else 0.0
                 )
+        site_cap = self._site_cap(now_s, nbytes * 8.0 / GBPS_BITS)
         answer = admit(
             self.ledger,
             self._deadlines,
@@ -224,11 +267,14 @@ class LinkAdmission(PullsOnWire):
                 waiting=self.waiting,
                 max_waiting=self.spec.max_waiting,
                 pull_gbps=self.spec.pull_gbps,
+                site=site_cap,
             ),
         )
         if isinstance(answer, Decline):
             return self._decline(answer.reason, answer.window, answer.message)
         book(self.ledger, self._deadlines, key, answer)
+        if self.site is not None:
+            self._keys.add(key)
         if self.metrics is not None:
             self.metrics.gateway_lane_reorders.labels(self.link).inc(len(answer.moved))
         self._count("booked")
@@ -252,16 +298,73 @@ def claim_counter(metrics: RouterMetrics | None, link: str) -> Callable[[str], N
     return corrected
 
 
+class SiteEgress:
+    """A site's egress cap shared by the links its gateway schedules: their one calendar (the site's lanes are its
+    instances), the KV offered to each link lately, and each link's share of the cap (model Gbps, the whole site's;
+    a replica books its share of it)."""
+
+    def __init__(self, name: str, cap_gbps: float, metrics: RouterMetrics | None = None) -> None:
+        self.name, self.whole_cap_gbps, self.metrics = name, cap_gbps, metrics
+        self.ledger = EgressLedger(expire_s=600.0)
+        self.deadlines: dict[str, Deadline] = {}
+        self.links: dict[str, LinkAdmission] = {}
+        self.demand = LinkDemands()
+
+    def cap_gbps(self, share: float) -> float:
+        return self.whole_cap_gbps * share
+
+    def cap_for(self, link: str, now_s: float, share: float, keys: frozenset[str]) -> SiteCap:
+        """``link``'s booking's :class:`SiteCap`: the cap, the link's max-min fair share of it now, its bookings."""
+        cap = self.cap_gbps(share)
+        demands = self.demand.demands(self.links, now_s)
+        shares = site_shares(cap, demands)
+        if self.metrics is not None:
+            self.metrics.gateway_site_cap.labels(self.name).set(cap)
+            for name, gbps in shares.items():
+                self.metrics.gateway_site_share.labels(self.name, name).set(gbps)
+                self.metrics.gateway_site_demand.labels(self.name, name).set(demands[name])
+        return SiteCap(cap, shares.get(link, cap), keys)
+
+    def on_wire_gbps(self) -> float:
+        return sum(adm.on_wire_gbps() for adm in self.links.values())
+
+    def changed(self) -> None:
+        for adm in self.links.values():
+            adm._changed.set()
+
+
+class SiteAdmission:
+    """The gateway's admission: one :class:`LinkAdmission` per link it schedules, the site's cap shared by them
+    (``site``, with ``gateway.siteEgressCapGbps``). ``primary``: ``gateway.admission.link``, a prefill's link when
+    it names none."""
+
+    def __init__(self, links: dict[str, LinkAdmission], primary: str, site: SiteEgress | None) -> None:
+        self.links, self.primary, self.site = links, primary, site
+
+    def of(self, link: str | None) -> LinkAdmission | web.Response:
+        """The admission of a prefill's link (its ``x-prfaas-link``), or the 400 naming the links scheduled here."""
+        adm = self.links.get(self.primary if link is None else link)
+        if adm is not None:
+            return adm
+        scheduled = ", ".join(repr(n) for n in self.links)
+        return json_error(400, f"{names.HEADER_LINK}: this gateway schedules links {scheduled}, not {link!r}")
+
+    def all(self) -> list[LinkAdmission]:
+        return list(self.links.values())
+
+
 def admission_for(
     config: RouterConfig,
-    current: LinkAdmission | None,
+    current: SiteAdmission | None,
     metrics: RouterMetrics | None = None,
     replica: str = "",
     token: Callable[[], bytes | None] = lambda: None,
-) -> LinkAdmission | None:
-    """The gateway's admission for ``config`` (None: not configured). The current one is kept while its link is
-    the same, reconfigured in place: its calendar, its pulls on the wire and its loans outlive a reload.
-    ``replica``: this gateway's id among its peers; ``token``: its bearer token now (its peers accept the same)."""
+) -> SiteAdmission | None:
+    """The gateway's admission for ``config`` (None: not configured): every link of ``links[]``, the primary
+    ``gateway.admission.link``. A current link admission is kept while its link stays, reconfigured in place: its
+    calendar, its pulls on the wire and its loans outlive a reload (with a site cap, while the cap stays set: a cap
+    set or dropped starts every link's calendar afresh). ``replica``: this gateway's id among its peers; ``token``:
+    its bearer token now (its peers accept the same)."""
     gw = config.gateway
     if gw is None or gw.admission is None:
         return None
@@ -269,13 +372,42 @@ def admission_for(
     links = {link.name: link for link in config.links}
     if spec.link not in links:
         raise ValueError(f"gateway.admission.link: {spec.link!r} is not one of links[].name")
-    link = links[spec.link]
-    if current is not None and current.link == link.name:
-        if not current.reconfigure(spec, link, config.scale.time_scale, token):
+    cap = gw.site_egress_cap_gbps
+    site = None
+    if cap is not None:
+        site = current.site if current is not None and current.site is not None else None
+        site = site or SiteEgress(gw.prefill_cluster, cap, metrics)
+        site.whole_cap_gbps = cap
+        site.links = {}
+    keep = current is not None and (current.site is None) == (site is None)
+    out: dict[str, LinkAdmission] = {}
+    for name, link in links.items():
+        old = current.links.get(name) if current is not None and keep else None
+        out[name] = _link_admission(spec, link, config.scale.time_scale, old, metrics, replica, token)
+        if site is not None:
+            if out[name] is old:
+                site.links[name] = old
+            else:
+                out[name].join(site)
+    return SiteAdmission(out, spec.link, site)
+
+
+def _link_admission(
+    spec: GatewayAdmission,
+    link: RouterLink,
+    time_scale: float,
+    current: LinkAdmission | None,
+    metrics: RouterMetrics | None,
+    replica: str,
+    token: Callable[[], bytes | None],
+) -> LinkAdmission:
+    """One link's admission: ``current`` reconfigured in place, or a fresh one."""
+    if current is not None:
+        if not current.reconfigure(spec, link, time_scale, token):
             return current
         fresh = current
     else:
-        fresh = LinkAdmission(spec, link, config.scale.time_scale, metrics, replica)
+        fresh = LinkAdmission(spec, link, time_scale, metrics, replica)
         if spec.peers:
             fresh.peers = PeerLoans(spec.peers, token, spec.peer_ca_file)
     share = fresh.params.cap_gbps
@@ -284,7 +416,7 @@ def admission_for(
             "one pull is faster than this replica's share of the cap and no peers are configured to lend theirs: "
             "each replica lets one pull at a time, so the replicas together can pass the cap; list the replicas "
             "in gateway.admission.peers, or run one gateway replica on this link",
-            link=spec.link,
+            link=link.name,
             pull_gbps=spec.pull_gbps,
             share_gbps=round(share, 3),
             replicas=spec.replicas,

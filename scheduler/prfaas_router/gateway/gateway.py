@@ -52,7 +52,7 @@ from ..state.wire import (
     reported_prompt_tokens,
     timing_header,
 )
-from .admission import LinkAdmission, admission_for
+from .admission import LinkAdmission, SiteAdmission, admission_for
 from .pulls import Booking, KvLeaseOver
 
 ENGINE = engine_kind()
@@ -91,7 +91,8 @@ class Gateway:
         self.served: deque[tuple[float, int, float]] = deque()  # (model time, tokens, kv bytes)
         self.aborts = Aborts()
         """Engine legs in flight, cut short when their engine turns unhealthy (then the next one is tried)."""
-        self.admission: LinkAdmission | None = None
+        self.admission: SiteAdmission | None = None
+        """One link admission per link scheduled (a fleet site's share its cap)."""
         self.reload_secrets()
 
     def reload_secrets(self) -> None:
@@ -99,12 +100,15 @@ class Gateway:
         :mod:`.security`'s, reloaded on its own)."""
         old = self.admission
         self.admission = admission_for(self.rt.compiled.config, old, self.metrics, self.replica, self.token)
-        if old is not None and old is not self.admission and old.peers is not None:
-            old.peers.close_soon()
+        kept = {id(a) for a in self.admission.all()} if self.admission is not None else set()
+        for gone in old.all() if old is not None else []:
+            if id(gone) not in kept and gone.peers is not None:
+                gone.peers.close_soon()
 
     async def aclose(self) -> None:
-        if self.admission is not None and self.admission.peers is not None:
-            await self.admission.peers.aclose()
+        for adm in self.admission.all() if self.admission is not None else []:
+            if adm.peers is not None:
+                await adm.peers.aclose()
 
     async def prefill(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -127,20 +131,23 @@ class Gateway:
             decode_held = decode_cached_header(request.headers.get(names.HEADER_DECODE_CACHED_TOKENS))
         except ValueError as exc:
             return json_error(400, str(exc))
+        adm = None if self.admission is None else self.admission.of(request.headers.get(names.HEADER_LINK))
+        if isinstance(adm, web.Response):
+            return adm
         decode_held, overclaimed = verify_decode_cached(decode_held, len(ids))
-        if overclaimed and self.admission is not None:
-            self.admission.claim_corrected("decode_cached")
+        if overclaimed and adm is not None:
+            adm.claim_corrected("decode_cached")
         salt = body.get("cache_salt")  # a tenant's prompts match only its own prefixes (the engines' cache too)
         hashes = block_hashes(ids, c.config.routing.prefix_block_tokens, salt if isinstance(salt, str) else None)
         hits = rt.pd_index.match(hashes)
         booking = None
-        if self.admission is not None:
-            self.admission.set_lanes(self.status_model().ready_instances)
+        if adm is not None:
+            adm.set_lanes(self.status_model().ready_instances)
             uncached = len(ids) - max(hits.values(), default=0)
-            key = self.admission.pull_id()  # the gateway's own id: callers sharing an x-request-id stay apart
+            key = adm.pull_id()  # the gateway's own id: callers sharing an x-request-id stay apart
             prefill_s = c.prfaas.prefill_seconds(float(max(uncached, 1)))
             ready = rt.policy.pick_prefill(self._views(hits, set()), len(ids), c.prfaas.prefill_seconds)
-            verdict = self.admission.decide(
+            verdict = adm.decide(
                 key,
                 request.headers,
                 c.kv.pulled_kv_bytes(len(ids), decode_held),
@@ -154,21 +161,21 @@ class Gateway:
             booking = verdict
         held = started
         try:
-            if booking is not None and self.admission is not None:
-                await self.admission.hold(booking, rt.model_now)  # a router gone meanwhile frees its window below
+            if booking is not None and adm is not None:
+                await adm.hold(booking, rt.model_now)  # a router gone meanwhile frees its window below
             held = time.perf_counter()
-            resp, instance = await self._prefill_on_instance(request, body, ids, hashes, hits, booking)
+            resp, instance = await self._prefill_on_instance(request, body, ids, hashes, hits, booking, adm)
         except BaseException:
-            if booking is not None and self.admission is not None:
-                await self.admission.release(booking, False, rt.model_now)
+            if booking is not None and adm is not None:
+                await adm.release(booking, False, rt.model_now)
             raise
         prefilled = time.perf_counter()
         timings = [("hold", held - started), ("prefill", prefilled - held)]
-        if booking is not None and self.admission is not None:
+        if booking is not None and adm is not None:
             try:
-                pull_id = await self.admission.release(booking, resp.status == 200, rt.model_now, instance)
+                pull_id = await adm.release(booking, resp.status == 200, rt.model_now, instance)
             except KvLeaseOver as over:  # the caller releases the KV the engine holds for it (no pull will come)
-                return self.admission.lease_answer(over, engine_kv_handle(resp.body))
+                return adm.lease_answer(over, engine_kv_handle(resp.body))
             if pull_id is not None:
                 resp.headers[names.HEADER_PULL_ID] = pull_id
             timings += [
@@ -182,10 +189,12 @@ class Gateway:
         """A router reports a pull over (its decode holds the KV): the link's next pull may start. A report that
         reached the wrong replica (behind one Service) is forwarded to the peer whose id the pull's id starts with."""
         pull_id = request.match_info["pull_id"]
-        adm = self.admission
-        if adm is None:
+        if self.admission is None:
             return json_error(404, "this gateway schedules no link: there are no pulls to report")
-        if not adm.pulled(pull_id):
+        links = self.admission.all()
+        adm = next((a for a in links if a.pulled(pull_id)), None)
+        if adm is None:
+            adm = links[0]
             owner = pull_id.split(".", 1)[0]
             if owner != adm.replica and adm.peers is not None and names.HEADER_FORWARDED not in request.headers:
                 resp = await adm.peers.report_done(pull_id)
@@ -198,8 +207,8 @@ class Gateway:
         """The admission of the request's link, if the caller is one of its configured peers (403 otherwise, also on
         a gateway without peers: only the replicas of one link lend each other their shares)."""
         link = request.match_info["link"]
-        adm = self.admission
-        if adm is None or adm.link != link:
+        adm = None if self.admission is None else self.admission.links.get(link)
+        if adm is None:
             return json_error(404, f"this gateway schedules no link {link!r}")
         if adm.peers is None or not await adm.peers.is_peer(request.remote):
             adm.loan_count("not_peer")
@@ -272,11 +281,12 @@ class Gateway:
         hashes: list[bytes],
         hits: dict[str, int],
         booking: Booking | None = None,
+        link: LinkAdmission | None = None,
     ) -> tuple[web.Response, str | None]:
         """The prefill on the best healthy PrFaaS instance (the next one after a failure), and the instance that
         answered (None: none did). With a ``booking`` on paced instances, its pull joins the instance's egress work."""
         rt = self.rt
-        adm = self.admission if booking is not None else None
+        adm = link if booking is not None else None
         c = rt.compiled
         tried: set[str] = set()
         last_error = "no healthy PrFaaS instance"
@@ -332,7 +342,7 @@ class Gateway:
         rt = self.rt
         c = rt.compiled
         now = rt.model_now()
-        pulls = self.admission
+        pulls = self.admission.all() if self.admission is not None else []
         return [
             InstanceView(
                 e.name,
@@ -340,7 +350,7 @@ class Gateway:
                 cached_prefix_tokens=hits.get(e.name, 0),
                 healthy=rt.snapshot.engines.get(e.name, EngineLoad()).healthy and e.name not in tried,
                 draining=e.name in c.draining,
-                egress_wait_s=0.0 if pulls is None else pulls.egress_wait_s(e.name, now),
+                egress_wait_s=sum(p.egress_wait_s(e.name, now) for p in pulls),
             )
             for e in c.prefill
         ]
@@ -380,7 +390,7 @@ class Gateway:
             measured_prefill_tokens_per_second=sum(n for _, n, _ in window) / WINDOW_S,
             time=datetime.now(UTC).isoformat(),
             kv_egress_bytes=dict(self.egress_bytes),
-            scheduled_links=[self.admission.link] if self.admission is not None else [],
+            scheduled_links=list(self.admission.links) if self.admission is not None else [],
         )
 
     async def status(self, request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ from prfaas_core.policy import link_calendar
 from prfaas_core.policy.kv_index import unhonoured_tokens
 from prfaas_core.policy.link_calendar import prefer_local
 from prfaas_core.policy.link_estimate import Available
+from prfaas_core.policy.link_view import link_view_headers
 from prfaas_core.policy.routing import RouteDecision
 from prfaas_core.request.slo import ttft_objective_s
 
@@ -232,6 +233,9 @@ async def remote_prefill(
     if max_wait_s < float("inf"):
         avail = rt.available.get(remote.link)
         headers.update(admission_headers(remote.link, nbytes, max_wait_s, avail, max_ttft_s, slo_ttft_s))
+        view = rt.compiled.links.get(remote.link)
+        if view is not None:  # the gateway refuses a view of the link that disagrees with its own (400)
+            headers.update(link_view_headers(view.capacity_gbps, view.max_utilization))
     headers.update(remote_auth(proxy, remote.name))
     headers["Content-Type"] = JSON_CONTENT
     if call.decode_cached > 0:  # the gateway books only what the decode will pull

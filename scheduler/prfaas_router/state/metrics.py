@@ -338,6 +338,26 @@ class RouterMetrics:
             ["link", "result"],
             registry=r,
         )
+        self.gateway_site_cap = Gauge(
+            names.METRIC_GATEWAY_SITE_CAP_GBPS,
+            "Gateway mode, fleet: the site's egress cap as this replica books it (model Gbps), by site.",
+            ["site"],
+            registry=r,
+        )
+        self.gateway_site_demand = Gauge(
+            names.METRIC_GATEWAY_SITE_DEMAND_GBPS,
+            "Gateway mode, fleet: each link's demand on its site (KV offered over the last 10 model s, Gbps), by "
+            "site and link.",
+            ["site", "link"],
+            registry=r,
+        )
+        self.gateway_site_share = Gauge(
+            names.METRIC_GATEWAY_SITE_SHARE_GBPS,
+            "Gateway mode, fleet: each link's max-min fair share of its site's egress cap now (model Gbps), by site "
+            "and link.",
+            ["site", "link"],
+            registry=r,
+        )
         self.remote_bytes = Counter(
             names.METRIC_ROUTER_REMOTE_BYTES.removesuffix("_total"),
             "KV bytes (the whole blocks of the remote engine's reported prompt tokens the decode lacks, plus a "
