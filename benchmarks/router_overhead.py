@@ -13,12 +13,20 @@ Measured with wrk (Debian package, a C load generator, 2 threads): the maximum r
 ``--connections`` connections), and the latency at a fixed rate (wrk's Lua ``delay()`` hook paces each
 connection: 25 connections, one request per 50 ms each = 500 req/s, the pause calibrated per target from a
 short run; the achieved rate is reported) — p50/p99, and the added
-latency = through the router minus direct at the same percentile. The routing decision's own time comes from
-``benchmarks/router_decision.py`` (in-process, the policy call alone; tokenisation and prefix hashing apart).
-Every process shares this machine's cores with wrk, so the absolute figures are the machine's; the ratios are
-the point.
+latency = through the router minus direct at the same percentile.
 
-    .venv/bin/python benchmarks/router_overhead.py [--seconds 5] [--connections 32] [--rate 500] [--smoke]
+Long bodies (``--long-tokens``, default 32K and 100K tokens by the router's character estimate, 4 characters a
+token): the same fixed-rate measurement at ``--long-rate`` (10 req/s) with every request a different prompt of that
+length (a per-request prefix, so neither router's prefix cache sees a repeat); the one-token answer makes the
+latency the time to first token, and the added TTFT = through the router minus direct. A figure, not a target:
+each router parses, and ours tokenises and hashes, every prompt on the machine's 2 cores.
+
+The routing decision's own time comes from ``benchmarks/router_decision.py`` (in-process, the policy call alone;
+tokenisation and prefix hashing apart). Every process shares this machine's cores with wrk, so the absolute figures
+are the machine's; the ratios are the point.
+
+    .venv/bin/python benchmarks/router_overhead.py [--seconds 5] [--connections 32] [--rate 500]
+        [--long-tokens 32000,100000] [--long-rate 10] [--long-seconds 10] [--smoke]
 
 Prints JSON and writes it to out/bench/overhead.json. Not a test: it asserts nothing.
 """
@@ -79,11 +87,28 @@ BACKEND = textwrap.dedent(
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
     """
 )
+LONG_CONNECTIONS = 2
+"""Connections of the long-body runs (wrk -t2 needs one per thread): at 10 req/s each makes one request per 200 ms."""
 POST_LUA = """wrk.method = "POST"
 wrk.body = '{"model": "m", "prompt": "hi", "max_tokens": 1}'
 wrk.headers["Content-Type"] = "application/json"
 """
 PACED_LUA = POST_LUA + "function delay() return {delay_ms} end\n"
+LONG_LUA = """
+local chars = {tokens} * 4
+local words = string.rep("lorem ipsum dolor sit amet ", math.ceil(chars / 27))
+local n = 0
+local count = 0
+function setup(thread) count = count + 1; thread:set("tid", count) end
+function request()
+  n = n + 1
+  local head = "t" .. (tid or 0) .. "r" .. n .. " "
+  local prompt = head .. string.sub(words, 1, chars - #head)
+  local body = '{"model": "m", "max_tokens": 1, "prompt": "' .. prompt .. '"}'
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
+end
+function delay() return {delay_ms} end
+"""
 
 
 def wait_post(url: str, deadline_s: float = 60.0) -> None:
@@ -112,7 +137,8 @@ def wrk(url: str, seconds: float, connections: int, script: str) -> dict[str, fl
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
     try:
-        argv = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", f.name]
+        argv = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s", "--latency"]
+        argv += ["-s", f.name]
         out = subprocess.run([*argv, f"{url}/v1/completions"], capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
@@ -124,6 +150,20 @@ def wrk(url: str, seconds: float, connections: int, script: str) -> dict[str, fl
     errors = (int(non2xx.group(1)) if non2xx else 0) + (sum(int(x) for x in sock.groups()) if sock else 0)
     requests = int(total.group(1)) if total else 0
     return {"rps": round(rps, 1), "p50_ms": pct[50], "p99_ms": pct[99], "errors": errors, "requests": requests}
+
+
+def paced(url: str, seconds: float, short: float, connections: int, rate: float, script: str) -> dict[str, float]:
+    """A fixed-rate wrk run: each connection waits delay_ms after each answer, so a cycle is delay + latency; a
+    short calibration run measures the latency and the delay is set so that the cycle hits the target rate.
+    ``script``: a Lua script with a ``{delay_ms}`` placeholder."""
+    cycle_ms = connections * 1000.0 / rate
+    delay_ms = max(1, round(cycle_ms))
+    probe = wrk(url, short, connections, script.replace("{delay_ms}", str(delay_ms)))
+    latency_ms = max(0.0, connections * 1000.0 / max(probe["rps"], 1.0) - delay_ms)
+    delay_ms = max(1, round(cycle_ms - latency_ms))
+    fixed = wrk(url, seconds, connections, script.replace("{delay_ms}", str(delay_ms)))
+    fixed["delay_ms"] = delay_ms
+    return fixed
 
 
 def backend_count(url: str) -> dict[str, int]:
@@ -157,6 +197,11 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=32, help="connections of the max-rate runs")
     ap.add_argument("--rate", type=float, default=500.0, help="the fixed rate of the latency runs, req/s")
     ap.add_argument("--paced-connections", type=int, default=25, help="connections of the fixed-rate runs")
+    ap.add_argument(
+        "--long-tokens", default="32000,100000", help="prompt lengths (tokens, comma-separated) of the long-body case"
+    )
+    ap.add_argument("--long-rate", type=float, default=10.0, help="the long-body case's rate, req/s")
+    ap.add_argument("--long-seconds", type=float, default=10.0, help="duration of each long-body run")
     ap.add_argument("--out", default="out/bench/overhead.json")
     ap.add_argument(
         "--smoke",
@@ -166,7 +211,9 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.smoke:
-        args.seconds = 1.0
+        args.seconds = args.long_seconds = 1.0
+        args.long_tokens = "1000"
+    long_tokens = [int(t) for t in args.long_tokens.split(",") if t.strip()]
     short = 1.0 if args.smoke else 2.0
     if shutil.which("wrk") is None:
         print("error: wrk is not installed (scripts/system-deps.sh installs it)", file=sys.stderr)
@@ -174,6 +221,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="prfaas-overhead-"))
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, dict[str, Any]] = {}
+    long_results: dict[str, dict[str, dict[str, float]]] = {}
     cycle_ms = args.paced_connections * 1000.0 / args.rate  # per connection: one request per cycle
     started = time.perf_counter()
     try:
@@ -215,16 +263,17 @@ def main() -> int:
                 (after["completions"] - before["completions"]) / max(max_rate["requests"], 1), 3
             )
             max_rate["prefill_legs"] = after["prefill_legs"] - before["prefill_legs"]
-            # pacing: each connection waits delay_ms after each answer, so a cycle is delay + latency; a short
-            # calibration run measures the latency and the delay is set so the cycle hits the target rate
-            delay_ms = max(1, round(cycle_ms))
-            probe = wrk(url, short, args.paced_connections, PACED_LUA.replace("{delay_ms}", str(delay_ms)))
-            latency_ms = max(0.0, args.paced_connections * 1000.0 / max(probe["rps"], 1.0) - delay_ms)
-            delay_ms = max(1, round(cycle_ms - latency_ms))
-            fixed = wrk(url, args.seconds, args.paced_connections, PACED_LUA.replace("{delay_ms}", str(delay_ms)))
-            fixed["delay_ms"] = delay_ms
+            fixed = paced(url, args.seconds, short, args.paced_connections, args.rate, PACED_LUA)
             results[name] = {"max": max_rate, "fixed_rate": fixed}
             print(f"{name}: max {max_rate}, at ~{args.rate:g} req/s {fixed}", file=sys.stderr)
+        for tokens in long_tokens:  # long bodies at a low rate: the added time to first token
+            script = LONG_LUA.replace("{tokens}", str(tokens))
+            for name, url in targets.items():
+                if not args.smoke:
+                    wrk(url, 1, LONG_CONNECTIONS, script.replace("{delay_ms}", "100"))  # warm-up
+                fixed = paced(url, args.long_seconds, short, LONG_CONNECTIONS, args.long_rate, script)
+                long_results.setdefault(str(tokens), {})[name] = fixed
+                print(f"{name}: {tokens}-token prompts at ~{args.long_rate:g} req/s {fixed}", file=sys.stderr)
     finally:
         stop_processes(procs)
     direct = results["direct"]["fixed_rate"]
@@ -280,6 +329,22 @@ def main() -> int:
             "reported_apart": {
                 "tokenize_27k_tokens_ms": decision["tokenize_27k_tokens_ms"],
                 "prefix_hash_27k_tokens_ms": decision["prefix_hash_27k_tokens_ms"],
+            },
+        },
+        "long_bodies": {
+            "rate_req_s": args.long_rate,
+            "seconds_per_run": args.long_seconds,
+            "fixed_rate": long_results,
+            "added_ttft_ms": {
+                tokens: {
+                    name: {
+                        "p50_ms": round(by[name]["p50_ms"] - by["direct"]["p50_ms"], 3),
+                        "p99_ms": round(by[name]["p99_ms"] - by["direct"]["p99_ms"], 3),
+                    }
+                    for name in by
+                    if name != "direct"
+                }
+                for tokens, by in long_results.items()
             },
         },
         "targets": {"added_p99_ms_at_most": 1.0, "decision_p99_us_at_most": 50},

@@ -60,3 +60,23 @@ def test_output_words_are_one_chars4_token_each() -> None:
     assert all(len(tok.encode(w)) == 1 for w in OUTPUT_WORDS)
     assert output_token(0)[1] == OUTPUT_WORDS[0]
     assert output_token(len(OUTPUT_WORDS))[1] == OUTPUT_WORDS[0]
+
+
+@pytest.mark.parametrize("text", ["plain ascii text, a few words long.", "héllo wörld ✓ mixed", "abcdefg", "x"])
+def test_chars4_ids_are_the_crc_of_each_piece_on_either_path(text: str) -> None:
+    # the ASCII fast path (byte slices) and the general one give the ids of the pieces' UTF-8 CRC
+    import zlib
+
+    from prfaas_core.request.tokens import VOCAB_SIZE
+
+    want = [zlib.crc32(text[i : i + 4].encode()) % VOCAB_SIZE for i in range(0, len(text), 4)]
+    assert CharEstimateTokenizer(4).encode(text) == want
+
+
+def test_a_tokenized_prompt_needs_no_range_check_but_given_ids_do() -> None:
+    from prfaas_core.request.tokens import prompt_token_ids
+
+    tok = CharEstimateTokenizer(4)
+    assert prompt_token_ids({"prompt": "abcdefgh"}, False, tok) == tok.encode("abcdefgh")
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        prompt_token_ids({"prompt": [1, tok.vocab_size]}, False, tok)

@@ -239,6 +239,20 @@ def test_a_dense_decode_holds_every_whole_block_but_never_the_last_token() -> No
     assert held.held_tokens(list(range(256)), "pdd") == 128  # 256 would leave the engine nothing to compute
 
 
+def test_holdings_learnt_from_the_routing_hashes_are_those_it_hashes_itself() -> None:
+    from prfaas_core.request.tokens import block_hashes
+
+    dense = _kv(architectures=["LlamaForCausalLM"], num_hidden_layers=2, head_dim=32)
+    ids = list(range(300))
+    own, given, wrong_block = (DecodeHoldings(dense, block_tokens=128) for _ in range(3))
+    own.learn(ids, "pdd")
+    given.learn(ids, "pdd", block_hashes(ids, 128), 128)
+    wrong_block.learn(ids, "pdd", block_hashes(ids, 16), 16)  # another block size: hashed again
+    probe = list(range(257))
+    assert own.held_tokens(probe, "pdd") == given.held_tokens(probe, "pdd") == wrong_block.held_tokens(probe, "pdd")
+    assert own.held_tokens(probe, "pdd") == 256
+
+
 def test_holdings_are_bounded_oldest_first() -> None:
     held = DecodeHoldings(_kv(), block_tokens=128, capacity=2)
     prompts = [[i] * 600 for i in range(3)]

@@ -67,11 +67,17 @@ class DecodeHoldings:
                 return k * self.block_tokens
         return 0
 
-    def learn(self, ids: Sequence[int], instance: str | None) -> None:
-        """Decode ``instance`` has served ``ids`` (its KV, pulled or computed, is in its cache now)."""
+    def learn(
+        self, ids: Sequence[int], instance: str | None, hashes: Sequence[bytes] | None = None, block: int = 0
+    ) -> None:
+        """Decode ``instance`` has served ``ids`` (its KV, pulled or computed, is in its cache now). ``hashes``: the
+        unsalted :func:`block_hashes` of ``ids`` at ``block`` tokens a block, when the caller has them (used when
+        ``block`` is this one's: a long prompt is not hashed twice)."""
         if instance is None:
             return
-        for h in block_hashes(ids, self.block_tokens):  # every whole block: it computed the last token itself
+        if hashes is None or block != self.block_tokens:
+            hashes = block_hashes(ids, self.block_tokens)
+        for h in hashes:  # every whole block: it computed the last token itself
             key = (instance, h)
             if key in self._held:
                 self._held.move_to_end(key)

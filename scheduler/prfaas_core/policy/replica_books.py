@@ -79,6 +79,8 @@ class ReplicaBooks:
 
     def seconds(self, instance: str, now: float) -> float:
         """The other replicas' predicted prefill seconds in flight on ``instance``."""
+        if not self._books:  # a lone replica (the common case): nothing to expire or add, on every routing view
+            return 0.0
         return sum(b.instances[instance].seconds for b in self.live(now) if instance in b.instances)
 
     def in_flight(self, instance: str, now: float) -> int:

@@ -230,7 +230,9 @@ class Hygiene:
             timer = self._pending.pop(request.protocol, None)
             if timer is not None:
                 timer.cancel()
-            if request.can_read_body:
+            if request.can_read_body and request.content.is_eof():  # the whole body is here: no wait to time
+                await request.read()
+            elif request.can_read_body:
                 try:
                     await asyncio.wait_for(request.read(), self.settings.body_timeout_seconds)
                 except TimeoutError:

@@ -334,7 +334,10 @@ class Proxy:
                 give_up_kv(self, call, str(again))
                 return call.refuse("error", again.status, str(again), "upstream_error")
         rt.pd_index.insert(call.hashes, call.plan.decode)
-        rt.decode_held.learn(call.prompt_ids, call.plan.decode)
+        unsalted = None if call.body.get("cache_salt") else call.hashes  # the routing's hashes, when unsalted
+        rt.decode_held.learn(
+            call.prompt_ids, call.plan.decode, unsalted, rt.compiled.config.routing.prefix_block_tokens
+        )
         return response
 
     def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes], keep_prefill: bool = False) -> LocalPlan:

@@ -418,10 +418,10 @@ class Runtime:
     def _views(
         self, hits: dict[str, int], exclude: frozenset[str] = frozenset()
     ) -> Callable[[RouterEndpoint], InstanceView]:
-        c, engines = self.compiled, self.snapshot.engines
+        c, engines, idle = self.compiled, self.snapshot.engines, EngineLoad()  # one default per decision
 
         def view(e: RouterEndpoint) -> InstanceView:
-            load = engines.get(e.name, EngineLoad())
+            load = engines.get(e.name, idle)
             return InstanceView(
                 e.name,
                 queued_prefill_s=self.queued_work_s(e.name, load) + self._slowness_s(load),
@@ -441,10 +441,10 @@ class Runtime:
     def local_wait_s(self) -> float | None:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance (the local
         alternative's queue)."""
-        c, engines = self.compiled, self.snapshot.engines
+        c, engines, idle = self.compiled, self.snapshot.engines, EngineLoad()
         waits = [
             self.queued_work_s(e.name, load)
             for e in c.prefill
-            if e.name not in c.draining and (load := engines.get(e.name, EngineLoad())).healthy
+            if e.name not in c.draining and (load := engines.get(e.name, idle)).healthy
         ]
         return min(waits) if waits else None
