@@ -77,7 +77,14 @@ class PiecewisePolynomial:
         return self.pieces[min(bisect.bisect_left(self._his, length), len(self.pieces) - 1)]
 
     def __call__(self, length: float) -> float:
-        return self.piece_at(length)(length)
+        # the hot path (S_kv and T_prefill per request, per booked stream): piece_at and Piece.__call__ inlined,
+        # the same arithmetic
+        pieces = self.pieces
+        if len(pieces) == 1:
+            c0, c1, c2 = pieces[0].coeffs
+        else:
+            c0, c1, c2 = pieces[min(bisect.bisect_left(self._his, length), len(pieces) - 1)].coeffs
+        return c0 + c1 * length + c2 * length * length
 
     def is_nondecreasing_from(self, start: float) -> bool:
         """True when the function never decreases on ``[start, inf)`` (checked per piece, exactly)."""

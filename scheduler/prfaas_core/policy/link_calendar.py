@@ -65,11 +65,20 @@ class Window:
 
     def later(self, shift_s: float) -> Window:
         """The same window ``shift_s`` later (earlier when negative): its prefill and its stream move together."""
-        return replace(
-            self,
-            start_s=self.start_s + shift_s,
-            stream_start_s=self.stream_start_s + shift_s,
-            stream_end_s=self.stream_end_s + shift_s,
+        return self.moved(shift_s, self.lane)
+
+    def moved(self, shift_s: float, lane: int) -> Window:
+        """:meth:`later` on ``lane`` (built directly: ``dataclasses.replace`` is slow on the calendar's hot path)."""
+        return Window(
+            self.start_s + shift_s,
+            self.stream_start_s + shift_s,
+            self.stream_end_s + shift_s,
+            self.rate_gbps,
+            lane,
+            self.now_s,
+            self.prefill_s,
+            self.bytes,
+            self.ceiling_gbps,
         )
 
     @property
@@ -269,7 +278,7 @@ def window_by_deadline(
             if any(k not in deadlines or deadlines[k].due_s <= due_s for k, _ in jumped):
                 break  # earliest deadline first: never ahead of one whose deadline is as early (or unknown)
             start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
-            mine = replace(base.later(start - base.start_s), lane=lane)
+            mine = base.moved(start - base.start_s, lane)
             if now_s + mine.ttft_s > due_s + _EPS:
                 continue  # a request that misses its own due time even so moves nobody
             if mine.ttft_s >= base.ttft_s - _EPS or (best is not None and mine.ttft_s >= best.window.ttft_s - _EPS):
@@ -279,7 +288,9 @@ def window_by_deadline(
             for k, t in jumped:
                 if t.start_s >= prev_end - _EPS:
                     break  # a gap took the shift up: this one and the rest stay where they are
-                moved[k] = shifted = replace(t, start_s=prev_end)
+                moved[k] = shifted = Transfer(
+                    t.bytes, prev_end, t.duration_s, t.lane, t.stream_offset_s, t.stream_duration_s
+                )
                 prev_end = shifted.end_s
             if any(_ttft_end(t) > deadlines[k].limit_s + _EPS for k, t in moved.items()):
                 continue

@@ -15,6 +15,7 @@ streams on the PrFaaS instances ("lanes") and admits a new one against the egres
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal
 
 from ..names import GBPS_BITS
@@ -105,21 +106,24 @@ class Transfer:
     stream_duration_s: float | None = None
     """How long the stream lasts (None: ``duration_s``, layer-wise at the prefill's production rate)."""
 
-    @property
+    # derived once per transfer (a frozen value): the calendar and the ledger read them for every booked stream
+    # on every request, so each is computed on first use and then read from the instance (``cached_property``)
+
+    @cached_property
     def end_s(self) -> float:
         """When the lane (the PrFaaS instance) frees up."""
         return self.start_s + self.duration_s
 
-    @property
+    @cached_property
     def stream_start_s(self) -> float:
         return self.start_s + self.stream_offset_s
 
-    @property
+    @cached_property
     def stream_end_s(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.stream_start_s + span
 
-    @property
+    @cached_property
     def rate_gbps(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.bytes * 8.0 / max(span, 1e-9) / GBPS_BITS
