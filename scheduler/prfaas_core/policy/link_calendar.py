@@ -268,14 +268,18 @@ def window_by_deadline(
     prefill_s = base.prefill_s
     booked = {k: t for k, t in ((k, ledger.get(k)) for k in ledger.keys(now_s)) if t is not None}
     best: Placement | None = None
+    lanes: dict[int, list[tuple[str, Transfer]]] = {}
+    for kt in booked.items():  # one pass (in booking order, as the stable sort below expects)
+        lanes.setdefault(kt[1].lane, []).append(kt)
     for lane in range(ledger.lanes):
-        on_lane = sorted(((k, t) for k, t in booked.items() if t.lane == lane), key=lambda kt: kt[1].start_s)
+        on_lane = sorted(lanes.get(lane, ()), key=lambda kt: kt[1].start_s)
         started = [t for _, t in on_lane if t.start_s <= now_s + _EPS]
         pending = [(k, t) for k, t in on_lane if t.start_s > now_s + _EPS]
         free_at = max([now_s, *(t.end_s for t in started)])
         for i in range(len(pending) - 1, -1, -1):
             jumped = pending[i:]
-            if any(k not in deadlines or deadlines[k].due_s <= due_s for k, _ in jumped):
+            k = pending[i][0]  # the later ones in ``jumped`` passed this test in the earlier rounds
+            if k not in deadlines or deadlines[k].due_s <= due_s:
                 break  # earliest deadline first: never ahead of one whose deadline is as early (or unknown)
             start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
             mine = base.moved(start - base.start_s, lane)

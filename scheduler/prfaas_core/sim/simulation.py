@@ -129,6 +129,12 @@ class Simulation(DecodeSide):
         """The largest capacity in force during the current 1-s window (the series' ``capacity_gbps``)."""
         self._stop_s = math.inf
         self._progress: ProgressFn | None = None
+        # what every arrival's RouteTick maps by link, built once per value (immutable views, shared by the ticks)
+        self._decode_views = {}
+        self._ledger_maps = [{LINK: ledger} for ledger in self.ledgers]
+        self._params_map: dict[str, LinkParams] = {LINK: self.link_params}
+        self._state_maps: list[dict[str, LinkState]] = [{LINK: state} for state in self.link_states]
+        self._remotes: dict[int, tuple[RemoteSide, ...]] = {}
 
     # --- running -----------------------------------------------------------------------------------------
 
@@ -192,6 +198,15 @@ class Simulation(DecodeSide):
                 self._to_pd_prefill(req, total - l_pd)
             return
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
+        links = self._params_map
+        if links[LINK] is not self.link_params:
+            links = self._params_map = {LINK: self.link_params}
+        states = self._state_maps[k]
+        if states[LINK] is not self.link_states[k]:
+            states = self._state_maps[k] = {LINK: self.link_states[k]}
+        remotes = self._remotes.get(l_prf)
+        if remotes is None:
+            remotes = self._remotes[l_prf] = (RemoteSide("prfaas", LINK, None, l_prf),)
         tick = RouteTick(
             now,
             RouteRequest(total, l_pd, ttft_slo_s=ttft_objective_s(self.cfg.slo, total)),
@@ -199,10 +214,10 @@ class Simulation(DecodeSide):
             self.kv,
             self.prfaas_seconds,
             self.pd_seconds,
-            {LINK: self.link_params},
-            {LINK: self.link_states[k]},
-            {LINK: self.ledgers[k]},
-            (RemoteSide("prfaas", LINK, None, l_prf),),
+            links,
+            states,
+            self._ledger_maps[k],
+            remotes,
             local_wait_s=self.least_wait(self.pd, now),
             remote_wait_s=self.least_wait(self.prfaas, now),
             wait_from_ledger=False,
