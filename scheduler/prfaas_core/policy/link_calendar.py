@@ -133,11 +133,18 @@ def _spans(transfers: Sequence[Transfer], now_s: float) -> list[tuple[float, flo
 
 def peak_gbps(spans: Sequence[tuple[float, float, float]], a: float, b: float) -> float:
     """The largest booked egress at any instant of ``[a, b)``."""
-    inside = [(s, e, r) for s, e, r in spans if s < b - _EPS and e > a + _EPS]
+    lo, hi = a + _EPS, b - _EPS
+    inside = [(s, e, r) for s, e, r in spans if s < hi and e > lo]
     if not inside:
         return 0.0
     points = [a] + [s for s, _, _ in inside if s > a]
-    return max(sum(r for s, e, r in inside if s <= p + _EPS and e > p + _EPS) for p in points)
+    peak = None
+    for p in points:
+        at = p + _EPS
+        booked = sum(r for s, e, r in inside if s <= at and e > at)
+        if peak is None or booked > peak:
+            peak = booked
+    return peak  # type: ignore[return-value]  # points holds a at least
 
 
 def booked_gbps(transfers: Sequence[Transfer], at_s: float) -> float:

@@ -14,8 +14,8 @@ streams on the PrFaaS instances ("lanes") and admits a new one against the egres
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ..names import GBPS_BITS
@@ -88,7 +88,7 @@ def next_link_state(prev: LinkState, egress_gbps: float, params: LinkParams, now
     return replace(prev, egress_gbps=egress_gbps)
 
 
-class _once:  # noqa: N801 - used as a decorator, like ``cached_property``
+class _once:
     """A float property of a frozen value computed on first read and then kept in the instance's ``__dict__`` (a
     non-data descriptor, so later reads are plain attribute reads): ``functools.cached_property`` without its
     lock (Python 3.11 takes one on every first read)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..policy.link_state import EgressLedger
-from ..policy.routing import InstanceView
 from ..policy.short_term import ShortTermPolicy
 from .cache import HybridPrefixPool
 from .config import SimConfig
@@ -14,6 +13,7 @@ from .events import EventQueue
 from .instances import Instance
 from .results import RunResult
 from .state import Req
+from .views import PickerViews
 
 
 class DecodeSide:
@@ -29,24 +29,12 @@ class DecodeSide:
     result: RunResult
     step_s: float
     completed: int
-
-    _decode_views: dict[str, tuple[tuple[int, int, bool, bool], InstanceView]]
-
-    def _decode_view(self, i: Instance, now: float) -> InstanceView:
-        """The decode picker's view of ``i``; a view is immutable, so one is kept per instance and made again
-        only when what it shows changed (a view per instance per request was the hot path's allocation)."""
-        key = (i.decode_load, i.decode_slots, now >= i.available_at_s, i.draining)
-        cached = self._decode_views.get(i.name)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        load, slots, healthy, draining = key
-        view = InstanceView(i.name, active_decodes=load, decode_slots=slots, healthy=healthy, draining=draining)
-        self._decode_views[i.name] = (key, view)
-        return view
+    views: PickerViews
 
     def _to_decode(self, req: Req) -> None:
         now = self.events.now_s
-        views = [self._decode_view(i, now) for i in self.pd if i.role == "decode"]
+        decode_view = self.views.decode
+        views = [decode_view(i, now) for i in self.pd if i.role == "decode"]
         pick = self.policy.pick_decode(views)
         if pick.name is None:
             candidates = [i for i in self.pd if i.role == "decode"] or self.pd
