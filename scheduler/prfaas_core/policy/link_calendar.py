@@ -273,7 +273,7 @@ def window_by_deadline(
     if base is None or base.wait_s <= _EPS or ledger.lanes <= 0 or not due_s < float("inf"):
         return None if base is None else Placement(base, {})
     prefill_s = base.prefill_s
-    booked = {k: t for k, t in ((k, ledger.get(k)) for k in ledger.keys(now_s)) if t is not None}
+    booked = ledger.booked(now_s)
     best: Placement | None = None
     lanes: dict[int, list[tuple[str, Transfer]]] = {}
     for kt in booked.items():  # one pass (in booking order, as the stable sort below expects)

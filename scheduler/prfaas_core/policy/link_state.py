@@ -174,10 +174,12 @@ class EgressLedger:
 
     def _lane_ends(self, now_s: float) -> list[float]:
         """When each lane frees up: the end of its last scheduled stream, never before ``now_s``."""
-        ends = [now_s] * self.lanes
+        lanes = self.lanes
+        ends = [now_s] * lanes
         for t in self._active.values():
-            if 0 <= t.lane < self.lanes and t.end_s > ends[t.lane]:
-                ends[t.lane] = t.end_s
+            lane = t.lane
+            if 0 <= lane < lanes and t.end_s > ends[lane]:
+                ends[lane] = t.end_s
         return ends
 
     def start(
@@ -236,6 +238,11 @@ class EgressLedger:
         """The keys of every stream booked or in flight (expired ones dropped)."""
         self._expire(now_s)
         return list(self._active)
+
+    def booked(self, now_s: float) -> dict[str, Transfer]:
+        """Every stream booked or in flight by key (expired ones dropped): :meth:`keys` with their transfers."""
+        self._expire(now_s)
+        return dict(self._active)
 
     def get(self, key: str) -> Transfer | None:
         """The stream booked or in flight under ``key`` (None: none)."""
