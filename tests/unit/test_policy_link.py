@@ -134,3 +134,16 @@ def test_lane_admission_adds_the_other_replicas_measured_egress() -> None:
     assert ledger.admission_gbps(1.0, LINK) == pytest.approx(12)  # the newcomer takes the free lane now
     ledger.set_lanes(0)
     assert ledger.admission_gbps(1.0, LINK) == pytest.approx(12)
+
+
+def test_the_ledgers_bookings_by_key_are_its_keys_with_their_transfers_expired_ones_dropped() -> None:
+    ledger = EgressLedger(expire_s=10.0, lanes=2)
+    ledger.start("a", 1e9, 0.0, 1.0)
+    ledger.start("b", 2e9, 0.0, 2.0)
+    ledger.start("c", 3e9, 5.0, 1.0)
+    booked = ledger.booked(5.0)
+    assert list(booked) == ledger.keys(5.0) == ["a", "b", "c"]
+    assert all(booked[k] is ledger.get(k) for k in booked)
+    assert list(ledger.booked(12.5)) == ["c"]  # a and b started over 10 s ago and ended long before
+    booked.clear()  # a copy: the ledger keeps its bookings
+    assert ledger.keys(12.5) == ["c"]

@@ -168,3 +168,18 @@ def test_workload_from_trace_uses_uncached_lengths_rate_and_output_mean() -> Non
     assert single.arrival_rate_per_second is None
     with pytest.raises(ValueError):
         workload_from_trace([])
+
+
+def test_a_curve_gives_the_same_value_at_a_whole_token_count_from_its_memo_and_keeps_the_memo_bounded() -> None:
+    from prfaas_core.capacity import curves
+
+    f = PiecewisePolynomial.through_points([(0.0, 1.5), (1000.0, 7.25), (5000.0, 9.0)])
+    for n in (0, 1, 999, 1000, 1001, 4321, 10_000):
+        first, again = f(n), f(n)  # computed, then looked up
+        piece = f.piece_at(n)
+        assert first == again == piece(n)
+        assert type(first) is type(piece(n))
+        assert f(float(n)) == piece(float(n))
+    for n in range(curves._MEMO_SIZE + 10):
+        f(n)
+    assert len(f._memo) <= curves._MEMO_SIZE

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 INF = math.inf
+_MEMO_SIZE = 8192
+"""Values a curve keeps (at whole token counts) before it forgets them all."""
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,13 @@ class PiecewisePolynomial:
 
     pieces: tuple[Piece, ...]
     _his: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _memo: dict[float, float] = field(init=False, repr=False, compare=False)
+    """Values already computed at whole token counts: the curves are evaluated at the same lengths again and again
+    (``t``'s window of recent lengths every second, ``S_kv`` of each request's prefixes)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_his", tuple(p.hi for p in self.pieces))
+        object.__setattr__(self, "_memo", {})
         if not self.pieces:
             raise ValueError("a piecewise polynomial needs at least one piece")
         if self.pieces[0].lo != -INF or self.pieces[-1].hi != INF:
@@ -77,7 +83,24 @@ class PiecewisePolynomial:
         return self.pieces[min(bisect.bisect_left(self._his, length), len(self.pieces) - 1)]
 
     def __call__(self, length: float) -> float:
-        return self.piece_at(length)(length)
+        # the hot path (S_kv and T_prefill per request, per booked stream, per second): piece_at and Piece.__call__
+        # inlined, the same arithmetic; at a whole token count a value once computed is looked up (the same float)
+        whole = type(length) is int
+        if whole:
+            value = self._memo.get(length)
+            if value is not None:
+                return value
+        pieces = self.pieces
+        if len(pieces) == 1:
+            c0, c1, c2 = pieces[0].coeffs
+        else:
+            c0, c1, c2 = pieces[min(bisect.bisect_left(self._his, length), len(pieces) - 1)].coeffs
+        value = c0 + c1 * length + c2 * length * length
+        if whole:
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()  # bounded: a long-lived router sees endless distinct lengths
+            self._memo[length] = value
+        return value
 
     def is_nondecreasing_from(self, start: float) -> bool:
         """True when the function never decreases on ``[start, inf)`` (checked per piece, exactly)."""

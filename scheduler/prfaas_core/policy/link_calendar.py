@@ -69,10 +69,6 @@ class SiteCap:
             raise ValueError("site cap_gbps and share_gbps must be >= 0")
 
 
-def _keyed(ledger: EgressLedger, now_s: float) -> dict[str, Transfer]:
-    return {k: t for k, t in ((k, ledger.get(k)) for k in ledger.keys(now_s)) if t is not None}
-
-
 @dataclass(frozen=True)
 class Window:
     """A window the calendar offers one request (times are absolute, seconds)."""
@@ -91,11 +87,20 @@ class Window:
 
     def later(self, shift_s: float) -> Window:
         """The same window ``shift_s`` later (earlier when negative): its prefill and its stream move together."""
-        return replace(
-            self,
-            start_s=self.start_s + shift_s,
-            stream_start_s=self.stream_start_s + shift_s,
-            stream_end_s=self.stream_end_s + shift_s,
+        return self.moved(shift_s, self.lane)
+
+    def moved(self, shift_s: float, lane: int) -> Window:
+        """:meth:`later` on ``lane`` (built directly: ``dataclasses.replace`` is slow on the calendar's hot path)."""
+        return Window(
+            self.start_s + shift_s,
+            self.stream_start_s + shift_s,
+            self.stream_end_s + shift_s,
+            self.rate_gbps,
+            lane,
+            self.now_s,
+            self.prefill_s,
+            self.bytes,
+            self.ceiling_gbps,
         )
 
     @property
@@ -150,11 +155,18 @@ def _spans(transfers: Sequence[Transfer], now_s: float) -> list[tuple[float, flo
 
 def peak_gbps(spans: Sequence[tuple[float, float, float]], a: float, b: float) -> float:
     """The largest booked egress at any instant of ``[a, b)``."""
-    inside = [(s, e, r) for s, e, r in spans if s < b - _EPS and e > a + _EPS]
+    lo, hi = a + _EPS, b - _EPS
+    inside = [(s, e, r) for s, e, r in spans if s < hi and e > lo]
     if not inside:
         return 0.0
     points = [a] + [s for s, _, _ in inside if s > a]
-    return max(sum(r for s, e, r in inside if s <= p + _EPS and e > p + _EPS) for p in points)
+    peak = None
+    for p in points:
+        at = p + _EPS
+        booked = sum(r for s, e, r in inside if s <= at and e > at)
+        if peak is None or booked > peak:
+            peak = booked
+    return peak  # type: ignore[return-value]  # points holds a at least
 
 
 def booked_gbps(transfers: Sequence[Transfer], at_s: float) -> float:
@@ -190,7 +202,7 @@ def earliest_window(
     spans = _spans(ledger.transfers(now_s), now_s)
     link_spans = spans
     if site is not None:
-        link_spans = _spans([t for k, t in _keyed(ledger, now_s).items() if k in site.link_keys], now_s)
+        link_spans = _spans([t for k, t in ledger.booked(now_s).items() if k in site.link_keys], now_s)
     lane_ends = ledger.lane_ends(now_s) or [now_s]
     first_free = min(lane_ends)
     offset = prefill_s if timing == "pull-after-prefill" else 0.0
@@ -302,21 +314,25 @@ def window_by_deadline(
     if base is None or base.wait_s <= _EPS or ledger.lanes <= 0 or not due_s < float("inf"):
         return None if base is None else Placement(base, {})
     prefill_s = base.prefill_s
-    booked = _keyed(ledger, now_s)
+    booked = ledger.booked(now_s)
     best: Placement | None = None
+    lanes: dict[int, list[tuple[str, Transfer]]] = {}
+    for kt in booked.items():  # one pass (in booking order, as the stable sort below expects)
+        lanes.setdefault(kt[1].lane, []).append(kt)
     for lane in range(ledger.lanes):
-        on_lane = sorted(((k, t) for k, t in booked.items() if t.lane == lane), key=lambda kt: kt[1].start_s)
+        on_lane = sorted(lanes.get(lane, ()), key=lambda kt: kt[1].start_s)
         started = [t for _, t in on_lane if t.start_s <= now_s + _EPS]
         pending = [(k, t) for k, t in on_lane if t.start_s > now_s + _EPS]
         free_at = max([now_s, *(t.end_s for t in started)])
         for i in range(len(pending) - 1, -1, -1):
             jumped = pending[i:]
-            if any(k not in deadlines or deadlines[k].due_s <= due_s for k, _ in jumped):
+            k = pending[i][0]  # the later ones in ``jumped`` passed this test in the earlier rounds
+            if k not in deadlines or deadlines[k].due_s <= due_s:
                 break  # earliest deadline first: never ahead of one whose deadline is as early (or unknown)
             if site is not None and any(k not in site.link_keys for k, _ in jumped):
                 break  # another link's booking: its own link's ceiling is not this one's
             start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
-            mine = replace(base.later(start - base.start_s), lane=lane)
+            mine = base.moved(start - base.start_s, lane)
             if now_s + mine.ttft_s > due_s + _EPS:
                 continue  # a request that misses its own due time even so moves nobody
             if mine.ttft_s >= base.ttft_s - _EPS or (best is not None and mine.ttft_s >= best.window.ttft_s - _EPS):
@@ -326,7 +342,9 @@ def window_by_deadline(
             for k, t in jumped:
                 if t.start_s >= prev_end - _EPS:
                     break  # a gap took the shift up: this one and the rest stay where they are
-                moved[k] = shifted = replace(t, start_s=prev_end)
+                moved[k] = shifted = Transfer(
+                    t.bytes, prev_end, t.duration_s, t.lane, t.stream_offset_s, t.stream_duration_s
+                )
                 prev_end = shifted.end_s
             if any(_ttft_end(t) > deadlines[k].limit_s + _EPS for k, t in moved.items()):
                 continue

@@ -14,8 +14,9 @@ streams on the PrFaaS instances ("lanes") and admits a new one against the egres
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from ..names import GBPS_BITS
 
@@ -87,6 +88,23 @@ def next_link_state(prev: LinkState, egress_gbps: float, params: LinkParams, now
     return replace(prev, egress_gbps=egress_gbps)
 
 
+class _once:
+    """A float property of a frozen value computed on first read and then kept in the instance's ``__dict__`` (a
+    non-data descriptor, so later reads are plain attribute reads): ``functools.cached_property`` without its
+    lock (Python 3.11 takes one on every first read)."""
+
+    def __init__(self, fn: Callable[[Any], float]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj: object, owner: type | None = None) -> float:
+        if obj is None:
+            return self  # type: ignore[return-value]  # the class attribute: the descriptor itself
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 @dataclass(frozen=True)
 class Transfer:
     """One KV stream this replica dispatched: ``bytes`` over ``[start_s, start_s + duration_s]``.
@@ -105,21 +123,24 @@ class Transfer:
     stream_duration_s: float | None = None
     """How long the stream lasts (None: ``duration_s``, layer-wise at the prefill's production rate)."""
 
-    @property
+    # derived once per transfer (a frozen value): the calendar and the ledger read them for every booked stream
+    # on every request, so each is computed on first use and then read from the instance (:class:`_once`)
+
+    @_once
     def end_s(self) -> float:
         """When the lane (the PrFaaS instance) frees up."""
         return self.start_s + self.duration_s
 
-    @property
+    @_once
     def stream_start_s(self) -> float:
         return self.start_s + self.stream_offset_s
 
-    @property
+    @_once
     def stream_end_s(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.stream_start_s + span
 
-    @property
+    @_once
     def rate_gbps(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.bytes * 8.0 / max(span, 1e-9) / GBPS_BITS
@@ -153,10 +174,12 @@ class EgressLedger:
 
     def _lane_ends(self, now_s: float) -> list[float]:
         """When each lane frees up: the end of its last scheduled stream, never before ``now_s``."""
-        ends = [now_s] * self.lanes
+        lanes = self.lanes
+        ends = [now_s] * lanes
         for t in self._active.values():
-            if 0 <= t.lane < self.lanes and t.end_s > ends[t.lane]:
-                ends[t.lane] = t.end_s
+            lane = t.lane
+            if 0 <= lane < lanes and t.end_s > ends[lane]:
+                ends[lane] = t.end_s
         return ends
 
     def start(
@@ -216,13 +239,23 @@ class EgressLedger:
         self._expire(now_s)
         return list(self._active)
 
+    def booked(self, now_s: float) -> dict[str, Transfer]:
+        """Every stream booked or in flight by key (expired ones dropped): :meth:`keys` with their transfers."""
+        self._expire(now_s)
+        return dict(self._active)
+
     def get(self, key: str) -> Transfer | None:
         """The stream booked or in flight under ``key`` (None: none)."""
         return self._active.get(key)
 
     def _expire(self, now_s: float) -> None:
+        expire_s = self.expire_s
+        # ``age > expire_s`` first: it cannot hold when ``age > max(...)`` does not, and it fails for nearly every
+        # transfer (young), so the ``max`` is rarely computed
         stale = [
-            k for k, t in self._active.items() if now_s - t.start_s > max(self.expire_s, t.stream_end_s - t.start_s)
+            k
+            for k, t in self._active.items()
+            if now_s - t.start_s > expire_s and now_s - t.start_s > max(expire_s, t.stream_end_s - t.start_s)
         ]
         for k in stale:
             del self._active[k]

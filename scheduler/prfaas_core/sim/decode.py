@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..policy.link_state import EgressLedger
-from ..policy.routing import InstanceView
 from ..policy.short_term import ShortTermPolicy
 from .cache import HybridPrefixPool
 from .config import SimConfig
@@ -14,6 +13,7 @@ from .events import EventQueue
 from .instances import Instance
 from .results import RunResult
 from .state import Req
+from .views import PickerViews
 
 
 class DecodeSide:
@@ -29,20 +29,12 @@ class DecodeSide:
     result: RunResult
     step_s: float
     completed: int
+    views: PickerViews
 
     def _to_decode(self, req: Req) -> None:
         now = self.events.now_s
-        views = [
-            InstanceView(
-                i.name,
-                active_decodes=i.decode_load,
-                decode_slots=i.decode_slots,
-                healthy=now >= i.available_at_s,
-                draining=i.draining,
-            )
-            for i in self.pd
-            if i.role == "decode"
-        ]
+        decode_view = self.views.decode
+        views = [decode_view(i, now) for i in self.pd if i.role == "decode"]
         pick = self.policy.pick_decode(views)
         if pick.name is None:
             candidates = [i for i in self.pd if i.role == "decode"] or self.pd

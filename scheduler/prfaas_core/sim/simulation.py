@@ -26,13 +26,12 @@ from collections.abc import Callable, Sequence
 from ..names import GBPS_BITS
 from ..policy import long_term
 from ..policy.link_state import EgressLedger, LinkParams, LinkState
-from ..policy.routing import InstanceView, RouteRequest, transfer_bytes
+from ..policy.routing import RouteRequest, transfer_bytes
 from ..policy.short_term import (
     PRODUCTION,
     SCHEDULED_LINK,
     RecentLengths,
     RefreshTick,
-    RemoteSide,
     RouteTick,
     ShortTermPolicy,
     refresh,
@@ -53,6 +52,7 @@ from .instances import Instance, Job, least_wait
 from .results import RunResult
 from .state import Req
 from .stream_timer import StreamTimer
+from .views import PickerViews, RouteMaps
 
 __all__ = ["Req", "Simulation"]
 
@@ -129,6 +129,7 @@ class Simulation(DecodeSide):
         """The largest capacity in force during the current 1-s window (the series' ``capacity_gbps``)."""
         self._stop_s = math.inf
         self._progress: ProgressFn | None = None
+        self.views, self.route_maps = PickerViews(), RouteMaps(LINK, self.ledgers)
 
     # --- running -----------------------------------------------------------------------------------------
 
@@ -192,6 +193,7 @@ class Simulation(DecodeSide):
                 self._to_pd_prefill(req, total - l_pd)
             return
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
+        links, states, ledgers, remotes = self.route_maps.get(k, self.link_params, self.link_states[k], l_prf)
         tick = RouteTick(
             now,
             RouteRequest(total, l_pd, ttft_slo_s=ttft_objective_s(self.cfg.slo, total)),
@@ -199,10 +201,10 @@ class Simulation(DecodeSide):
             self.kv,
             self.prfaas_seconds,
             self.pd_seconds,
-            {LINK: self.link_params},
-            {LINK: self.link_states[k]},
-            {LINK: self.ledgers[k]},
-            (RemoteSide("prfaas", LINK, None, l_prf),),
+            links,
+            states,
+            ledgers,
+            remotes,
             local_wait_s=self.least_wait(self.pd, now),
             remote_wait_s=self.least_wait(self.prfaas, now),
             wait_from_ledger=False,
@@ -299,11 +301,8 @@ class Simulation(DecodeSide):
     ) -> Instance:
         total = req.spec.input_tokens
         cached = total - uncached
-        views = [
-            InstanceView(i.name, i.queued_prefill_s(now), cached, healthy=now >= i.available_at_s, draining=i.draining)
-            for i in pool
-            if i.role == "prefill"
-        ]
+        prefill_view = self.views.prefill
+        views = [prefill_view(i, now, cached) for i in pool if i.role == "prefill"]
         pick = self.policy.pick_prefill(views, total, seconds)
         if pick.name is None:  # every prefill instance drains or warms up: queue on the least busy one
             candidates = [i for i in pool if i.role == "prefill"] or pool
