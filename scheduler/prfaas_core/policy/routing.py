@@ -48,6 +48,10 @@ class RouteRequest:
     ttft_slo_s: float | None = None
     """The request's own TTFT objective, s (None: no SLO configured). With it, a request ``t`` keeps local spills
     to PrFaaS as soon as its predicted local TTFT misses the objective while PrFaaS's meets it."""
+    decode_held_tokens: int | None = None
+    """Prefix the PD decode side holds in whole blocks, which a remote prefill's KV need not carry (None: the PD
+    prefix ``pd_cached_tokens``). A hybrid's decode reuses every whole block it holds (the state crosses in full:
+    measured on vLLM 0.32) where a prefill resumes only at a checkpoint, so this may exceed ``pd_cached_tokens``."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,8 @@ def decide_route(
         move_to_prfaas = best - l_prfaas
     # a spill to PD prefills from PD's own prefix (no cache move on a detour)
     local_tokens = uncached_local if length <= t else req.total_tokens - l_pd
-    nbytes = transfer_bytes(kv, req.total_tokens, l_pd)
+    held = l_pd if req.decode_held_tokens is None else max(l_pd, min(req.decode_held_tokens, req.total_tokens - 1))
+    nbytes = transfer_bytes(kv, req.total_tokens, held)
     spill = _surge(
         view,
         pd_prefill_seconds,

@@ -20,6 +20,10 @@ blocks beyond the last usable checkpoint are *lost to the linear-state rule* (co
 a per-block linear checkpoint would buy). When a request diverges from the cached history (``S`` less
 than the entry), checkpoints past ``S`` belong to the old branch and are dropped on the next write.
 
+The checkpoint rule is a *prefill's*: a decode that pulls a remote prefill's KV reuses every whole block the pool
+holds (the state crosses in full; measured on vLLM 0.32), so the simulator leaves the block match
+(:meth:`HybridPrefixPool.peek`'s second figure) out of the KV that crosses the link.
+
 Capacity is bounded (bytes of ``S_kv`` plus one fixed state per checkpoint), evicted least recently used.
 """
 

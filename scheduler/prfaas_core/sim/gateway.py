@@ -145,7 +145,7 @@ class SimGateway:
 
 
 def remote_candidate(
-    decision: RouteDecision, kv: KvModel, total: int, l_pd: int, l_prf: int, scarce: bool
+    decision: RouteDecision, kv: KvModel, total: int, l_pd: int, l_prf: int, scarce: bool, held: int | None = None
 ) -> tuple[int, float, bool] | None:
     """``(uncached tokens, KV bytes, spill)`` of the remote prefill the gateway is asked about, or None: the
     pre-filter chose local by length or unavailability, or the remote would first need a cache move (legacy
@@ -158,11 +158,12 @@ def remote_candidate(
         return decision.uncached_tokens, decision.transfer_bytes, decision.kind == "spill"
     if decision.kind not in ("admission", "spill") or decision.move_bytes > 0:
         return None
+    held = l_pd if held is None else held  # what the decode holds (whole blocks) is not pulled
     if scarce:
-        return total - l_pd, transfer_bytes(kv, total, l_pd), False
+        return total - l_pd, transfer_bytes(kv, total, held), False
     if l_pd > l_prf:
         return None  # PD's longer prefix would first be moved to PrFaaS: the legacy path
-    return total - l_prf, transfer_bytes(kv, total, l_pd), False
+    return total - l_prf, transfer_bytes(kv, total, held), False
 
 
 def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: int, local_tokens: int) -> bool:

@@ -181,14 +181,15 @@ class Simulation(DecodeSide):
             return
         l_pd = self.pd_pool.lookup(spec.session, shared) if cache_on else 0
         l_prf = self.prfaas_pool.lookup(spec.session, shared) if cache_on else 0
+        held = max(l_pd, min(self.pd_pool.peek(spec.session, shared)[1], total - 1)) if cache_on else 0  # decode
         if routing == "remote":
             self._record_length(now, total - l_prf)
-            self._to_remote(req, total - l_prf, transfer_bytes(self.kv, total, l_pd))
+            self._to_remote(req, total - l_prf, transfer_bytes(self.kv, total, held))
             return
         if routing == "oblivious":  # remote by length, no cap: a PD router that ignores the link
             self._record_length(now, total - l_pd)
             if total - l_pd > self.t:
-                self._to_remote(req, total - l_pd, transfer_bytes(self.kv, total, l_pd))
+                self._to_remote(req, total - l_pd, transfer_bytes(self.kv, total, held))
             else:
                 self._to_pd_prefill(req, total - l_pd)
             return
@@ -196,7 +197,7 @@ class Simulation(DecodeSide):
         links, states, ledgers, remotes = self.route_maps.get(k, self.link_params, self.link_states[k], l_prf)
         tick = RouteTick(
             now,
-            RouteRequest(total, l_pd, ttft_slo_s=ttft_objective_s(self.cfg.slo, total)),
+            RouteRequest(total, l_pd, ttft_slo_s=ttft_objective_s(self.cfg.slo, total), decode_held_tokens=held),
             self.t,
             self.kv,
             self.prfaas_seconds,
@@ -213,7 +214,7 @@ class Simulation(DecodeSide):
         self._record_length(now, decision.uncached_tokens)
         moved = decision.cache_transfer_tokens
         if self.gateway is not None:
-            ask = windows.remote_candidate(decision, self.kv, total, l_pd, l_prf, self.link_states[k].scarce)
+            ask = windows.remote_candidate(decision, self.kv, total, l_pd, l_prf, self.link_states[k].scarce, held)
             if ask is not None:
                 if windows.dispatch(self, req, ask, k, total - l_pd):
                     return
