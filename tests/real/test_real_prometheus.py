@@ -189,6 +189,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("prfaas_gateway_pull_", ""): CALENDAR,
     ("prfaas_gateway_claims_", ""): CALENDAR + " (the claims it corrects are the calendar's bookings)",
     ("prfaas_gateway_loans_total", ""): CALENDAR + " (and loans need a second gateway replica)",
+    ("prfaas_gateway_site_", ""): CALENDAR + " (and a site egress cap, gateway.siteEgressCapGbps: the observability "
+    "stack of tests/integration/test_dashboard.py sets one that never binds)",
     ("prfaas_router_replica_sync_total", 'result=~"unreachable|refused|unauthorized"'): "needs router replicas that "
     "cannot reach each other (one router here); promtool cases in alerts/tests",
     ("prfaas_router_ttft_slo_total", 'result="missed"'): "needs a request that misses its TTFT objective (the tiny "

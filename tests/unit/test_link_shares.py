@@ -215,21 +215,29 @@ def _gateway_config(**admission: object) -> RouterConfig:
 
 def test_a_config_reload_keeps_the_pulls_on_the_wire_and_takes_the_new_spec() -> None:
     async def main() -> None:
-        adm = admission_for(_gateway_config(), None)
-        assert adm is not None
+        site = admission_for(_gateway_config(), None)
+        assert site is not None
+        adm = site.of(None)  # the link's admission (the config's gateway.admission.link)
+        assert isinstance(adm, LinkAdmission)
         booking = adm.decide("a", {}, 5.0 * GBPS_BITS / 8.0, 0.1, 0.0)
         assert isinstance(booking, Booking)
         key = await adm.release(booking, True, lambda: 0.0)
-        assert admission_for(_gateway_config(), adm) is adm  # nothing changed
+
+        def reloaded(config: RouterConfig) -> object:
+            nonlocal site
+            site = admission_for(config, site)
+            assert site is not None
+            return site.of(None)
+
+        assert reloaded(_gateway_config()) is adm  # nothing changed: the same link admission
         two = _gateway_config(replicas=2, peers=["http://127.0.0.1:1", "http://127.0.0.1:2"])
-        same = admission_for(two, adm)
-        assert same is adm and adm.on_wire_gbps() == 5.0  # the pull still counts: the next waits for it
+        assert reloaded(two) is adm and adm.on_wire_gbps() == 5.0  # the pull still counts: the next waits for it
         assert adm.shares.base == 0.5 and adm.peers is not None and adm.params.capacity_gbps == 5.0
         assert adm.pulled(key or "")
-        assert admission_for(_gateway_config(), adm) is adm and adm.peers is None  # peers dropped, closed
+        assert reloaded(_gateway_config()) is adm and adm.peers is None  # peers dropped, closed
         await asyncio.sleep(0)
         with pytest.raises(ValueError, match=r"gateway\.admission\.link"):
-            admission_for(_gateway_config(link="nowhere"), adm)
+            admission_for(_gateway_config(link="nowhere"), site)
 
     asyncio.run(main())
 
