@@ -164,7 +164,8 @@ def test_the_operator_from_the_image_reconciles_a_pdcluster(image: Image) -> Non
         h.ready_roles(ns, 3, 5, 90)
         cm = wait_until(lambda: h.get("ConfigMap", ns, "pd-h20-router-config"), 60, "the router config published")
         assert '"thresholdMinTokens"' in cm["data"]["router-config.json"]
-        assert h.status(ns).get("thresholdMinTokens"), op.logs()[-3000:]
+        # the loop publishes the ConfigMap before it writes the status: wait for the status too
+        wait_until(lambda: h.status(ns).get("thresholdMinTokens"), 60, "the status written with its bounds on t")
         assert op.cycles() >= 1
     finally:
         h.close()
