@@ -7,6 +7,7 @@ namespace, start/stop operator processes, and read objects back. Every process i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -134,7 +135,8 @@ class OperatorProcess:
         if resync_s is not None:  # the periodic re-list (production default: 300 s)
             env["PRFAAS_RESYNC_SECONDS"] = str(resync_s)
         self._log = log.open("ab")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        # its own process group: a stop reaches what a wrapper (``buildah run``) started under it as well
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0)
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2).text
@@ -158,6 +160,8 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        with contextlib.suppress(ProcessLookupError):  # whatever is left of its group (the image's operator)
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self._log.close()
 
     def logs(self) -> str:
