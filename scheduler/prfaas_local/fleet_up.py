@@ -10,8 +10,9 @@ steady load from both regions, through four phases (model seconds):
 4. **drain**: site-2 is drained: after what it held finishes (``SETTLE_S``) it takes no new work (east, its other
    site cut, prefills locally).
 
-Every request is answered (a remote call cut mid-way falls back to the local prefill). The report: per phase the
-requests, the KV each gateway served per link, each site's busiest settled 1-s window against its cap.
+Every request is answered (a remote call cut mid-way falls back to the local prefill). The report (printed, and
+``summary.json`` in the work dir): per phase the requests, the KV each gateway served per link, each site's busiest
+settled 1-s window against its cap.
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     finally:
         load.stop.set()
         fleet.stop()
+    (work / "summary.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2) if args.output == "json" else _table(report))
     return 0 if report.get("lost", 1) == 0 else 1
 
