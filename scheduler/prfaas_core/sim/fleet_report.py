@@ -82,6 +82,8 @@ def measure(scn: FleetScenario, duration_s: float | None = None, precision: floa
         "rate_per_region_rps": rate,
         "attainment": scn.search.attainment,
         "phases": phases,
+        "probe_s": duration_s or scn.search.duration_seconds,
+        "precision": precision or scn.search.relative_precision,
         "balanced_pairing": balanced,
         "steady_diff_pct": diff,
         "steady_costs_nothing": None if diff is None or not balanced else diff >= 100.0 * (STEADY_FLOOR - 1.0) - 1e-9,
@@ -109,6 +111,8 @@ def render_table(rep: dict[str, Any]) -> str:
             floor = 100.0 * (STEADY_FLOOR - 1.0)
             verdict = "costs nothing" if rep["steady_costs_nothing"] else "COSTS goodput"
             why = f"balanced static pairing: fleet routing {verdict} (floor {floor:+.0f} %)"
+            if rep["probe_s"] < 300 or rep["precision"] > 0.02:  # measured: +-10 % from one burst either way
+                why += f"; {rep['probe_s']:g}-s probes, {rep['precision']:.0%} bisection: judge on the full search"
         else:
             why = "unbalanced static pairing: fleet routing moves load off the loaded site"
         lines.append(f"steady state: fleet vs static {rep['steady_diff_pct']:+.2f} % ({why})")
