@@ -54,7 +54,8 @@ def test_prfaas_up_fleet_moves_the_cut_region_holds_the_caps_and_loses_nothing(t
     assert phases["squeeze"]["served_gbit"]["west-to-site-1"] + phases["drain"]["served_gbit"]["west-to-site-1"] > 0
     assert phases["squeeze"]["served_gbit"]["east-to-site-2"] > 0  # east at site-2 until it is drained
 
-    # the drained site takes no new work (once what it held has finished)
+    # the drained site takes no new work (once what it held has finished: its engines idle)
+    assert s["drain_settled"] is True
     drained = {k: v for k, v in phases["drain"]["served_gbit"].items() if k.endswith("-to-site-2")}
     assert drained and all(v == 0.0 for v in drained.values()), drained
 
