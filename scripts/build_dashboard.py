@@ -445,8 +445,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
             Panel(
                 "Site cap shares by link",
-                "Each link's max-min fair share of its site's egress cap now (model Gbps; the link's calendar books "
-                "under the lower of it and the link's own cap), beside what the link asks for.",
+                "Each link's share of its site's egress cap now: the whole cap while the links' demands fit under "
+                "it, max-min fair once they pass it (model Gbps; the link's calendar books under the lower of it and "
+                "the link's own cap), beside what the link asks for.",
                 (
                     _t(f"sum by (site, link) ({_q('prfaas_gateway_site_share_gbps', SITE)})", "{{link}} share"),
                     _t(f"sum by (site, link) ({_q('prfaas_gateway_site_demand_gbps', SITE)})", "{{link}} demand"),

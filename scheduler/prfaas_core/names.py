@@ -269,8 +269,9 @@ METRIC_GATEWAY_SITE_DEMAND_GBPS: Final = "prfaas_gateway_site_demand_gbps"
 """(gateway) Each link's demand on its site (the KV offered to it over the last 10 model seconds, booked or not; model
 Gbps), by ``site`` and ``link``: their sum above ``prfaas_gateway_site_cap_gbps`` means the site cap binds."""
 METRIC_GATEWAY_SITE_SHARE_GBPS: Final = "prfaas_gateway_site_share_gbps"
-"""(gateway) Each link's share of its site's egress cap now (max-min fair over the demands; model Gbps), by ``site``
-and ``link``: the link's calendar books under the lower of it and the link's own cap."""
+"""(gateway) Each link's share of its site's egress cap now (the whole cap while the links' demands fit under it,
+else max-min fair over the demands; model Gbps), by ``site`` and ``link``: the link's calendar books under the
+lower of it and the link's own cap."""
 METRIC_LINK_EGRESS_BYTES: Final = "prfaas_link_egress_bytes_total"
 METRIC_LINK_UTILIZATION: Final = "prfaas_link_utilization_ratio"
 METRIC_LINK_SCARCE: Final = "prfaas_link_scarce"

@@ -7,11 +7,12 @@ steady load from both regions, through four phases (model seconds):
 3. **squeeze**: site-2's egress cap is squeezed (its gateway's ``siteEgressCapGbps``) to one pull's rate: its
    egress, by its relays' own 1-s counters, stays under the squeezed cap (plus the shaper's burst), where its two
    relays could carry twice that;
-4. **drain**: site-2 is drained: after what it held finishes (``SETTLE_S``) it takes no new work (east, its other
-   site cut, prefills locally).
+4. **drain**: site-2 is drained: after what it held finishes (``SETTLE_S``, and until its engines are idle:
+   ``drain_settled``) it takes no new work (east, its other site cut, prefills locally).
 
-Every request is answered (a remote call cut mid-way falls back to the local prefill). The report: per phase the
-requests, the KV each gateway served per link, each site's busiest settled 1-s window against its cap.
+Every request is answered (a remote call cut mid-way falls back to the local prefill). The report (printed, and
+``summary.json`` in the work dir): per phase the requests, the KV each gateway served per link, each site's busiest
+settled 1-s window against its cap.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def run_fleet(args: argparse.Namespace) -> int:
                 fleet.squeeze("site-2", caps["site-2"])
             elif phase == "drain":
                 fleet.drain("site-2")
-                time.sleep(SETTLE_S / spec.time_scale)  # what site-2 held when drained finishes
+                time.sleep(SETTLE_S / spec.time_scale)  # what site-2 held when drained finishes: at least this,
+                report["drain_settled"] = fleet.sites["site-2"].wait_idle(120.0)  # and until its engines are idle
                 before = _served(fleet)
             time.sleep(phase_s / spec.time_scale)
             after = _served(fleet)
@@ -130,6 +132,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     finally:
         load.stop.set()
         fleet.stop()
+    (work / "summary.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2) if args.output == "json" else _table(report))
     return 0 if report.get("lost", 1) == 0 else 1
 

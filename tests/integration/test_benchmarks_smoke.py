@@ -71,6 +71,15 @@ def test_fleet_routing(tmp_path: Path) -> None:
     assert [r["phase"] for r in rep["phases"]] == ["steady", "squeeze", "cut", "site-lost"]
     cut = next(r for r in rep["phases"] if r["phase"] == "cut")
     assert cut["fleet"]["multiplier"] > cut["static"]["multiplier"] > 0
+    assert rep["balanced_pairing"] is False  # two regions on site 1: fleet routing may gain in the steady state too
+    # a balanced static pairing (one region per site): nothing to move, fleet routing costs at most 2 % of goodput
+    # (the simulator is deterministic under the scenario's seed: a behaviour, not a timing)
+    bal = json.loads((tmp_path / "fleet-balanced.json").read_text())
+    assert bal["balanced_pairing"] is True and [r["phase"] for r in bal["phases"]] == ["steady"]
+    steady = bal["phases"][0]
+    assert steady["static"]["multiplier"] > 0 and steady["fleet"]["multiplier"] >= 0.98 * steady["static"]["multiplier"]
+    assert bal["steady_costs_nothing"] is True and bal["over_cap"] == []
+    assert "fleet-balanced   steady     balanced pairing" in out
     assert (tmp_path / "fleet-routing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -53,11 +53,12 @@ def test_shares_binding_cap_is_max_min_fair() -> None:
     assert shares == pytest.approx({"a": 2.0, "b": 4.0, "c": 4.0})  # a keeps its demand, b and c split the rest
 
 
-def test_shares_cap_not_binding_gives_each_its_demand_and_splits_the_rest() -> None:
-    shares = site_shares(10.0, {"a": 1.0, "b": 3.0})
-    assert shares == pytest.approx({"a": 4.0, "b": 6.0})
+def test_shares_cap_not_binding_holds_no_link_to_a_part() -> None:
+    # the demands fit under the cap: every link may book up to the whole cap (the site cap alone holds them together)
+    assert site_shares(10.0, {"a": 1.0, "b": 3.0}) == {"a": 10.0, "b": 10.0}
+    assert site_shares(10.0, {"a": 4.0, "b": 6.0}) == {"a": 10.0, "b": 10.0}  # exactly the cap: not binding yet
     assert site_shares(10.0, {}) == {}
-    assert site_shares(9.0, {"a": 0.0, "b": 0.0, "c": 0.0}) == pytest.approx({"a": 3.0, "b": 3.0, "c": 3.0})
+    assert site_shares(9.0, {"a": 0.0, "b": 0.0, "c": 0.0}) == {"a": 9.0, "b": 9.0, "c": 9.0}
 
 
 def test_shares_reject_negative_input() -> None:
@@ -69,14 +70,19 @@ def test_shares_reject_negative_input() -> None:
 
 @settings(max_examples=80, deadline=None)
 @given(st.floats(0.0, 100.0), st.dictionaries(st.sampled_from("abcdef"), st.floats(0.0, 50.0), max_size=6))
-def test_shares_sum_to_the_cap_and_no_link_below_min_of_demand_and_equal(cap: float, demands: dict[str, float]) -> None:
+def test_shares_sum_to_a_binding_cap_and_no_link_below_min_of_demand_and_equal(
+    cap: float, demands: dict[str, float]
+) -> None:
     shares = site_shares(cap, demands)
     if not demands:
         return
-    assert sum(shares.values()) == pytest.approx(cap, abs=1e-6)
+    if sum(demands.values()) > cap + 1e-9:  # binding: the cap split, max-min fair
+        assert sum(shares.values()) == pytest.approx(cap, abs=1e-6)
+    else:  # not binding: every link may take the whole cap
+        assert all(s == cap for s in shares.values())
     equal = cap / len(demands)
     for k, d in demands.items():
-        assert shares[k] >= min(d, equal) - 1e-6
+        assert cap + 1e-6 >= shares[k] >= min(d, equal) - 1e-6
 
 
 # --- the choice -------------------------------------------------------------------------------------------------
@@ -156,6 +162,19 @@ def test_site_cap_binding_splits_by_the_shares() -> None:
     # each link got its share's worth: four 16-Gbit streams each at 5 Gbps take 12.8 s per link
     ends = {link: max(site.get(k).stream_end_s for k in ks) for link, ks in keys.items()}  # type: ignore[union-attr]
     assert ends["a"] == pytest.approx(ends["b"], rel=0.05)
+
+
+def test_a_burst_on_one_link_may_take_the_whole_cap_while_it_does_not_bind() -> None:
+    # two links ask 3 Gbps each of a 10-Gbps site: a 16-Gbit prefill of 2 s (8 Gbps produced) streams at its
+    # production rate, not at half the cap (fixed halves left one link's half idle while the other's burst waited)
+    site = EgressLedger(lanes=2, expire_s=1e9)
+    shares = site_shares(10.0, {"a": 3.0, "b": 3.0})
+    answer = admit(site, {}, AdmitTick(0.0, gbytes(16.0), 2.0, LINK, site=SiteCap(10.0, shares["a"], frozenset())))
+    assert isinstance(answer, Booking) and answer.window.rate_gbps == pytest.approx(8.0)
+    # once they ask more than the cap, each link is held to its max-min fair share
+    bound = site_shares(10.0, {"a": 8.0, "b": 8.0})
+    held = admit(site, {}, AdmitTick(0.0, gbytes(16.0), 2.0, LINK, site=SiteCap(10.0, bound["a"], frozenset())))
+    assert isinstance(held, Booking) and held.window.rate_gbps <= 5.0 + 1e-9
 
 
 @settings(max_examples=40, deadline=None)

@@ -84,23 +84,37 @@ def test_two_links_never_book_past_the_site_cap_together(reqs) -> None:  # type:
             assert booked_gbps(own, t.start_s + t.stream_offset_s + 1e-7) <= 8.0 + 1e-6
 
 
-def test_the_site_cap_is_shared_max_min_fair_and_exported() -> None:
+def test_the_site_cap_is_whole_until_it_binds_then_shared_max_min_fair_and_exported() -> None:
     metrics = RouterMetrics()
     gw = site(10.0, metrics=metrics)
     east, west = link(gw, LINKS[0]), link(gw, LINKS[1])
-    gbit = 8.0  # 1 s at 8 Gbps each: both links ask their whole cap at once, the site has 10
+
+    def shares() -> dict[str, float]:
+        text = generate_latest(metrics.registry).decode()
+        out = {}
+        for name in LINKS:
+            series = f'{names.METRIC_GATEWAY_SITE_SHARE_GBPS}{{link="{name}",site="site"}} '
+            out[name] = float(next(x for x in text.splitlines() if x.startswith(series)).removeprefix(series))
+        return out
+
+    gbit = 8.0  # 1 s at 8 Gbps each (each link's own cap), the site has 10
     a = east.decide("a", {}, gbit * GBPS_BITS / 8.0, 1.0, 0.0)
     b = west.decide("b", {}, gbit * GBPS_BITS / 8.0, 1.0, 0.0)
     assert isinstance(a, Booking) and isinstance(b, Booking)
-    # east alone asked first: its demand and half the rest (0.8 + 9.2 / 2); west's 5 do not fit next to its 5.4
-    assert a.window.rate_gbps == pytest.approx(5.4) and b.window.rate_gbps == pytest.approx(5.0)
+    # the demands (0.8 Gbps each over the demand window) fit under the cap: no link is held to a part of it, each
+    # streams at its production rate, and the site cap puts west's after east's (8 + 8 > 10)
+    assert a.window.rate_gbps == pytest.approx(8.0) and b.window.rate_gbps == pytest.approx(8.0)
     assert b.window.stream_start_s >= a.window.stream_end_s - 1e-9
     text = generate_latest(metrics.registry).decode()
     assert f'{names.METRIC_GATEWAY_SITE_CAP_GBPS}{{site="site"}} 10.0' in text
-    for name in LINKS:  # equal demands (8 Gbit each over the demand window): 5 Gbps each of the 10
-        series = f'{names.METRIC_GATEWAY_SITE_SHARE_GBPS}{{link="{name}",site="site"}} '
-        line = next(x for x in text.splitlines() if x.startswith(series))
-        assert float(line.removeprefix(series)) == pytest.approx(5.0)
+    assert shares() == pytest.approx(dict.fromkeys(LINKS, 10.0))
+    # both ask 80 Gbit more: east's ask still fits (8.8 + 0.8), west's takes them past the cap (8.8 each): max-min
+    # fair, 5 Gbps each of the 10, and west's stream is held to its 5
+    c = east.decide("c", {}, 80.0 * GBPS_BITS / 8.0, 10.0, 0.0)
+    d = west.decide("d", {}, 80.0 * GBPS_BITS / 8.0, 10.0, 0.0)
+    assert isinstance(c, Booking) and isinstance(d, Booking)
+    assert c.window.rate_gbps == pytest.approx(8.0) and d.window.rate_gbps == pytest.approx(5.0)
+    assert shares() == pytest.approx(dict.fromkeys(LINKS, 5.0))
 
 
 def test_a_link_not_scheduled_here_is_a_400_naming_the_links() -> None:

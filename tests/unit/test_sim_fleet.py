@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from prfaas_core.sim.fleet import FleetRun, goodput, run_fleet
 from prfaas_core.sim.fleet_config import FleetPhaseSpec, FleetScenario
+from prfaas_core.sim.fleet_report import balanced_pairing
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/02-simulate/fleet.yaml"
 
@@ -61,6 +62,20 @@ def test_goodput_search_brackets_and_fleet_beats_static_after_a_cut(scn: FleetSc
     static = goodput(scn, phase(scn, "cut"), "static", duration_s=60.0, precision=0.3)
     assert fleet.best is not None and fleet.multiplier > static.multiplier
     assert fleet.link_peaks["region-1/site-1"] == 0.0
+
+
+def test_the_balanced_example_is_deterministic_and_static_binds_one_region_per_site() -> None:
+    doc = yaml.safe_load((EXAMPLE.parent / "fleet-balanced.yaml").read_text(encoding="utf-8"))
+    bal = FleetScenario.model_validate(doc)
+    assert balanced_pairing(bal.fleet) and not balanced_pairing(
+        FleetScenario.model_validate(yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))).fleet
+    )
+    for mode in ("fleet", "static"):
+        runs = [run_fleet(bal, bal.fleet.phases[0], mode, 2.0, 60.0) for _ in range(2)]
+        assert runs[0] == runs[1] and sum(runs[0].remote.values()) > 0  # the same seeds: the same run
+        within_caps(runs[0])
+    static = run_fleet(bal, bal.fleet.phases[0], "static", 2.0, 60.0)
+    assert set(static.link_bins) == {"region-1/site-1", "region-2/site-2"}
 
 
 @pytest.mark.parametrize(

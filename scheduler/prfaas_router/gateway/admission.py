@@ -24,10 +24,10 @@ The pulls on the wire, the reports and the loans between replicas are :mod:`.pul
 **Several links, one site** (a fleet): the gateway schedules every link its config lists (``links[]``; a prefill
 names its link in ``x-prfaas-link``, none: ``gateway.admission.link``), one :class:`LinkAdmission` each
 (:class:`SiteAdmission`). With ``gateway.siteEgressCapGbps`` they book on one calendar, the site's, through the core's
-:class:`~prfaas_core.policy.link_calendar.SiteCap` (each link's ceiling bounded by its max-min fair share of the cap,
-:func:`~prfaas_core.policy.fleet.site_shares`, over the KV offered to each link lately; every stream under the whole
-cap), and a pull goes on the wire only while the site's pulls there leave room for it (as a paced instance's). One
-link and no site cap: as before.
+:class:`~prfaas_core.policy.link_calendar.SiteCap` (each link's ceiling bounded by its share of the cap, the whole
+cap until the demands pass it, then max-min fair, :func:`~prfaas_core.policy.fleet.site_shares`, over the KV offered
+to each link lately; every stream under the whole cap), and a pull goes on the wire only while the site's pulls
+there leave room for it (as a paced instance's). One link and no site cap: as before.
 """
 
 from __future__ import annotations

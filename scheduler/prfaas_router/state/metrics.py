@@ -353,8 +353,8 @@ class RouterMetrics:
         )
         self.gateway_site_share = Gauge(
             names.METRIC_GATEWAY_SITE_SHARE_GBPS,
-            "Gateway mode, fleet: each link's max-min fair share of its site's egress cap now (model Gbps), by site "
-            "and link.",
+            "Gateway mode, fleet: each link's share of its site's egress cap now (the whole cap while the demands "
+            "fit under it, else max-min fair; model Gbps), by site and link.",
             ["site", "link"],
             registry=r,
         )
