@@ -278,16 +278,22 @@ async def test_share_loans_only_to_configured_peers_within_bounds(tmp_path: Path
                 assert day.status_code == 400 and "leaseS" in day.text, day.text
                 fair = await c.post(url + loans, json={**grab, "fraction": 0.5, "leaseS": 10}, timeout=5)
                 assert fair.status_code == 200 and fair.json()["granted"] == 0.5, fair.text
-                back = await c.delete(url + names.LOAN_PATH.format(link="a-to-b", loan_id=fair.json()["loanId"]))
+                # the borrower asks again for the same held answer (the first answer was lost on the way): the lost
+                # loan comes back first and the share is lent again (before: nothing was free until its lease ran out)
+                again = await c.post(url + loans, json={**grab, "fraction": 0.5, "leaseS": 10}, timeout=5)
+                assert again.status_code == 200 and again.json()["granted"] == 0.5, again.text
+                lost = await c.delete(url + names.LOAN_PATH.format(link="a-to-b", loan_id=fair.json()["loanId"]))
+                assert lost.status_code == 404
+                back = await c.delete(url + names.LOAN_PATH.format(link="a-to-b", loan_id=again.json()["loanId"]))
                 assert back.status_code == 200
             count = {
                 r: await metric(url, names.METRIC_GATEWAY_LOANS, link="a-to-b", result=r)
                 for r in ("not_peer", "over_bounds", "lent")
             }
-    assert count == {"not_peer": 1, "over_bounds": 2, "lent": 1}
+    assert count == {"not_peer": 1, "over_bounds": 2, "lent": 2}
     assert len(refusals(logs)) == 3
     lent = [e for e in logs if e["event"] == "share loan"]
-    assert len(lent) == 1 and lent[0]["granted"] == 0.5 and lent[0]["borrower"] == "thief"
+    assert len(lent) == 2 and all(e["granted"] == 0.5 and e["borrower"] == "thief" for e in lent)
 
 
 def test_an_empty_gateway_token_file_is_a_clear_error(tmp_path: Path) -> None:
