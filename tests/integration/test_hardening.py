@@ -7,7 +7,9 @@
   gateway connections without the token are held to their own small pool (the oldest pushed out) so the routers'
   authenticated connections keep their share; each token has its budget too (before: one client held them all);
 * share loans go only to a gateway's configured peers, within the fraction and lease bounds (a 4xx naming the field),
-  logged and counted (before: any token holder borrowed a peerless gateway's whole share for a day).
+  logged and counted (before: any token holder borrowed a peerless gateway's whole share for a day);
+* a caller that goes away while its request waits for its link window frees that window at once (before: it stayed
+  booked until it ran out).
 
 Flooding sources are other loopback addresses (127.0.0.2, 127.0.0.3): the kernel routes all of 127/8 locally."""
 
@@ -26,11 +28,15 @@ import httpx
 import pytest
 import structlog
 from aiohttp import web
-from testbed_support import PRFAAS, await_for, free_port, metric_value, model_profile_json
+from testbed_support import PRFAAS, await_for, free_port, metric_value, model_profile_json, prompt, serving
 
 from prfaas_core import names
-from prfaas_core.api import RouterConfig
+from prfaas_core.api import AdmissionDecline, RouterConfig
+from prfaas_core.api.router_config import ScaleConfig
+from prfaas_core.launch.emulation import ScaleSettings
 from prfaas_core.policy.replica_books import MAX_BOOK_BYTES, MAX_PEER_REPLICAS
+from prfaas_engine import EngineConfig
+from prfaas_engine import create_app as engine_app
 from prfaas_router.edge.app import HYGIENE, create_app
 from prfaas_router.edge.hygiene import start_listener
 from prfaas_router.state.peers import ReplicaPeers
@@ -57,7 +63,13 @@ def router_config(**security: Any) -> RouterConfig:
     )
 
 
-def gateway_config(tmp: Path, admission: dict[str, Any] | None = None, **security: Any) -> RouterConfig:
+def gateway_config(
+    tmp: Path,
+    admission: dict[str, Any] | None = None,
+    engine: str = NOWHERE,
+    capacity_gbps: float = 10.0,
+    **security: Any,
+) -> RouterConfig:
     (tmp / "gw-token").write_text(TOKEN + "\n")
     gateway: dict[str, Any] = {"prefillCluster": "prf", "tokenFile": str(tmp / "gw-token")}
     if admission is not None:
@@ -68,8 +80,8 @@ def gateway_config(tmp: Path, admission: dict[str, Any] | None = None, **securit
             "mode": "gateway",
             "thresholdMinTokens": 0,
             "model": model_profile_json(),
-            "endpoints": [{"name": "prf-0", "url": NOWHERE, "role": "prefill"}],
-            "links": [{"name": "a-to-b", "capacityGbps": 10.0}],
+            "endpoints": [{"name": "prf-0", "url": engine, "role": "prefill"}],
+            "links": [{"name": "a-to-b", "capacityGbps": capacity_gbps}],
             "gateway": gateway,
             "security": {"headerTimeoutSeconds": 30, **security},
         }
@@ -266,16 +278,22 @@ async def test_share_loans_only_to_configured_peers_within_bounds(tmp_path: Path
                 assert day.status_code == 400 and "leaseS" in day.text, day.text
                 fair = await c.post(url + loans, json={**grab, "fraction": 0.5, "leaseS": 10}, timeout=5)
                 assert fair.status_code == 200 and fair.json()["granted"] == 0.5, fair.text
-                back = await c.delete(url + names.LOAN_PATH.format(link="a-to-b", loan_id=fair.json()["loanId"]))
+                # the borrower asks again for the same held answer (the first answer was lost on the way): the lost
+                # loan comes back first and the share is lent again (before: nothing was free until its lease ran out)
+                again = await c.post(url + loans, json={**grab, "fraction": 0.5, "leaseS": 10}, timeout=5)
+                assert again.status_code == 200 and again.json()["granted"] == 0.5, again.text
+                lost = await c.delete(url + names.LOAN_PATH.format(link="a-to-b", loan_id=fair.json()["loanId"]))
+                assert lost.status_code == 404
+                back = await c.delete(url + names.LOAN_PATH.format(link="a-to-b", loan_id=again.json()["loanId"]))
                 assert back.status_code == 200
             count = {
                 r: await metric(url, names.METRIC_GATEWAY_LOANS, link="a-to-b", result=r)
                 for r in ("not_peer", "over_bounds", "lent")
             }
-    assert count == {"not_peer": 1, "over_bounds": 2, "lent": 1}
+    assert count == {"not_peer": 1, "over_bounds": 2, "lent": 2}
     assert len(refusals(logs)) == 3
     lent = [e for e in logs if e["event"] == "share loan"]
-    assert len(lent) == 1 and lent[0]["granted"] == 0.5 and lent[0]["borrower"] == "thief"
+    assert len(lent) == 2 and all(e["granted"] == 0.5 and e["borrower"] == "thief" for e in lent)
 
 
 def test_an_empty_gateway_token_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -357,3 +375,79 @@ async def test_a_replica_whose_peer_is_hung_or_gone_serves_on_its_own_share(
             await adm.peers.aclose()
         unreachable = metrics.gateway_loans.labels("a-to-b", "unreachable")._value.get()
         assert unreachable >= 2, unreachable
+
+
+# --- 5. a window whose caller went away while it waited -------------------------------------------------------------
+async def test_a_caller_gone_while_its_request_waits_for_its_window_frees_it(tmp_path: Path) -> None:
+    """A gateway whose link (1 Mbps, time-scaled 200x) is booked for ~40 s by a pull nobody reports: a second
+    caller's leg is booked behind it and held for its window; the caller disconnects during the wait and the window is
+    freed at once, so a third leg is offered the second's start again (before: the hold was outside the try that frees
+    a booking, and the cancelled hold left its window booked until it ran out, ~40 s more)."""
+    scale = 200.0
+    gw = {"Authorization": f"Bearer {TOKEN}"}
+    leg = {"model": "m", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+
+    def body(tokens: int) -> dict[str, Any]:
+        return {**leg, "prompt": prompt(tokens)}
+
+    engine = engine_app(EngineConfig(role="prefill", port=0, scale=ScaleSettings(time_scale=scale)))
+    async with serving(engine) as engine_url:
+        config = gateway_config(tmp_path, {}, engine=engine_url, capacity_gbps=0.001)
+        app = create_app(config.model_copy(update={"scale": ScaleConfig(time_scale=scale)}))
+        async with listening(app) as url, httpx.AsyncClient(base_url=url, headers=gw, timeout=10) as c:
+
+            async def engine_ready() -> bool:
+                return (await c.get("/status")).json()["readyInstances"] == 1
+
+            await await_for(engine_ready, 10, "the gateway to see its PrFaaS engine healthy")
+            first = await c.post("/v1/completions", json=body(40_000))  # its pull on the wire, never reported
+            assert first.status_code == 200, first.text
+
+            async def earliest_start() -> float | None:
+                """A leg accepting no wait is declined with its earliest start: as model time (the test's clock
+                scaled as the gateway's), None once the link is free (it was then booked)."""
+                sent = time.monotonic() * scale
+                r = await c.post("/v1/completions", json=body(40_000), headers={names.HEADER_MAX_WAIT_MS: "0"})
+                if r.status_code == 200:
+                    return None
+                assert r.status_code == 429, r.text
+                decline = AdmissionDecline.model_validate(r.json())
+                assert decline.reason == "link_window" and decline.earliest_start_ms is not None, r.text
+                return sent + decline.earliest_start_ms / 1000.0
+
+            behind_first = await earliest_start()
+            assert behind_first is not None and behind_first - time.monotonic() * scale > 1_000  # model s booked
+            # the second caller's long leg, on its own connection: booked behind the first, held for its window
+            port = int(url.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                payload = json.dumps(body(40_000)).encode()
+                writer.write(
+                    f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                    + payload
+                )
+                await writer.drain()
+
+                async def second_booked() -> bool:
+                    return await metric(url, names.METRIC_GATEWAY_ADMISSIONS, link="a-to-b", result="booked") == 2
+
+                await await_for(second_booked, 10, "the second leg to be booked")
+                behind_second = await earliest_start()
+                assert behind_second is not None
+                second_span = behind_second - behind_first
+                assert second_span > 1_000, (behind_first, behind_second)  # the third is offered the second's end
+                assert not reader.at_eof()  # still held, no answer yet
+                writer.close()  # the second caller goes away during its wait
+                await writer.wait_closed()
+
+                async def freed() -> bool:
+                    start = await earliest_start()
+                    assert start is not None, "the link came free by time alone: the test's windows are too short"
+                    return start < behind_first + second_span / 2
+
+                await await_for(freed, 10, "the third leg to be offered the second's start again (its window freed)")
+            finally:
+                writer.close()
+            done = names.PULL_DONE_PATH.format(pull_id=first.headers[names.HEADER_PULL_ID])
+            assert (await c.post(done)).status_code == 200

@@ -3,7 +3,10 @@ from all three never takes the link's egress (the relay's own accounting, 1-s wi
 allowing one pull's burst (a pull runs at the wire's speed, not at its booked rate), and every request is answered.
 The routers' own links say 100 Gbps: only the gateway's calendar (0.1 Gbps, cap 0.08) holds them. With 2 gateway
 replicas (routers 1 and 2 on one, router 3 on the other) each starts with cap / 2 and borrows the other's idle share
-for a pull (one pull, at the link's 0.1 Gbps, needs the whole cap), over HTTP: the same one-pull allowance holds.
+for a pull (one pull, at the link's 0.1 Gbps, needs the whole cap), over HTTP: the same one-pull allowance holds. A loan
+whose answer a call under CPU load lost is taken back when its borrower asks again (it once kept the lender's share
+for its lease, ~13 s, while both replicas' held answers waited past the routers' 10-s remote timeout: at load ~25
+nothing went remote).
 The routers share their PD prefill books (``--peers``, as the chart's router replicas do) throughout."""
 
 from __future__ import annotations
@@ -32,6 +35,20 @@ LINK = {"link": "a-to-b"}
 def prompt(tokens: int) -> str:
     head = uuid.uuid4().hex
     return head + "x" * (tokens * 4 - len(head))
+
+
+def routes(routers: list[str]) -> dict[str, list[str]]:
+    """Each router's answers, decisions, fallbacks and link waits (what a failed assertion shows)."""
+    wanted = (
+        names.METRIC_ROUTER_REQUESTS,
+        names.METRIC_ROUTER_ROUTE_DECISIONS,
+        names.METRIC_ROUTER_FALLBACKS,
+        names.METRIC_ROUTER_LINK_WAITS,
+    )
+    return {
+        r: [line for line in httpx.get(r + "/metrics", timeout=5).text.splitlines() if line.startswith(wanted)]
+        for r in routers
+    }
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -69,9 +86,11 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
                 status, body = http("GET", url + "/ready", timeout_s=2)
                 if status != 200 or set((body.get("remotes") or {"-": "?"}).values()) != {"ready"}:
                     return False
+                if set((body.get("link_calendar") or {"-": False}).values()) != {True}:
+                    return False  # it has read scheduledLinks: the gateway's calendar, not its own ledger, decides
             return True
 
-        wait_for(all_ready, 60, "three routers ready, each seeing its gateway")
+        wait_for(all_ready, 60, "three routers ready, each seeing its gateway and that it schedules the link")
         link = st.url("link_admin")
         statuses: list[int] = []
         stop = threading.Event()
@@ -117,7 +136,7 @@ def test_three_routers_one_gateway_calendar_hold_the_cap(tmp_path: Path, replica
             f"allowed {allowed:.3f})"
         )
         assert statuses and all(s == 200 for s in statuses), statuses
-        assert booked >= 1 and remote >= 1  # the link was used
+        assert booked >= 1 and remote >= 1, routes(routers)  # the link was used
         assert max(windows) <= allowed, (windows, allowed)
         # each router sent the other two its books and hears both (a heartbeat lost to the burst's CPU load may
         # have let a peer expire for a moment: the next ones bring it back)

@@ -52,6 +52,21 @@ def test_a_share_is_lent_only_from_what_the_wire_leaves_free() -> None:
     assert b.expire(10.0) == ["l1"] and b.fraction(10.0) == 0.5
 
 
+def test_a_loan_asked_for_again_for_the_same_answer_comes_back_to_the_lender_first() -> None:
+    """A loan whose answer a slow call lost: the borrower, which never had it, asks again for the same held answer;
+    the lender takes the lost loan back and lends again (before: it had nothing free until the lost loan's lease ran
+    out, and both replicas' held answers waited)."""
+    b = LinkShares(2, peers=True)
+    assert b.lend("lost", 0.5, b.free(0.0, CEILING, 0.0), "a", until_s=100.0, held_at=1.0) == 0.5
+    assert b.free(0.0, CEILING, 0.0) == 0.0
+    assert b.asked_again("a", 2.0) == [] and b.asked_again("c", 1.0) == []  # another answer, another borrower
+    assert b.free(0.0, CEILING, 0.0) == 0.0
+    assert b.asked_again("a", 1.0) == ["lost"]
+    assert b.lend("again", 0.5, b.free(0.0, CEILING, 0.0), "a", until_s=100.0, held_at=1.0) == 0.5
+    assert b.fraction(0.0) == 0.0 and list(b.lent) == ["again"]
+    assert not b.repaid("lost") and b.repaid("again")  # the lost loan's give-back, if it comes, finds nothing
+
+
 def test_a_pull_faster_than_the_ceiling_takes_the_whole_link_or_without_peers_the_whole_share() -> None:
     with_peers, alone = LinkShares(2, peers=True), LinkShares(2, peers=False)
     assert with_peers.need(0.0, 9.0, CEILING, 0.0) == pytest.approx(0.5)  # all of the other half

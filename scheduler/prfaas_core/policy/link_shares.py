@@ -6,12 +6,17 @@ borrows the missing fraction from its peers; a lender gives only what its own pu
 takes it out of its own share *before* it answers, so at every instant the shares of all replicas sum to at most 1
 (a loan in flight is counted by the lender alone). The borrower gives a loan back when the pull it was taken for is
 over; the lender takes it back by itself when the loan's lease runs out (the borrower died or lost the way back), and
-that lease is longer than the borrower's pull lease, which starts later. A replica that cannot reach its peers only
-has its own share: exact still, just slower. A peer that did not answer a loan call (hung, refused, gone) is
-counted down; once every peer's every call failed for :data:`PEER_DOWN_S`, the replica is ``cut_off`` and keeps to
-its own share as a replica without peers does (a pull faster than the share goes alone in it, after its loan calls
-failed once more): it serves on, where it once waited for loans until its held answers' KV lease ran out. A peer
-that is merely slow or lossy (any call answered) cuts nothing off: the shares stay exact.
+that lease is longer than the borrower's pull lease, which starts later. A borrower asks each peer once per try, for
+its oldest held answer, and gives back what it got when the try falls short: an ask again for the same answer means
+the earlier loans for it are not in use (their answer was lost on the way, or their give-back is), and the lender
+takes them back at once (:meth:`LinkShares.asked_again`; before, a loan whose answer a slow call lost kept the
+lender's share until its lease ran out while the borrower, refused, waited for it: both replicas' pulls stalled).
+A replica that cannot reach its peers only has its own share: exact still, just slower. A peer that did not answer a
+loan call (hung, refused, gone) is counted down; once every peer's every call failed for :data:`PEER_DOWN_S`, the
+replica is ``cut_off`` and keeps to its own share as a replica without peers does (a pull faster than the share goes
+alone in it, after its loan calls failed once more): it serves on, where it once waited for loans until its held
+answers' KV lease ran out. A peer that is merely slow or lossy (any call answered) cuts nothing off: the shares stay
+exact.
 
 Pure bookkeeping in model seconds; the router's ``prfaas_router.gateway.admission`` does the calls between replicas.
 """
@@ -35,6 +40,8 @@ class Loan:
     """The other replica: the borrower's id on the lender's side, the lender's URL on the borrower's."""
     until_s: float = float("inf")
     """Lender's side: when the fraction comes back by itself."""
+    held_at: float | None = None
+    """Lender's side: the borrower's held answer it was asked for (when held, Unix time)."""
 
 
 @dataclass
@@ -98,12 +105,23 @@ class LinkShares:
         used = 1.0 if ceiling_gbps <= EPS and on_wire_gbps > EPS else on_wire_gbps / max(ceiling_gbps, EPS)
         return max(0.0, self.fraction(now_s) - used)
 
-    def lend(self, loan_id: str, wanted: float, free: float, borrower: str, until_s: float) -> float:
-        """Lend up to ``wanted`` of ``free``; the granted fraction (0: nothing lent)."""
+    def asked_again(self, borrower: str, held_at: float) -> list[str]:
+        """``borrower`` asks for its answer held since ``held_at`` again: the loans lent for that answer are not in
+        use (their answer or their give-back was lost on the way) and come back now; their ids."""
+        again = [k for k, loan in self.lent.items() if loan.peer == borrower and loan.held_at == held_at]
+        for k in again:
+            del self.lent[k]
+        return again
+
+    def lend(
+        self, loan_id: str, wanted: float, free: float, borrower: str, until_s: float, held_at: float | None = None
+    ) -> float:
+        """Lend up to ``wanted`` of ``free`` (for the borrower's answer held since ``held_at``); the granted
+        fraction (0: nothing lent)."""
         granted = min(max(0.0, wanted), free)
         if granted <= EPS:
             return 0.0
-        self.lent[loan_id] = Loan(granted, borrower, until_s)
+        self.lent[loan_id] = Loan(granted, borrower, until_s, held_at)
         return granted
 
     def repaid(self, loan_id: str) -> bool:

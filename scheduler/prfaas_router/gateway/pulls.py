@@ -238,8 +238,7 @@ class PullsOnWire:
     def lend(self, borrower: str, wanted: float, lease_s: float, held_at: float, now_s: float) -> tuple[str, float]:
         """A peer asks for up to ``wanted`` of this replica's share for a pull (lease ``lease_s``), its oldest answer
         held since ``held_at`` (Unix time): the loan's id and the granted fraction (0: refused). An older answer held
-        here goes first (ties: the lower replica id); while the peer still misses some, this replica's own answers
-        wait."""
+        here goes first (ties: the lower replica id); while the peer still misses some, this one's own answers wait."""
         self._set_share(now_s)
         oldest = self._oldest_held()
         if oldest is not None and (oldest, self.replica) < (held_at, borrower):
@@ -247,8 +246,9 @@ class PullsOnWire:
             return "", 0.0
         loan_id = f"{self.replica}.loan-{os.urandom(8).hex()}"
         until = now_s + lease_s + LOAN_GRACE_WALL_S * self.time_scale
+        self.shares.asked_again(borrower, held_at)  # the same answer again: what it was lent earlier is back
         free = self.shares.free(self.on_wire_gbps(), self.ceiling_gbps(now_s), now_s)
-        granted = self.shares.lend(loan_id, wanted, free, borrower, until)
+        granted = self.shares.lend(loan_id, wanted, free, borrower, until, held_at)
         # short: the peer comes back for the rest (all or nothing); meanwhile this replica's own answers wait
         self._older_peer_until = now_s + (1.5 * RECHECK_S * self.time_scale if granted < wanted - EPS else 0.0)
         self.loan_count("lent" if granted > 0 else "refused")
