@@ -22,6 +22,7 @@ layer-wise pipelining. Pure functions over frozen inputs; no clock, no I/O.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -135,11 +136,14 @@ def threshold_grid(dist: LengthDistribution, step_tokens: int = 100, max_points:
     return [0.0, *(float(k * step) for k in range(1, math.ceil(hi / step))), hi]
 
 
+@functools.lru_cache(maxsize=256)
 def compute_balanced_threshold(inputs: PlanInputs, n_prefill: int, step_tokens: int = 100) -> int | None:
     """``t_bal``: where ``N_prfaas/(p·T_prf(l_long)) = N_p/((1 − p)·T_pdp(l_short))`` (Eq. 7, compute only).
 
     The smallest integer ``t`` where the PrFaaS ceiling reaches PD-P's: the first sign change on the grid,
     then an integer bisection. None when the curves never cross (e.g. no PrFaaS or no PD-P instances).
+    Memoised (the inputs are frozen and hashable): the long-term loop asks again at the same inputs and prefill
+    counts every cycle, and each answer costs a few hundred evaluations of the split.
     """
 
     def gap(t: float) -> float:

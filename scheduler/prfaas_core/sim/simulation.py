@@ -136,8 +136,7 @@ class Simulation(DecodeSide):
     def run(self, until_s: float | None = None, progress: ProgressFn | None = None) -> RunResult:
         """Run to ``until_s`` (default: until every request has finished, at most ``3 × duration + 600`` s)."""
         ev = self.events
-        for spec in self.requests:
-            ev.at(spec.arrival_s, self._arrive, Req(spec))
+        ev.at_all([(spec.arrival_s, self._arrive, Req(spec)) for spec in self.requests])
         for step in self.cfg.link.schedule:
             ev.at(step.at_seconds, self._set_capacity, step.capacity_gbps)
         ev.at(1.0, self._tick, None)
