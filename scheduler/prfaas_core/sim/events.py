@@ -12,7 +12,6 @@ each push and pop is that much cheaper.
 
 from __future__ import annotations
 
-import gc
 import heapq
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -61,21 +60,7 @@ class EventQueue:
         return len(self._heap) + len(self._batch) - self._next
 
     def run_until(self, end_s: float) -> None:
-        """Run every event with ``time <= end_s``; the clock then stands at ``end_s``.
-
-        What exists when the run starts (the requests, the configuration, every module) lives through it: it is
-        frozen out of the cyclic collector's walks meanwhile (``gc.freeze``), and what the run makes is collected as
-        usual."""
-        frozen = gc.isenabled() and gc.get_freeze_count() == 0  # a process that froze its own keeps them frozen
-        if frozen:
-            gc.freeze()
-        try:
-            self._run_until(end_s)
-        finally:
-            if frozen:
-                gc.unfreeze()
-
-    def _run_until(self, end_s: float) -> None:
+        """Run every event with ``time <= end_s``; the clock then stands at ``end_s``."""
         heap, batch = self._heap, self._batch
         pop = heapq.heappop
         n = 0
