@@ -23,13 +23,12 @@ Event = tuple[float, int, Callback, Any]
 class EventQueue:
     """Virtual time plus a heap of ``(time_s, seq, callback, arg)`` (and a sorted batch beside it)."""
 
-    __slots__ = ("_batch", "_heap", "_next", "_seq", "events_run", "now_s")
+    __slots__ = ("_batch", "_heap", "_seq", "events_run", "now_s")
 
     def __init__(self) -> None:
         self._heap: list[Event] = []
         self._batch: list[Event] = []
-        self._next = 0
-        """The first event of ``_batch`` not run yet."""
+        """Latest first: the next one is the last (each is popped as it runs, so nothing run stays referenced)."""
         self._seq = 0
         self.now_s = 0.0
         self.events_run = 0
@@ -42,32 +41,30 @@ class EventQueue:
     def at_all(self, events: Iterable[tuple[float, Callback, Any]]) -> None:
         """:meth:`at` for each ``(time_s, callback, arg)`` in turn (the same order), kept beside the heap."""
         now, seq = self.now_s, self._seq
-        batch = self._batch[self._next :]
+        batch = list(self._batch)
         for time_s, callback, arg in events:
             seq += 1
             batch.append((time_s if time_s > now else now, seq, callback, arg))
         self._seq = seq
-        batch.sort()  # by (time, seq): seq is unique, so callbacks are never compared
-        self._batch, self._next = batch, 0
+        batch.sort(reverse=True)  # by (time, seq), latest first: seq is unique, so callbacks are never compared
+        self._batch = batch
 
     def clear(self) -> None:
         """Drop every pending event (a run that has decided its outcome)."""
         self._heap.clear()
         self._batch.clear()
-        self._next = 0
 
     def __len__(self) -> int:
-        return len(self._heap) + len(self._batch) - self._next
+        return len(self._heap) + len(self._batch)
 
     def run_until(self, end_s: float) -> None:
         """Run every event with ``time <= end_s``; the clock then stands at ``end_s``."""
         heap, batch = self._heap, self._batch
         pop = heapq.heappop
         n = 0
-        i = self._next
         while True:
-            if i < len(batch):  # re-read: a callback may clear the queue
-                event = batch[i]
+            if batch:  # a callback may clear it (in place) or add a batch (a new list: re-read below)
+                event = batch[-1]
                 if heap and heap[0] < event:
                     event = heap[0]
                     if event[0] > end_s:
@@ -76,8 +73,7 @@ class EventQueue:
                 else:
                     if event[0] > end_s:
                         break
-                    i += 1
-                    self._next = i
+                    batch.pop()
             elif heap and heap[0][0] <= end_s:
                 event = pop(heap)
             else:
@@ -85,7 +81,7 @@ class EventQueue:
             self.now_s = event[0]
             event[2](event[3])
             n += 1
-            if self._batch is not batch or i > self._next:  # cleared (or replaced) by a callback
-                batch, i = self._batch, self._next
+            if self._batch is not batch:
+                batch = self._batch
         self.events_run += n
         self.now_s = max(self.now_s, end_s)
