@@ -33,6 +33,7 @@ from prfaas_core.capacity.planner import (
     split_lengths,
     sweep_splits,
     sweep_thresholds,
+    threshold_grid,
     ttft_stats,
 )
 from prfaas_core.capacity.workload import EmpiricalDistribution, mean
@@ -351,3 +352,38 @@ def test_compute_balanced_threshold_is_the_first_integer_past_the_crossing() -> 
     assert gap(t_bal) >= 0 > gap(t_bal - 1)
     assert compute_balanced_threshold(inputs, 0) is None
     assert compute_balanced_threshold(replace(inputs, n_prfaas=0), 3) is None
+
+
+def test_compute_balanced_threshold_over_observed_lengths_is_the_first_grid_crossing() -> None:
+    """Over an empirical distribution each CDF step's gap is computed once: the answer is still the first grid point
+    whose gap reaches 0 (then bisected), checked here against the plain scan for many observed samples."""
+    base = case_study_inputs()
+    rng = random.Random(7)
+
+    def gap(inputs: PlanInputs, n_p: int, t: float) -> float:
+        s = split_lengths(inputs, t)
+        if not 0 < s.offload_fraction < 1:
+            return math.inf if s.offload_fraction <= 0 else -math.inf
+        prf = inputs.n_prfaas / (s.offload_fraction * inputs.prfaas_hardware.prefill_seconds(s.l_long_tokens))
+        pdp = n_p / ((1 - s.offload_fraction) * inputs.pd_hardware.prefill_seconds(s.l_short_tokens))
+        return prf - pdp
+
+    def scan(inputs: PlanInputs, n_p: int) -> int | None:
+        for prev, t in itertools.pairwise(threshold_grid(inputs.lengths)):
+            if gap(inputs, n_p, t) >= 0:
+                below, above = math.floor(prev), math.ceil(t)
+                while above - below > 1:
+                    mid = (below + above) // 2
+                    below, above = (below, mid) if gap(inputs, n_p, mid) >= 0 else (mid, above)
+                return above
+        return None
+
+    found = 0
+    for _ in range(12):
+        lengths = [max(1, int(rng.lognormvariate(9.5, 1.3))) for _ in range(rng.choice([20, 200, 800]))]
+        inputs = replace(base, lengths=EmpiricalDistribution.from_lengths(lengths))
+        for n_p in (1, 3, 8):
+            expected = scan(inputs, n_p)
+            found += expected is not None
+            assert compute_balanced_threshold(inputs, n_p) == expected
+    assert found > 0

@@ -31,7 +31,7 @@ from ..names import GBPS_BITS
 from .curves import PiecewisePolynomial
 from .kv import KvModel
 from .plan_inputs import PlanInputs
-from .workload import LengthDistribution, expect, mean
+from .workload import EmpiricalDistribution, LengthDistribution, expect, mean
 
 PRFAAS_COMPUTE = "prfaas-compute"
 PRFAAS_EGRESS = "prfaas-egress"
@@ -140,9 +140,24 @@ def compute_balanced_threshold(inputs: PlanInputs, n_prefill: int, step_tokens: 
 
     The smallest integer ``t`` where the PrFaaS ceiling reaches PD-P's: the first sign change on the grid,
     then an integer bisection. None when the curves never cross (e.g. no PrFaaS or no PD-P instances).
+
+    Over observed lengths (an :class:`EmpiricalDistribution`) the split, hence the gap, is the same all along one
+    step of the CDF: each step's gap is computed once (the long-term loop asks every cycle, and the grid has
+    hundreds of points below ``t_bal`` but far fewer steps).
     """
+    step_of = inputs.lengths.step_index if isinstance(inputs.lengths, EmpiricalDistribution) else None
+    by_step: dict[int, float] = {}
 
     def gap(t: float) -> float:
+        if step_of is None:
+            return balance_gap(t)
+        k = step_of(t)
+        value = by_step.get(k)
+        if value is None:
+            value = by_step[k] = balance_gap(t)
+        return value
+
+    def balance_gap(t: float) -> float:
         s = split_lengths(inputs, t)
         if s.offload_fraction <= 0:
             return math.inf

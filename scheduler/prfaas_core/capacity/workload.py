@@ -183,6 +183,11 @@ class EmpiricalDistribution:
         """Number of lengths ≤ x."""
         return bisect.bisect_right(self.lengths, x)
 
+    def step_index(self, x: float) -> int:
+        """The step of the CDF ``x`` is on (the number of lengths ≤ ``x``): the CDF at ``x`` and every partial
+        moment from ``x`` up (so :func:`expect` from ``x``) are the same all along one step."""
+        return bisect.bisect_right(self.lengths, x)
+
     def cdf(self, x: float) -> float:
         return self._cum[0][self._index_le(x)]
 

@@ -320,10 +320,15 @@ def window_by_deadline(
     for kt in booked.items():  # one pass (in booking order, as the stable sort below expects)
         lanes.setdefault(kt[1].lane, []).append(kt)
     for lane in range(ledger.lanes):
-        on_lane = sorted(lanes.get(lane, ()), key=lambda kt: kt[1].start_s)
-        started = [t for _, t in on_lane if t.start_s <= now_s + _EPS]
+        on_lane = lanes.get(lane)
+        if not on_lane:
+            continue
+        on_lane.sort(key=lambda kt: kt[1].start_s)
         pending = [(k, t) for k, t in on_lane if t.start_s > now_s + _EPS]
-        free_at = max([now_s, *(t.end_s for t in started)])
+        last = deadlines.get(pending[-1][0]) if pending else None
+        if last is None or last.due_s <= due_s:
+            continue  # the loop below would stop at its first step (earliest deadline first)
+        free_at = max([now_s, *(t.end_s for _, t in on_lane if t.start_s <= now_s + _EPS)])
         for i in range(len(pending) - 1, -1, -1):
             jumped = pending[i:]
             k = pending[i][0]  # the later ones in ``jumped`` passed this test in the earlier rounds

@@ -14,6 +14,7 @@ streams on the PrFaaS instances ("lanes") and admits a new one against the egres
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -167,6 +168,8 @@ class EgressLedger:
     _measured_gbps: float | None = None
     _measured_at_s: float = 0.0
     _own_at_measurement_gbps: float = 0.0
+    _oldest_start_s: float = field(default=math.inf, repr=False, compare=False)
+    """At most the earliest ``start_s`` booked (may lag low after a finish): nothing younger can expire."""
 
     def set_lanes(self, lanes: int) -> None:
         """The number of PrFaaS instances that prefill in parallel (0: unknown, count from dispatch)."""
@@ -205,11 +208,13 @@ class EgressLedger:
             lane = min(range(self.lanes), key=ends.__getitem__)
             transfer = Transfer(bytes_, ends[lane], duration_s, lane, stream_duration_s=stream_s)
         self._active[key] = transfer
+        self._oldest_start_s = min(self._oldest_start_s, transfer.start_s)
         return transfer
 
     def reserve(self, key: str, transfer: Transfer) -> Transfer:
         """Book a planned stream (a window from :func:`~.link_calendar.earliest_window`) in the calendar."""
         self._active[key] = transfer
+        self._oldest_start_s = min(self._oldest_start_s, transfer.start_s)
         return transfer
 
     def transfers(self, now_s: float) -> list[Transfer]:
@@ -250,6 +255,8 @@ class EgressLedger:
 
     def _expire(self, now_s: float) -> None:
         expire_s = self.expire_s
+        if now_s - self._oldest_start_s <= expire_s:
+            return  # every booking started at or after the oldest: none is older than expire_s
         # ``age > expire_s`` first: it cannot hold when ``age > max(...)`` does not, and it fails for nearly every
         # transfer (young), so the ``max`` is rarely computed
         stale = [
@@ -259,6 +266,7 @@ class EgressLedger:
         ]
         for k in stale:
             del self._active[k]
+        self._oldest_start_s = min((t.start_s for t in self._active.values()), default=math.inf)
 
     def own_gbps(self, now_s: float) -> float:
         """Sum of the rates of this replica's streams on the wire at ``now_s`` (started, not finished)."""

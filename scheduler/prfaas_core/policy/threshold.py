@@ -102,7 +102,8 @@ def decide_threshold(
     if not recent_uncached_lengths or window_s <= 0:
         return ThresholdDecision(bounds.min_tokens, 0, f"no recent requests: t = t_min = {bounds.min_tokens}")
     # cheap exit (most calls): the window's egress with t = t_min already fits the budget
-    at_t_min = sum(kv.kv_bytes(n) for n in recent_uncached_lengths if n > bounds.min_tokens)
+    s_kv = kv.curve  # kv.kv_bytes without its call: evaluated per length per refresh
+    at_t_min = sum(s_kv(n) for n in recent_uncached_lengths if n > bounds.min_tokens)
     if at_t_min * 8.0 / window_s / GBPS_BITS <= budget_gbps:
         return ThresholdDecision(
             bounds.min_tokens, 0, f"link {mode}: t = t_min = {bounds.min_tokens} (fits the budget)"

@@ -193,8 +193,7 @@ class FleetSimulation:
         for region, reqs in self.requests.items():
             self.run_result.requests[region] = len(reqs)
             self.run_result.met[region] = 0
-            for r in reqs:
-                self.events.at(r.arrival_s, self._arrive, (region, r))
+            self.events.at_all([(r.arrival_s, self._arrive, (region, r)) for r in reqs])
         self.events.at(1.0, self._tick, None)
         self.events.run_until(3.0 * self.duration_s + 600.0)
         return self.run_result

@@ -166,15 +166,23 @@ def remote_candidate(
     return total - l_prf, transfer_bytes(kv, total, held), False
 
 
-def dispatch(sim: WindowHost, req: Req, ask: tuple[int, float, bool], replica: int, local_tokens: int) -> bool:
+def dispatch(
+    sim: WindowHost,
+    req: Req,
+    ask: tuple[int, float, bool],
+    replica: int,
+    local_tokens: int,
+    local_wait_s: float | None = None,
+) -> bool:
     """Ask the gateway for a window for this remote candidate; book it and schedule the prefill at its start
-    (True), or leave the request to the local side (False)."""
+    (True), or leave the request to the local side (False). ``local_wait_s``: PD's least prefill wait now, when
+    the caller has it (else read here)."""
     assert sim.gateway is not None
     uncached, nbytes, spill = ask
     now = sim.events.now_s
     spec = req.spec
     prefill_s = sim.prfaas_seconds(float(max(uncached, 1)))
-    local_wait = sim.least_wait(sim.pd, now) or 0.0
+    local_wait = (sim.least_wait(sim.pd, now) if local_wait_s is None else local_wait_s) or 0.0
     local_ttft = local_wait + sim.pd_seconds(float(max(local_tokens, 1)))
     slo = ttft_objective_s(sim.cfg.slo, spec.input_tokens)
     choice, booking = sim.gateway.ask(now, nbytes, prefill_s, sim.link_params, local_ttft, slo, spill, local_wait)

@@ -136,8 +136,7 @@ class Simulation(DecodeSide):
     def run(self, until_s: float | None = None, progress: ProgressFn | None = None) -> RunResult:
         """Run to ``until_s`` (default: until every request has finished, at most ``3 × duration + 600`` s)."""
         ev = self.events
-        for spec in self.requests:
-            ev.at(spec.arrival_s, self._arrive, Req(spec))
+        ev.at_all([(spec.arrival_s, self._arrive, Req(spec)) for spec in self.requests])
         for step in self.cfg.link.schedule:
             ev.at(step.at_seconds, self._set_capacity, step.capacity_gbps)
         ev.at(1.0, self._tick, None)
@@ -195,6 +194,7 @@ class Simulation(DecodeSide):
             return
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
         links, states, ledgers, remotes = self.route_maps.get(k, self.link_params, self.link_states[k], l_prf)
+        local_wait = self.least_wait(self.pd, now)  # routing changes no queue: the gateway's ask reads it too
         tick = RouteTick(
             now,
             RouteRequest(total, l_pd, ttft_slo_s=ttft_objective_s(self.cfg.slo, total), decode_held_tokens=held),
@@ -206,7 +206,7 @@ class Simulation(DecodeSide):
             states,
             ledgers,
             remotes,
-            local_wait_s=self.least_wait(self.pd, now),
+            local_wait_s=local_wait,
             remote_wait_s=self.least_wait(self.prfaas, now),
             wait_from_ledger=False,
         )
@@ -216,7 +216,7 @@ class Simulation(DecodeSide):
         if self.gateway is not None:
             ask = windows.remote_candidate(decision, self.kv, total, l_pd, l_prf, self.link_states[k].scarce, held)
             if ask is not None:
-                if windows.dispatch(self, req, ask, k, total - l_pd):
+                if windows.dispatch(self, req, ask, k, total - l_pd, local_wait):
                     return
                 self._to_pd_prefill(req, total - l_pd)
                 return
