@@ -265,8 +265,10 @@ class Cycle:
     ) -> None:
         """One line per cycle (not per object): what it covered and what it cost."""
         self.cycles += 1
+        took = time.perf_counter() - started
         self.metrics.prometheus_queries.inc(snap.queries)
-        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        self.metrics.cycle_seconds.observe(took)
+        self.writer.cycle_took(took)  # a long cycle stretches the status heartbeat (writer.py)
         self.log.info(
             "cycle",
             pd_clusters=len(due.pd),
@@ -276,6 +278,7 @@ class Cycle:
             api_calls=api_calls,
             status_writes=writes,
             status_moved=moved,
-            seconds=round(time.perf_counter() - started, 3),
+            seconds=round(took, 3),
+            heartbeat_seconds=round(self.writer.interval_s),
             **{k: round(v, 3) for k, v in phases.items()},
         )
