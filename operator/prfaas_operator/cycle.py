@@ -240,10 +240,12 @@ class Cycle:
         for key in due.pfc:
             self.prefill.next_due[key] = now_s + self.config.gateway_period_s
         t0 = time.perf_counter()
-        await self._each(todo(due.pfcs, due.pfc), lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc))
-        phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-        self.pd.links.build()
+        self.pd.links.build()  # (the PrefillClusters' reconciler shares it: runner.py)
         try:
+            await self._each(
+                todo(due.pfcs, due.pfc), lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc)
+            )
+            phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
             await self._each(todo(due.pds, due.pd), lambda e: self.pd.reconcile(e, snap, now_s, e.key in due.pd))
         finally:
             self.pd.links.drop()

@@ -287,7 +287,7 @@ def build(config: OperatorConfig, creds: KubeCredentials | None = None) -> Opera
     writer = StatusWriter(api, world, config.status_heartbeat_s)
     publisher = RouterConfigPublisher(api)
     pd = PDClusterReconciler(api, world, writer, KubeActuator(api, world), publisher, metrics, config.prometheus_url)
-    prefill = PrefillClusterReconciler(api, world, writer, metrics, config.prometheus_url, publisher)
+    prefill = PrefillClusterReconciler(api, world, writer, metrics, config.prometheus_url, publisher, links=pd.links)
     link = LinkReconciler(api, world, writer, metrics, config.prometheus_url, pd.published)
     collector = PrometheusCollector(config.prometheus_timeout_s)
     holder: dict[str, Operator] = {}
