@@ -54,7 +54,8 @@ class OperatorConfig(BaseModel):
         default=300.0,
         gt=0,
         description="A status written only to say 'still fresh' (lastMeasuredTime, lastSyncTime, a repeated "
-        "Hold's time) is rewritten alone at most this often; any other change writes it at once.",
+        "Hold's time) is rewritten alone at most this often (writer.py stretches it to 20 cycles when cycles are "
+        "that long, and spreads it per object over one to two intervals); any other change writes it at once.",
     )
     liveness_stall_s: float = Field(
         default=120.0,

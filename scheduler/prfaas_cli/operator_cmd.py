@@ -45,7 +45,8 @@ def register(sub: Any) -> None:
         type=float,
         default=300.0,
         help="a status that only says 'still fresh' (lastMeasuredTime, lastSyncTime, a repeated Hold) is "
-        "rewritten alone at most this often; any other change is written at once (default 300)",
+        "rewritten alone at most this often (each object between one and two of these, or of 20 cycles when "
+        "a cycle is that long); any other change is written at once (default 300)",
     )
     p.add_argument(
         "--liveness-stall-seconds",
