@@ -57,6 +57,12 @@ class OperatorConfig(BaseModel):
         "Hold's time) is rewritten alone at most this often (writer.py stretches it to 20 cycles when cycles are "
         "that long, and spreads it per object over one to two intervals); any other change writes it at once.",
     )
+    status_heartbeat_cycles: int = Field(
+        default=20,
+        ge=0,
+        description="The status heartbeat is at least this many of the slowest recent cycles apart (0: "
+        "status_heartbeat_s alone).",
+    )
     liveness_stall_s: float = Field(
         default=120.0,
         gt=0,

@@ -14,10 +14,10 @@ from .registry import PLURALS, Entry, World
 from .status import QUIET_RULES, STATUS_HEARTBEAT_S, changed_fields, set_condition, status_patch
 
 HEARTBEAT_CYCLES = 20
-"""A heartbeat is at least this many of the slowest recent cycles apart: when a cycle takes longer than
-``heartbeat_s / HEARTBEAT_CYCLES`` (thousands of objects), the heartbeat stretches with it, so that at most
-1 / HEARTBEAT_CYCLES of the objects rewrite a still-fresh timestamp in any one cycle (at a 300-s heartbeat and a
-300-s cycle every object had rewritten one every cycle)."""
+"""By default (``--status-heartbeat-cycles``) a heartbeat is at least this many of the slowest recent cycles
+apart: when a cycle takes longer than ``heartbeat_s / HEARTBEAT_CYCLES`` (thousands of objects), the heartbeat
+stretches with it, so that at most 1 / HEARTBEAT_CYCLES of the objects rewrite a still-fresh timestamp in any one
+cycle (at a 300-s heartbeat and a 300-s cycle every object had rewritten one every cycle)."""
 RECENT_CYCLES = 32
 """How many recent cycles' durations the stretch is taken over (their maximum)."""
 
@@ -33,14 +33,21 @@ class StatusWriter:
     """The one place status is written, and the one change detector: a patch is sent only when a field moved
     by more than its kind's :data:`~.status.QUIET_RULES` allow (so a fleet at rest writes nothing but a
     heartbeat). An object's heartbeat is due when its still-fresh timestamp is ``interval * (1 + phase)`` old:
-    ``interval`` is ``heartbeat_s``, or :data:`HEARTBEAT_CYCLES` of the slowest recent cycles (:meth:`cycle_took`)
-    if that is longer, and ``phase`` the object's own fixed offset (:func:`heartbeat_phase`), so heartbeats are
-    spread over cycles instead of coming all in one."""
+    ``interval`` is ``heartbeat_s``, or ``heartbeat_cycles`` (:data:`HEARTBEAT_CYCLES`) of the slowest recent
+    cycles (:meth:`cycle_took`) if that is longer, and ``phase`` the object's own fixed offset
+    (:func:`heartbeat_phase`), so heartbeats are spread over cycles instead of coming all in one."""
 
-    def __init__(self, api: KubeApi, world: World, heartbeat_s: float = STATUS_HEARTBEAT_S) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        world: World,
+        heartbeat_s: float = STATUS_HEARTBEAT_S,
+        heartbeat_cycles: int = HEARTBEAT_CYCLES,
+    ) -> None:
         self.api = api
         self.world = world
         self.heartbeat_s = heartbeat_s
+        self.heartbeat_cycles = heartbeat_cycles
         self.writes = 0
         self.reasons: Counter[str] = Counter()
         """Writes by what moved (``Kind.field``, each changed field of each write): where a busy status comes from."""
@@ -53,7 +60,7 @@ class StatusWriter:
     @property
     def interval_s(self) -> float:
         """The heartbeat interval in force (before each object's phase)."""
-        return max(self.heartbeat_s, HEARTBEAT_CYCLES * max(self._cycles, default=0.0))
+        return max(self.heartbeat_s, self.heartbeat_cycles * max(self._cycles, default=0.0))
 
     def heartbeat_of(self, entry: Entry) -> float:
         """How old ``entry``'s still-fresh timestamps may grow before they are rewritten alone."""

@@ -127,3 +127,7 @@ def test_heartbeat_stretches_with_long_cycles_and_is_spread_over_objects() -> No
     due = writer.heartbeat_of(first)
     assert not status_changed(old, {"lastSyncTime": iso(T0 + due - 1)}, rule, due)
     assert status_changed(old, {"lastSyncTime": iso(T0 + due + 1)}, rule, due)
+    # --status-heartbeat-cycles 0: the heartbeat seconds alone, however long the cycles
+    plain = StatusWriter(None, None, heartbeat_s=2, heartbeat_cycles=0)  # type: ignore[arg-type]
+    plain.cycle_took(300.0)
+    assert plain.interval_s == 2 and 2 <= plain.heartbeat_of(first) < 4
