@@ -54,7 +54,14 @@ class OperatorConfig(BaseModel):
         default=300.0,
         gt=0,
         description="A status written only to say 'still fresh' (lastMeasuredTime, lastSyncTime, a repeated "
-        "Hold's time) is rewritten alone at most this often; any other change writes it at once.",
+        "Hold's time) is rewritten alone at most this often (writer.py stretches it to 20 cycles when cycles are "
+        "that long, and spreads it per object over one to two intervals); any other change writes it at once.",
+    )
+    status_heartbeat_cycles: int = Field(
+        default=20,
+        ge=0,
+        description="The status heartbeat is at least this many of the slowest recent cycles apart (0: "
+        "status_heartbeat_s alone).",
     )
     liveness_stall_s: float = Field(
         default=120.0,

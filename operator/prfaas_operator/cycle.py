@@ -240,10 +240,12 @@ class Cycle:
         for key in due.pfc:
             self.prefill.next_due[key] = now_s + self.config.gateway_period_s
         t0 = time.perf_counter()
-        await self._each(todo(due.pfcs, due.pfc), lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc))
-        phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-        self.pd.links.build()
+        self.pd.links.build()  # (the PrefillClusters' reconciler shares it: runner.py)
         try:
+            await self._each(
+                todo(due.pfcs, due.pfc), lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc)
+            )
+            phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
             await self._each(todo(due.pds, due.pd), lambda e: self.pd.reconcile(e, snap, now_s, e.key in due.pd))
         finally:
             self.pd.links.drop()
@@ -265,8 +267,10 @@ class Cycle:
     ) -> None:
         """One line per cycle (not per object): what it covered and what it cost."""
         self.cycles += 1
+        took = time.perf_counter() - started
         self.metrics.prometheus_queries.inc(snap.queries)
-        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        self.metrics.cycle_seconds.observe(took)
+        self.writer.cycle_took(took)  # a long cycle stretches the status heartbeat (writer.py)
         self.log.info(
             "cycle",
             pd_clusters=len(due.pd),
@@ -276,6 +280,7 @@ class Cycle:
             api_calls=api_calls,
             status_writes=writes,
             status_moved=moved,
-            seconds=round(time.perf_counter() - started, 3),
+            seconds=round(took, 3),
+            heartbeat_seconds=round(self.writer.interval_s),
             **{k: round(v, 3) for k, v in phases.items()},
         )

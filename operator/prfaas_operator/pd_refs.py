@@ -4,6 +4,7 @@ core derives from them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prfaas_core.api import InterDCLink, ModelProfile, PDCluster, PrefillCluster
@@ -23,32 +24,48 @@ class Refs:
 
 
 class LinkIndex:
-    """The links by the PD cluster they name, for one cycle (``World.links_to`` scans every link: a cycle over
-    N clusters would be O(N^2)). :meth:`links_to` re-reads each indexed link from the world, so a link changed
-    since is seen as it is now; one added since waits for the next cycle (its watch event nudges the cluster
-    there anyway). Outside a cycle (:meth:`drop`) it asks the world."""
+    """The links by the PD cluster they name and by the PrefillCluster they name, for one cycle
+    (``World.links_to`` scans every link: a cycle over N clusters, or N PrefillClusters, would be O(N^2)).
+    :meth:`links_to` and :meth:`links_of_site` re-read each indexed link from the world, so a link changed since
+    is seen as it is now; one added since waits for the next cycle (its watch event nudges the cluster there
+    anyway). Outside a cycle (:meth:`drop`) they ask the world."""
 
     def __init__(self, world: World) -> None:
         self.world = world
         self._index: dict[Key, list[Key]] | None = None
+        self._sites: dict[Key, list[Key]] = {}
 
     def build(self) -> None:
         index: dict[Key, list[Key]] = {}
+        sites: dict[Key, list[Key]] = {}
         for link in self.world.all(KIND_INTER_DC_LINK):
             if link.valid:
                 index.setdefault((link.namespace, link.model.spec.pd_cluster_ref.name), []).append(link.key)
-        self._index = index
+                sites.setdefault((link.namespace, link.model.spec.prefill_cluster_ref.name), []).append(link.key)
+        self._index, self._sites = index, sites
 
     def drop(self) -> None:
-        self._index = None
+        self._index, self._sites = None, {}
 
     def links_to(self, namespace: str | None, pd_cluster: str) -> list[Entry]:
         if self._index is None:
             return self.world.links_to(namespace, pd_cluster)
+        keys = self._index.get((namespace, pd_cluster), ())
+        return self._read(keys, lambda m: m.spec.pd_cluster_ref.name, pd_cluster)
+
+    def links_of_site(self, namespace: str | None, prefill_cluster: str) -> list[Entry]:
+        """The valid links in ``namespace`` that name PrefillCluster ``prefill_cluster``."""
+        if self._index is None:
+            keys: Iterable[Key] = [e.key for e in self.world.all(KIND_INTER_DC_LINK) if e.namespace == namespace]
+        else:
+            keys = self._sites.get((namespace, prefill_cluster), ())
+        return self._read(keys, lambda m: m.spec.prefill_cluster_ref.name, prefill_cluster)
+
+    def _read(self, keys: Iterable[Key], ref: Callable[[InterDCLink], str], name: str) -> list[Entry]:
         out = []
-        for key in self._index.get((namespace, pd_cluster), ()):
+        for key in keys:
             link = self.world.get(KIND_INTER_DC_LINK, *key)
-            if link is not None and link.valid and link.model.spec.pd_cluster_ref.name == pd_cluster:
+            if link is not None and link.valid and ref(link.model) == name:
                 out.append(link)
         return out
 

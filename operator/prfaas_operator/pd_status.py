@@ -87,7 +87,9 @@ def compose(
         last_decision=decision.record,
         decisions=list(decision.state.history),
         router_config_map=observed.router_config_map,
-        loop=LoopMemory(verdict=roles.verdict, streak=roles.streak),
+        # the streak matters up to the hysteresis (a verdict held longer, blocked by a bound or the cooldown,
+        # would otherwise rewrite the status every cycle)
+        loop=LoopMemory(verdict=roles.verdict, streak=min(roles.streak, params.hysteresis_cycles)),
         summary=PDClusterSummary(
             prefill=f"{prefill.ready}/{prefill.desired}",
             decode=f"{decode.ready}/{decode.desired}",

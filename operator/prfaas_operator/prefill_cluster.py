@@ -22,7 +22,6 @@ from pydantic import ValidationError
 
 from prfaas_core.api import Condition, GatewayStatus, PrefillCluster, PrefillClusterStatus
 from prfaas_core.names import (
-    KIND_INTER_DC_LINK,
     KIND_MODEL_PROFILE,
     KIND_PREFILL_CLUSTER,
     LABEL_DRAINING,
@@ -38,6 +37,7 @@ from .logs import logger
 from .metrics import OperatorMetrics
 from .observe import Snapshot
 from .pacing import paced_gbps, pacing_patch
+from .pd_refs import LinkIndex
 from .pods import pod_ready
 from .registry import Entry, World
 from .router_config import RouterConfigPublisher, build_gateway
@@ -147,6 +147,7 @@ class PrefillClusterReconciler:
         default_prometheus_url: str,
         publisher: RouterConfigPublisher | None = None,
         scaler: ElasticScaler | None = None,
+        links: LinkIndex | None = None,
     ) -> None:
         self.api = api
         self.world = world
@@ -155,6 +156,9 @@ class PrefillClusterReconciler:
         self.default_prometheus_url = default_prometheus_url
         self.publisher = publisher or RouterConfigPublisher(api)
         self.scaler = scaler or ElasticScaler(api, world, metrics)
+        self.links = links or LinkIndex(world)
+        """The links by the site they name (built once per cycle by the cycle; a scan of every link per
+        PrefillCluster made a cycle over N of them O(N^2))."""
         self.next_due: dict[tuple[str | None, str], float] = {}
         self.gateways = GatewayClients()
         self.secrets = Secrets(api)
@@ -273,7 +277,7 @@ class PrefillClusterReconciler:
     ) -> tuple[dict[str, Any], list[Condition]]:
         """The site's links known here, its egress cap against them, and its Drained and SiteCapBinding
         conditions (:mod:`.fleet`); a change of either posts an Event."""
-        here = [e.model for e in self.world.all(KIND_INTER_DC_LINK) if e.valid and e.namespace == entry.namespace]
+        here = [e.model for e in self.links.links_of_site(entry.namespace, entry.name)]
         links = site_links(pfc, here)
         cap = site_cap(pfc, links)
         conds, events = site_conditions(conds, pfc, links, cap, now_s, entry.generation)

@@ -284,10 +284,10 @@ def build(config: OperatorConfig, creds: KubeCredentials | None = None) -> Opera
         on_retry=lambda status: metrics.api_retries.labels(status=str(status)).inc(),
     )
     world = World()
-    writer = StatusWriter(api, world, config.status_heartbeat_s)
+    writer = StatusWriter(api, world, config.status_heartbeat_s, config.status_heartbeat_cycles)
     publisher = RouterConfigPublisher(api)
     pd = PDClusterReconciler(api, world, writer, KubeActuator(api, world), publisher, metrics, config.prometheus_url)
-    prefill = PrefillClusterReconciler(api, world, writer, metrics, config.prometheus_url, publisher)
+    prefill = PrefillClusterReconciler(api, world, writer, metrics, config.prometheus_url, publisher, links=pd.links)
     link = LinkReconciler(api, world, writer, metrics, config.prometheus_url, pd.published)
     collector = PrometheusCollector(config.prometheus_timeout_s)
     holder: dict[str, Operator] = {}

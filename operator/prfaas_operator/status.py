@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from prfaas_core.api import ApiModel, Condition
 from prfaas_core.api.common import parse_rfc3339, rfc3339
 from prfaas_core.names import KIND_INTER_DC_LINK, KIND_PD_CLUSTER, KIND_PREFILL_CLUSTER, NO_THRESHOLD_TOKENS
+from prfaas_core.policy.long_term import wording
 
 from .kube import ApiError, JsonDict, KubeApi
 
@@ -52,7 +53,9 @@ def set_condition(
     now_s: float,
     generation: int | None,
 ) -> list[Condition]:
-    """A new list with one condition set; the transition time is kept when the status did not change."""
+    """A new list with one condition set, in its old place (a condition set again must not move: the list's
+    order is part of what the status writer compares); the transition time is kept when the status did not
+    change."""
     value = ("True" if status else "False") if isinstance(status, bool) else status
     old = get_condition(conditions, type_)
     since = old.last_transition_time if old is not None and old.status == value else iso(now_s)
@@ -64,7 +67,9 @@ def set_condition(
         last_transition_time=since,
         observed_generation=generation,
     )
-    return [c for c in conditions if c.type != type_] + [new]
+    if old is None:
+        return [*conditions, new]
+    return [new if c.type == type_ else c for c in conditions]
 
 
 def changed_reason(old: Condition | None, reason: str, message: str) -> bool:
@@ -155,11 +160,15 @@ class QuietRule:
     - ``tolerance``: measured numbers, rewritten when they move past ``(absolute, relative)``: more than
       ``max(absolute, relative * max(|old|, |new|))``; a value appearing or vanishing always counts.
     - ``follows``: fields derived from others (a percentage string): never a reason to write on their own.
+    - ``wording``: texts that carry measured figures (a repeated Hold's reason): compared with their figures
+      masked (the core's :func:`~prfaas_core.policy.long_term.wording`, the rule its decision history keeps),
+      so new figures are written with whatever else changes, or with the heartbeat.
     """
 
     heartbeat: tuple[str, ...] = ()
     tolerance: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     follows: tuple[str, ...] = ()
+    wording: tuple[str, ...] = ()
 
 
 STATUS_HEARTBEAT_S = 300.0
@@ -179,7 +188,7 @@ QUIET_RULES: Mapping[str, QuietRule] = {
             "egressGbps": (0.05, 0.05),
         },
     ),
-    KIND_PD_CLUSTER: QuietRule(heartbeat=("lastDecision.time",)),
+    KIND_PD_CLUSTER: QuietRule(heartbeat=("lastDecision.time",), wording=("lastDecision.reason",)),
 }
 """Per kind, what its status writes may leave alone (the CRD field descriptions say the same). A kind not
 listed is compared exactly."""
@@ -204,9 +213,13 @@ def _field_changed(path: str, old: Any, new: Any, rule: QuietRule, heartbeat_s: 
         return old is None or _age_s(old, new) >= heartbeat_s
     if path in rule.tolerance:
         return _moved(old, new, *rule.tolerance[path])
-    nested = [h[len(path) + 1 :] for h in rule.heartbeat if h.startswith(path + ".")]
-    if nested and isinstance(old, Mapping) and isinstance(new, Mapping):
-        inner = QuietRule(heartbeat=tuple(nested))
+    if path in rule.wording and isinstance(old, str) and isinstance(new, str):
+        return wording(old) != wording(new)
+    prefix = path + "."
+    beats = tuple(h[len(prefix) :] for h in rule.heartbeat if h.startswith(prefix))
+    words = tuple(w[len(prefix) :] for w in rule.wording if w.startswith(prefix))
+    if (beats or words) and isinstance(old, Mapping) and isinstance(new, Mapping):
+        inner = QuietRule(heartbeat=beats, wording=words)
         keys = old.keys() | new.keys()
         return any(_field_changed(k, old.get(k), new.get(k), inner, heartbeat_s) for k in keys)
     return bool(old != new)

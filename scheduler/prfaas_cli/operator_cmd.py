@@ -45,7 +45,15 @@ def register(sub: Any) -> None:
         type=float,
         default=300.0,
         help="a status that only says 'still fresh' (lastMeasuredTime, lastSyncTime, a repeated Hold) is "
-        "rewritten alone at most this often; any other change is written at once (default 300)",
+        "rewritten alone at most this often (each object between one and two of these, or of 20 cycles when "
+        "a cycle is that long); any other change is written at once (default 300)",
+    )
+    p.add_argument(
+        "--status-heartbeat-cycles",
+        type=int,
+        default=20,
+        help="the heartbeat is at least this many of the slowest recent cycles apart, so that at most about one "
+        "object in this many heartbeats per cycle when cycles are long (0: the heartbeat seconds alone; default 20)",
     )
     p.add_argument(
         "--liveness-stall-seconds",
@@ -79,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "link_period_s": args.link_period_seconds,
         "gateway_period_s": args.gateway_period_seconds,
         "status_heartbeat_s": args.status_heartbeat_seconds,
+        "status_heartbeat_cycles": args.status_heartbeat_cycles,
         "log_level": args.log_level.upper(),
         "liveness_stall_s": args.liveness_stall_seconds,
     }

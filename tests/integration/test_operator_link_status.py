@@ -270,7 +270,8 @@ def test_quiet_at_rest_then_a_moved_measurement_is_written(h: Harness) -> None:
     op.stop()
 
     set_egress(h, rest)
-    beat = h.start_operator(ns, extra=["--status-heartbeat-seconds", "2"])
+    # (and no stretch by the cycles' length: a slow cycle on a loaded machine would stretch a 2-s heartbeat)
+    beat = h.start_operator(ns, extra=["--status-heartbeat-seconds", "2", "--status-heartbeat-cycles", "0"])
     st = wait_until(lambda: measured_near(h, ns, rest, near_rest), 30, f"egress back to ~{rest} Gbps")
     first = st["lastMeasuredTime"]
     # at rest again, only the heartbeat moves it (RFC 3339 seconds: a later second, 2 s or more after)

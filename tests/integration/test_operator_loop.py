@@ -3,7 +3,9 @@ loop's behaviour end to end (flip after persistence + drain, steady load, Promet
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 import pytest
 
@@ -60,8 +62,33 @@ def test_load_shift_towards_prefill_flips_one_instance_after_persistence_and_dra
     op2.wait_cycles(3)  # a few 1 s periods with the queue still standing: the 3600 s cooldown must hold
     assert len(flips(h, ns)) == 1
     assert sorted(h.roles(ns).values()).count("prefill") == 4
-    assert "cooldown" in h.status(ns)["lastDecision"]["reason"]
+    held = h.status(ns)
+    assert "cooldown" in held["lastDecision"]["reason"]
+    # held at rest, the PD cluster writes no status: each cycle's Hold says "last flip N s ago" with a new N and
+    # the verdict's streak grows, but neither is a change (the old comparison wrote both every cycle)
+    seen = len(pd_writes(op2))
+    op2.wait_cycles(4)
+    assert sum(pd_writes(op2)[seen:]) == 0, pd_writes(op2)[seen:]
+    assert h.status(ns)["lastDecision"] == held["lastDecision"] and decisions(h, ns) == held["decisions"]
+    # a measurement that changes the decision's words is written at once: the queue drains
+    h.prom.exporter.set_queue(ns, "pd-h20", "prefill", 0)
+    last = wait_until(
+        lambda: (d := h.status(ns)["lastDecision"]) and "no standing queue" in d["reason"] and d,
+        30,
+        "the drained queue in the status",
+    )
+    assert last["action"] == "Hold" and decisions(h, ns)[-1]["reason"] == last["reason"]
     op2.stop()
+
+
+def pd_writes(op: Any) -> list[int]:
+    """Per logged cycle, the PDCluster fields its status writes moved (the cycle line's ``status_moved``)."""
+    out = []
+    for line in op.logs().splitlines():
+        if '"event": "cycle"' in line:
+            moved = json.loads(line).get("status_moved") or {}
+            out.append(sum(n for k, n in moved.items() if k.startswith("PDCluster.")))
+    return out
 
 
 def test_steady_load_does_not_flip(h: Harness) -> None:

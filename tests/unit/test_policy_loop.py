@@ -134,6 +134,23 @@ def test_history_keeps_a_hold_only_when_its_reason_changes_and_is_bounded() -> N
     assert len(state.history) == 2 and state.history[-1].time == "1970-01-01T00:03:22Z"
 
 
+def test_a_hold_that_moved_only_in_its_figures_is_not_recorded_again() -> None:
+    """A Hold's figures (the queues here, the model's ratios, seconds since the last flip) move every cycle at
+    rest: the history (and so the status) keeps the first; words that change are recorded."""
+    params = RolePolicyParams(hysteresis_cycles=1000)  # a verdict that only holds: "(n of 1000 cycles)"
+    state = LoopState(RoleState(threshold_min_tokens=19_000))
+    recorded = []
+    for i in range(5):
+        busy = RoleObservation(instances(3, 5), decode=StageLoad(100.0 + 7 * i))
+        d = step(LoopTick(60.0 * i, params, INPUTS, state, busy, 19_000.0))
+        assert d.roles is not None and d.roles.action == "Hold"
+        state, _ = d.state, recorded.append(d.recorded)
+    assert recorded == [True, False, False, False, False] and len(state.history) == 1
+    quiet = RoleObservation(instances(3, 5))
+    d = step(LoopTick(400.0, params, INPUTS, state, quiet, 19_000.0))
+    assert d.recorded and "no standing queue" in d.state.history[-1].reason
+
+
 def test_a_pending_drain_restored_from_the_cluster_finishes() -> None:
     pending = PendingFlip("FlipToDecode", ("p0",), 0.0, "decode-bound")
     state = LoopState(RoleState(pending=pending, threshold_min_tokens=19_000))

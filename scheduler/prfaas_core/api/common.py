@@ -164,8 +164,8 @@ class DecisionRecord(ApiModel):
     """One long-term decision, with its reason (shown in status and `kubectl describe`)."""
 
     time: str = Field(
-        description="RFC 3339 time of the decision; a Hold repeated unchanged keeps its first time (renewed at "
-        "least every status heartbeat).",
+        description="RFC 3339 time of the decision; a Hold repeated in the same words (its figures aside) "
+        "keeps its first time and reason (renewed with the status heartbeat).",
         json_schema_extra={"format": "date-time"},
     )
     action: DecisionAction = Field(description="What was decided.")

@@ -117,9 +117,9 @@ class InterDCLinkStatus(ApiModel):
     )
     last_measured_time: str | None = Field(
         default=None,
-        description="Time of the last measurement written: with any change above, else at least every "
-        "status heartbeat (operator --status-heartbeat-seconds, 300 s). The Degraded condition says whether "
-        "this cycle measured.",
+        description="Time of the last measurement written: with any change above, else with the status "
+        "heartbeat (operator --status-heartbeat-seconds, 300 s, or 20 cycles if longer; each object's falls "
+        "between one and two of them). The Degraded condition says whether this cycle measured.",
         json_schema_extra={"format": "date-time"},
     )
     conditions: list[Condition] = conditions_field("Ready, Degraded, Drained.")

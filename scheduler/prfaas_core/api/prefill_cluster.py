@@ -269,8 +269,9 @@ class PrefillClusterStatus(ApiModel):
     scaling: ScalingStatus | None = Field(default=None, description="Elastic capacity in force (Operator mode).")
     last_sync_time: str | None = Field(
         default=None,
-        description="When the status was last refreshed: with any change above, else at least every status "
-        "heartbeat (operator --status-heartbeat-seconds, 300 s).",
+        description="When the status was last refreshed: with any change above, else with the status "
+        "heartbeat (operator --status-heartbeat-seconds, 300 s, or 20 cycles if longer; each object's falls "
+        "between one and two of them).",
         json_schema_extra={"format": "date-time"},
     )
     links: list[SiteLinkStatus] = Field(

@@ -22,6 +22,7 @@ If carrying out the effects fails, the shell keeps the old state and runs again 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -37,6 +38,8 @@ DRY_RUN_PREFIX = "dry-run, not acted on: "
 REASON_MAX = 1024
 QUIET_ACTIONS = ("Hold", "Suspended")
 """Actions that change nothing: no Event, no dry-run prefix."""
+_FIGURE = re.compile(r"(?<![\w.-])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+"""A figure in a reason: a number standing alone (not part of a name such as ``pd-e1``)."""
 
 
 @dataclass(frozen=True)
@@ -239,11 +242,19 @@ def _record(tick: LoopTick, d: RoleDecision, t_in_force: int | None) -> Decision
     )
 
 
+def wording(reason: str) -> str:
+    """A reason with its figures masked (``queues: PD-P #, ...``): what a repeated Hold is compared by. A Hold's
+    figures (queues, model ratios, seconds since the last flip) move every cycle at rest; its words say
+    whether anything happened."""
+    return _FIGURE.sub("#", reason)
+
+
 def append_history(
     history: Sequence[DecisionRecord], record: DecisionRecord, limit: int
 ) -> tuple[tuple[DecisionRecord, ...], bool]:
-    """The history rule: a Hold is recorded only when its reason differs from the last entry's."""
-    if history and record.action == "Hold" and history[-1].reason == record.reason:
+    """The history rule: a Hold is recorded only when its reason differs from the last entry's in words, not
+    only in figures (:func:`wording`)."""
+    if history and record.action == "Hold" and wording(history[-1].reason) == wording(record.reason):
         return tuple(history), False
     return tuple([*history, record][-limit:]), True
 
@@ -322,4 +333,5 @@ __all__ = [
     "initial_roles",
     "step",
     "verdict_threshold",
+    "wording",
 ]
