@@ -11,6 +11,9 @@ to the operator (``memo.operator``), whose reconcile code does the work.
   cache fresh; a prefill pod's event nudges its PrefillCluster (whose gateway config lists it);
 * watch events can be missed: the operator also re-lists everything periodically (``Operator.resync``).
 * settings, the Lease, the cycle and the metrics server start in the one startup handler.
+* the handlers that only parse and store are ``async``: kopf runs a plain ``def`` handler in a thread pool,
+  a hand-off per watch event (a re-listed fleet is tens of thousands of them) and cache updates (and the
+  cycle's wake-up event) touched from another thread than the event loop's.
 
 Every replica keeps its cache warm; only the Lease holder writes anything. A non-leader's delete handler
 fails temporarily instead of succeeding, so that the finalizer stays until the leader has cleaned up.
@@ -76,7 +79,7 @@ def _register_pods(registry: kopf.OperatorRegistry, label: str) -> None:
     """One handler per label (kopf filters on the client side: still one watch of pods)."""
 
     @kopf.on.event("", "v1", "pods", id=f"pod-event-{label}", labels={label: kopf.PRESENT}, registry=registry)
-    def pod_event(event: Any, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def pod_event(event: Any, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         op = _op(memo)
         if event.get("type") == "DELETED":
             op.pod_gone(body.metadata.namespace, str(body.metadata.name))
@@ -90,14 +93,14 @@ def _register_kind(registry: kopf.OperatorRegistry, kind: str, plural: str) -> N
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
-    def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         entry = parse_body(kind, body)
         _op(memo).accept(entry, dirty=True)
 
     if kind not in (KIND_PD_CLUSTER, KIND_PREFILL_CLUSTER):
 
         @kopf.on.delete(*resource, optional=True, registry=registry)
-        def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             _op(memo).forget(kind, plain(body))
 
         return
@@ -115,5 +118,5 @@ def _register_kind(registry: kopf.OperatorRegistry, kind: str, plural: str) -> N
         await op.deleted(kind, plain(body))
 
     @kopf.on.delete(*resource, optional=True, when=lambda body, **_: not owns(body), registry=registry)
-    def unowned_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def unowned_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _op(memo).forget(kind, plain(body))

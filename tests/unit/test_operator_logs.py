@@ -57,3 +57,22 @@ def test_lines_follow_stderr_after_it_was_replaced_and_kopf_records_share_the_re
         "PrefillCluster",
         "warning",
     )
+
+
+def test_kopf_pod_event_success_lines_are_dropped_and_its_other_lines_pass(
+    restored: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    logs.configure("info")
+    logs.configure("info")  # configured twice (a test's in-process operator): one filter still
+    objects = logging.getLogger("kopf.objects")
+    assert sum(isinstance(f, logs._PodEventSucceeded) for f in objects.filters) == 1
+    objects.info("Handler 'pod-event-prfaas.io/pd-cluster' succeeded.")
+    objects.info("Handler 'changed' succeeded.")
+    objects.error("Handler 'pod-event-prfaas.io/pd-cluster' failed with an exception. Will retry.")
+    lines = [json.loads(line)["event"] for line in out.getvalue().splitlines()]
+    assert lines == [
+        "Handler 'changed' succeeded.",
+        "Handler 'pod-event-prfaas.io/pd-cluster' failed with an exception. Will retry.",
+    ]

@@ -135,10 +135,11 @@ class ScaleConfig(ApiModel):
 
 
 def _at_most_total(field: str) -> CelRule:
+    attr = _snake(field)  # once, not at every validation (the operator builds a RouterConfig per cluster per cycle)
     return CelRule(
         rule=f"!has(self.{field}) || self.{field} <= self.maxConnections",
         message=f"{field} must not exceed maxConnections",
-        check=lambda s: getattr(s, _snake(field)) is None or getattr(s, _snake(field)) <= s.max_connections,
+        check=lambda s: getattr(s, attr) is None or getattr(s, attr) <= s.max_connections,
         field_path=f".{field}",
     )
 
