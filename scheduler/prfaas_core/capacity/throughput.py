@@ -22,7 +22,6 @@ layer-wise pipelining. Pure functions over frozen inputs; no clock, no I/O.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -136,27 +135,7 @@ def threshold_grid(dist: LengthDistribution, step_tokens: int = 100, max_points:
     return [0.0, *(float(k * step) for k in range(1, math.ceil(hi / step))), hi]
 
 
-BALANCED_CACHE = 4096
-"""How many (inputs, prefill instances) answers :func:`compute_balanced_threshold` keeps."""
-
-
 def compute_balanced_threshold(inputs: PlanInputs, n_prefill: int, step_tokens: int = 100) -> int | None:
-    """``t_bal`` (:func:`balanced_threshold`), remembered per (inputs, ``n_prefill``, ``step_tokens``): it is a pure
-    function of them, and the operator's long-term loop asks it every cycle for every PD cluster with inputs that
-    rarely change (at 1,000 clusters at rest it was most of a cycle's CPU). Inputs that cannot be hashed are
-    computed every time."""
-    try:
-        return _balanced_cached(inputs, n_prefill, step_tokens)
-    except TypeError:  # an unhashable field somewhere in the inputs
-        return balanced_threshold(inputs, n_prefill, step_tokens)
-
-
-@functools.lru_cache(maxsize=BALANCED_CACHE)
-def _balanced_cached(inputs: PlanInputs, n_prefill: int, step_tokens: int) -> int | None:
-    return balanced_threshold(inputs, n_prefill, step_tokens)
-
-
-def balanced_threshold(inputs: PlanInputs, n_prefill: int, step_tokens: int = 100) -> int | None:
     """``t_bal``: where ``N_prfaas/(p·T_prf(l_long)) = N_p/((1 − p)·T_pdp(l_short))`` (Eq. 7, compute only).
 
     The smallest integer ``t`` where the PrFaaS ceiling reaches PD-P's: the first sign change on the grid,
