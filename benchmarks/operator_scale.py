@@ -140,6 +140,9 @@ def documents(h: Harness, ns: str, n: int, pods: int, period: int) -> tuple[list
     return docs, profile
 
 
+CREATE_TRIES = 5
+
+
 async def create_all(h: Harness, docs: list[dict[str, Any]], concurrency: int) -> None:
     """POST every document through the emulator's HTTP API, ``concurrency`` requests in flight."""
     sem = asyncio.Semaphore(concurrency)
@@ -149,9 +152,18 @@ async def create_all(h: Harness, docs: list[dict[str, Any]], concurrency: int) -
 
         async def one(doc: dict[str, Any]) -> None:
             ns = doc["metadata"].get("namespace") if doc["kind"] != "Namespace" else None
-            async with sem:
-                resp = await client.post(h.path(doc["kind"], ns), json=doc)
-            resp.raise_for_status()
+            for attempt in range(CREATE_TRIES):  # a busy emulator may drop a connection: the create is retried
+                try:
+                    async with sem:
+                        resp = await client.post(h.path(doc["kind"], ns), json=doc)
+                except httpx.TransportError:
+                    if attempt == CREATE_TRIES - 1:
+                        raise
+                    continue
+                if resp.status_code == 409 and attempt > 0:  # the dropped try had created it
+                    return
+                resp.raise_for_status()
+                return
 
         await asyncio.gather(*(one(d) for d in docs))
 
