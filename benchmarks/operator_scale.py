@@ -364,7 +364,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.smoke:
-        args.clusters, args.cycles, args.period, args.plot, args.timeout = "2", 1, 2, "", 120.0
+        args.clusters, args.cycles, args.period, args.plot, args.timeout = "2", 1, 2, "", 240.0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the harness's processes are stopped
     sizes = [int(s) for s in args.clusters.split(",") if s.strip()]
     results = []
