@@ -43,22 +43,30 @@ def _serve(role: str, conn: Connection, arg: Any) -> None:
     else:
         obj = Gateway()
         conn.send({"url": obj.url, "pid": os.getpid()})
-    while True:
-        cmd, value = conn.recv()
-        if cmd == "stop":
-            obj.stop()
+    asked = False
+    try:
+        while True:
+            try:
+                cmd, value = conn.recv()
+            except EOFError:  # the parent is gone (killed): what this part started is stopped all the same
+                return
+            if cmd == "stop":
+                asked = True
+                return
+            if cmd in ("requests", "watches"):
+                conn.send(_copy(getattr(obj.k8s, cmd)))
+            elif cmd == "enable":
+                obj.exporter.enabled_namespaces.add(value)
+                conn.send(None)
+            elif cmd == "disable":
+                obj.exporter.enabled_namespaces.discard(value)
+                conn.send(None)
+            else:
+                conn.send(ValueError(f"unknown command {cmd!r}"))
+    finally:
+        obj.stop()  # the exporter's Prometheus is a process of its own: it would outlive this one
+        if asked:
             conn.send(None)
-            return
-        if cmd in ("requests", "watches"):
-            conn.send(_copy(getattr(obj.k8s, cmd)))
-        elif cmd == "enable":
-            obj.exporter.enabled_namespaces.add(value)
-            conn.send(None)
-        elif cmd == "disable":
-            obj.exporter.enabled_namespaces.discard(value)
-            conn.send(None)
-        else:
-            conn.send(ValueError(f"unknown command {cmd!r}"))
 
 
 def _copy(counter: Counter[str]) -> Counter[str]:
