@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from prfaas_testbed.k8s_emulator import EmulatorThread
 from prfaas_testbed.operator_harness import Harness
 
 
@@ -18,3 +19,13 @@ def h(tmp_path: Path) -> Iterator[Harness]:
         yield harness
     finally:
         harness.close()
+
+
+@pytest.fixture
+def emu() -> Iterator[EmulatorThread]:
+    """The Kubernetes API emulator alone (kmock over HTTP), stopped afterwards."""
+    emulator = EmulatorThread().start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()

@@ -5,23 +5,12 @@ server, it sends only what the client has not seen, so a reconnect of a quiet st
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from prfaas_testbed.k8s_emulator import EmulatorThread
 
 PODS = "/api/v1/namespaces/w/pods"
-
-
-@pytest.fixture
-def emu() -> Iterator[EmulatorThread]:
-    emulator = EmulatorThread().start()
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
 
 
 def pod(name: str) -> dict:

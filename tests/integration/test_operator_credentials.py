@@ -11,7 +11,6 @@ import datetime as dt
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,15 +33,6 @@ status = {"token": token, **({"expirationTimestamp": expires} if expires else {}
 print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential", "status": status}))
 """
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
-
-
-@pytest.fixture
-def emu() -> Iterator[EmulatorThread]:
-    emulator = EmulatorThread().start()
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
 
 
 def kubeconfig(tmp: Path, server: str, user: dict) -> Path:
