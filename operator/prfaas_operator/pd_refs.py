@@ -56,9 +56,12 @@ class LinkIndex:
     def links_of_site(self, namespace: str | None, prefill_cluster: str) -> list[Entry]:
         """The valid links in ``namespace`` that name PrefillCluster ``prefill_cluster``."""
         if self._index is None:
-            keys: Iterable[Key] = [e.key for e in self.world.all(KIND_INTER_DC_LINK) if e.namespace == namespace]
-        else:
-            keys = self._sites.get((namespace, prefill_cluster), ())
+            return [
+                e
+                for e in self.world.all(KIND_INTER_DC_LINK)
+                if e.valid and e.namespace == namespace and e.model.spec.prefill_cluster_ref.name == prefill_cluster
+            ]
+        keys = self._sites.get((namespace, prefill_cluster), ())
         return self._read(keys, lambda m: m.spec.prefill_cluster_ref.name, prefill_cluster)
 
     def _read(self, keys: Iterable[Key], ref: Callable[[InterDCLink], str], name: str) -> list[Entry]:
