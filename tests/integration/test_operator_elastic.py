@@ -284,11 +284,16 @@ def test_region_b_follows_an_hpa_on_its_pd_cluster_and_the_role_loop_splits_the_
     # and in to 5: one pod drained for the scale-in (not a role flip), then the workload lowered
     h.http.patch(scale_url, json={"spec": {"replicas": 5}}, headers=MERGE).raise_for_status()
     wait_until(lambda: h.http.get(deployment_scale).json()["spec"]["replicas"] == 5, 30, "pd-engines at 5")
-    marked = [
-        p["metadata"]["name"]
-        for p in h.list("Pod", ns)
-        if (p["metadata"].get("annotations") or {}).get(ANNOTATION_SCALE_IN) == "removed"
-    ]
+    # the operator lowers the workload first and marks the drained pod "removed" after it: wait for the mark too
+    marked = wait_until(
+        lambda: [
+            p["metadata"]["name"]
+            for p in h.list("Pod", ns)
+            if (p["metadata"].get("annotations") or {}).get(ANNOTATION_SCALE_IN) == "removed"
+        ],
+        30,
+        "the drained pod marked removed",
+    )
     assert len(marked) == 1
     op.wait_cycles(2)
     assert h.get("PDCluster", ns, "pd-h20")["spec"]["instances"] == 5
