@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from prfaas_core.request.tokens import PrefixIndex, block_hashes
 
 BS = 4
@@ -47,3 +49,40 @@ def test_forgotten_instances_leave_every_block_and_their_bit_is_reused() -> None
     assert idx.match(h) == {} and len(idx) == 0
     idx.insert(h[:2], "c")  # takes a freed bit: no stale holder appears
     assert idx.match(h) == {"c": 8}
+
+
+def _scanned(idx: PrefixIndex, hashes: list[bytes]) -> dict[str, int]:
+    """The match as a block-by-block scan finds it (what the bisection must equal)."""
+    out: dict[str, int] = {}
+    alive: set[str] | None = None
+    for i, h in enumerate(hashes):
+        mask = idx._young.get(h) or idx._old.get(h, 0)
+        held = {name for name, bit in idx._bit.items() if mask & bit}
+        for name in (alive or set()) - held:
+            out.setdefault(name, i * BS)
+        alive = held if alive is None else alive & held
+        if not alive:
+            return out
+    for name in alive or ():
+        out[name] = len(hashes) * BS
+    return out
+
+
+def test_the_bisected_match_equals_a_scan_through_evictions_shared_prefixes_and_forgets() -> None:
+    rng = random.Random(7)
+    idx = PrefixIndex(300, BS)  # small: generations roll mid-prompt all the time
+    trunks = [[rng.randrange(1 << 20) for _ in range(BS * rng.randint(5, 60))] for _ in range(6)]
+    prompts: list[list[bytes]] = []
+    for step in range(3000):
+        trunk = rng.choice(trunks)
+        cut = BS * rng.randint(0, len(trunk) // BS)
+        tail = [rng.randrange(1 << 20) for _ in range(BS * rng.randint(0, 40))]
+        h = block_hashes(trunk[:cut] + tail, BS)
+        prompts.append(h)
+        if rng.random() < 0.02:
+            idx.forget([f"i{rng.randrange(8)}"])
+        else:
+            idx.insert(h[: rng.randint(0, len(h))], f"i{rng.randrange(8)}")
+        assert len(idx) <= 300
+        probe = rng.choice(prompts)
+        assert idx.match(probe) == _scanned(idx, probe), step
