@@ -233,8 +233,9 @@ class Hygiene:
             if request.can_read_body and request.content.is_eof():  # the whole body is here: no wait to time
                 await request.read()
             elif request.can_read_body:
-                try:
-                    await asyncio.wait_for(request.read(), self.settings.body_timeout_seconds)
+                try:  # a timeout scope, not wait_for: no task per request
+                    async with asyncio.timeout(self.settings.body_timeout_seconds):
+                        await request.read()
                 except TimeoutError:
                     self.closed.labels("body_timeout").inc()
                     resp = json_error(408, f"request body not received within {self.settings.body_timeout_seconds:g} s")

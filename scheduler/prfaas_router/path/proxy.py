@@ -406,16 +406,14 @@ class Proxy:
             total=None, sock_connect=timeouts.connect_seconds, sock_read=timeouts.decode_idle_seconds
         )
 
-        async def open_leg() -> aiohttp.ClientResponse:
-            return await self.legs.post(
-                f"{endpoint.url}{leg.request.path}",
-                data=json_bytes(decode_body(leg.body, kv)),
-                headers={**request_id.headers(), "Content-Type": JSON_CONTENT},
-                timeout=timeout,
-            )
-
         try:
-            upstream = leg.upstream = await asyncio.wait_for(open_leg(), limit)
+            async with asyncio.timeout(limit):  # None: no limit (a timeout scope costs no task, wait_for did)
+                upstream = leg.upstream = await self.legs.post(
+                    f"{endpoint.url}{leg.request.path}",
+                    data=json_bytes(decode_body(leg.body, kv)),
+                    headers={**request_id.headers(), "Content-Type": JSON_CONTENT},
+                    timeout=timeout,
+                )
             if upstream.status != 200:
                 data = await upstream.read()
                 leg.drained = True
@@ -426,7 +424,8 @@ class Proxy:
                     retriable=status >= 500 or status in (404, 410),
                 )
             chunks = upstream.content.iter_any()
-            first = await asyncio.wait_for(anext(chunks, b""), limit)
+            async with asyncio.timeout(limit):
+                first = await anext(chunks, b"")
             leg.first_at = time.perf_counter()
         # aiohttp's read timeout is a ClientError *and* a TimeoutError: a failed leg, not a stalled pull
         except aiohttp.ClientError as exc:
