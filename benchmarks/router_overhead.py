@@ -324,7 +324,7 @@ def main() -> int:
         ),
         "decision_time_us": {
             "policy_call": decision["policy_call_us"],
-            "decision_incl_prefix_lookups": decision["decision_incl_remote_lookup_us"],
+            "decision_incl_prefix_lookups_27k_tokens": decision["decision_incl_prefix_lookups_27k_tokens_us"],
             "instance_pick": decision["instance_pick_us"],
             "reported_apart": {
                 "tokenize_27k_tokens_ms": decision["tokenize_27k_tokens_ms"],

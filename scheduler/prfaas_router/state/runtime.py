@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from prfaas_core.api import RemoteGateway, RouterEndpoint
 from prfaas_core.policy.breaker import Breaker, BreakerBoard, Transition
 from prfaas_core.policy.decode_prefix import DecodeHoldings
+from prfaas_core.policy.engine_load import EngineLoad, standing
 from prfaas_core.policy.kv_index import KvEventIndex
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
@@ -47,19 +48,6 @@ SLOW_PROBE_S = 0.25
 """A health probe slower than this (wall seconds) deprioritises the engine by the excess."""
 PREFILL_EWMA = 0.1
 """The weight of the latest prefill in :attr:`Runtime._mean_prefill_s`."""
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    healthy: bool = True
-    waiting: float = 0.0
-    running: float = 0.0
-    probe_s: float = 0.0
-    """How long its last health probe took (a slow engine is deprioritised by it, not declared dead)."""
-    own: int = 0
-    """This router's own prefills, and those of the replicas whose books it holds, that the engine may have counted
-    in ``waiting + running`` at that scrape (those in flight when it began, and those started while it ran): the
-    rest is work no book shows (replicas not heard from, other clients)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +101,8 @@ class Runtime:
     """KV pulls across a link in flight: key -> (link, pull), timed for the link's estimator."""
     available: dict[str, Available] = field(default_factory=dict)
     """Each link's available bandwidth as last estimated (:mod:`prfaas_core.policy.link_estimate`)."""
+    _standing: tuple[Snapshot | None, Compiled | None, dict[str, tuple[float, float, bool, bool]]] = (None, None, {})
+    """:func:`~prfaas_core.policy.engine_load.standing` of the snapshot and configuration it was built for."""
 
     def __post_init__(self) -> None:
         r = self.compiled.config.routing
@@ -285,9 +275,8 @@ class Runtime:
         engine reported at the last scrape beyond those books then (replicas not heard from, each request at the
         mean prefill time). A booked request that the scrape saw and that has finished since is not counted twice:
         a stale scrape once sent a short follow-up turn remote as a 'queue surge' on an idle engine."""
-        others = max(0.0, load.waiting + load.running - load.own)
         booked = self._queued_prefill_s.get(instance, 0.0) + self.peer_books.seconds(instance, self.clock())
-        return booked + others * self._mean_prefill_s
+        return booked + load.others * self._mean_prefill_s
 
     def active_decodes(self, instance: str) -> int:
         return self._active_decodes.get(instance, 0)
@@ -415,36 +404,52 @@ class Runtime:
             return None
         return next(r for r in self.compiled.remotes if r.name == plan.remote.name)
 
+    def standing(self) -> dict[str, tuple[float, float, bool, bool]]:
+        """Each instance's load as it stands until the next refresh (built once per snapshot and configuration)."""
+        snap, c, built = self._standing
+        if snap is not self.snapshot or c is not self.compiled:
+            c, snap = self.compiled, self.snapshot
+            ts = c.scale.time_scale
+            built = standing(snap.engines, c.by_name, c.draining, SLOW_PROBE_S, ts)
+            self._standing = (snap, c, built)
+        return built
+
     def _views(
         self, hits: dict[str, int], exclude: frozenset[str] = frozenset()
     ) -> Callable[[RouterEndpoint], InstanceView]:
-        c, engines, idle = self.compiled, self.snapshot.engines, EngineLoad()  # one default per decision
+        """Per request only what moves: the books (this router's, its peers'), the active decodes, the hits."""
+        standing, slots, mean = self.standing(), self.compiled.decode_slots, self._mean_prefill_s
+        q, active, peers, now = self._queued_prefill_s, self._active_decodes, self.peer_books, self.clock()
 
         def view(e: RouterEndpoint) -> InstanceView:
-            load = engines.get(e.name, idle)
+            name = e.name
+            others, slow_s, healthy, draining = standing[name]
+            booked = q.get(name, 0.0) + peers.seconds(name, now)
             return InstanceView(
-                e.name,
-                queued_prefill_s=self.queued_work_s(e.name, load) + self._slowness_s(load),
-                cached_prefix_tokens=hits.get(e.name, 0),
-                active_decodes=self._active_decodes.get(e.name, 0),
-                decode_slots=c.decode_slots,
-                healthy=load.healthy and e.name not in exclude,
-                draining=e.name in c.draining,
+                name,
+                booked + others * mean + slow_s,
+                hits.get(name, 0),
+                active.get(name, 0),
+                slots,
+                healthy and name not in exclude,
+                draining,
             )
 
         return view
 
-    def _slowness_s(self, load: EngineLoad) -> float:
-        """A slow engine's penalty (model seconds): how much its last probe exceeded ``SLOW_PROBE_S``."""
-        return max(0.0, load.probe_s - SLOW_PROBE_S) * self.compiled.scale.time_scale
-
     def local_wait_s(self) -> float | None:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance (the local
         alternative's queue)."""
-        c, engines, idle = self.compiled, self.snapshot.engines, EngineLoad()
+        standing, q, peers, now, mean = (
+            self.standing(),
+            self._queued_prefill_s,
+            self.peer_books,
+            self.clock(),
+            self._mean_prefill_s,
+        )
         waits = [
-            self.queued_work_s(e.name, load)
-            for e in c.prefill
-            if e.name not in c.draining and (load := engines.get(e.name, idle)).healthy
+            q.get(e.name, 0.0) + peers.seconds(e.name, now) + s[0] * mean
+            for e in self.compiled.prefill
+            if (s := standing[e.name])[2] and not s[3]
         ]
         return min(waits) if waits else None
