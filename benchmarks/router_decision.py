@@ -110,7 +110,8 @@ def tokenising_cost(reps: int) -> dict[str, dict[str, dict[str, float]]]:
 
 def decode_holdings_cost(rt: Runtime, rng: random.Random, reps: int) -> dict[str, float]:
     """What the router does after each answered request: the decode's holdings learn the prompt (p50/max ms of a
-    27K-token prompt, once the holdings are full and every learn evicts; a quadratic eviction once cost 114 ms)."""
+    27K-token prompt given its hashes, as the router gives them, once the holdings are full and every learn evicts;
+    a quadratic eviction once cost 114 ms)."""
     held = rt.decode_held
     per_prompt = 27_000 // held.block_tokens
     for i in range(held.capacity // per_prompt + 2):  # fill to capacity
@@ -118,8 +119,9 @@ def decode_holdings_cost(rt: Runtime, rng: random.Random, reps: int) -> dict[str
     times = []
     for i in range(reps):
         ids = [rng.randrange(150_000) for _ in range(27_000)]
+        hashes = block_hashes(ids, held.block_tokens)  # the router passes the routing's hashes
         t0 = time.perf_counter()
-        held.learn(ids, f"pd-{3 + i % 5}")
+        held.learn(ids, f"pd-{3 + i % 5}", hashes, held.block_tokens)
         times.append(time.perf_counter() - t0)
     return {"p50": round(statistics.median(times) * 1e3, 2), "max": round(max(times) * 1e3, 2)}
 

@@ -251,14 +251,23 @@ def test_holdings_learnt_from_the_routing_hashes_are_those_it_hashes_itself() ->
     probe = list(range(257))
     assert own.held_tokens(probe, "pdd") == given.held_tokens(probe, "pdd") == wrong_block.held_tokens(probe, "pdd")
     assert own.held_tokens(probe, "pdd") == 256
+    # the routing's hashes of the probe, given: the same answer, never the last token's block
+    for n in (257, 256, 300):
+        ids_n = list(range(n))
+        given_hashes = block_hashes(ids_n, 128)
+        assert own.held_tokens(ids_n, "pdd", given_hashes, 128) == own.held_tokens(ids_n, "pdd"), n
+    assert own.held_tokens(list(range(256)), "pdd", block_hashes(list(range(256)), 128), 128) == 128
 
 
 def test_holdings_are_bounded_oldest_first() -> None:
-    held = DecodeHoldings(_kv(), block_tokens=128, capacity=2)
-    prompts = [[i] * 600 for i in range(3)]
-    for p in prompts:
+    held = DecodeHoldings(_kv(), block_tokens=128, capacity=4)
+    prompts = [[i] * 600 for i in range(4)]
+    for p in prompts[:3]:
         held.learn(p, "pdd")
-    assert [held.held_tokens(p, "pdd") for p in prompts] == [0, 0, 512]  # 2 blocks each: the last one's stay
+    assert [held.held_tokens(p, "pdd") for p in prompts[:3]] == [0, 512, 512]  # 2 blocks each: the first went
+    held.learn(prompts[1], "pdd")  # served again: it stays, the one unused longest goes
+    held.learn(prompts[3], "pdd")
+    assert [held.held_tokens(p, "pdd") for p in prompts] == [0, 512, 0, 512]
 
 
 @pytest.mark.parametrize(("value", "tokens"), [(None, 0), ("0", 0), ("1024", 1024)])

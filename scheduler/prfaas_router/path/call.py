@@ -123,6 +123,11 @@ class Call:
         """The key of its KV stream in the router's ledger (an id the router makes)."""
         return self.ids.key
 
+    @property
+    def unsalted_hashes(self) -> list[bytes] | None:
+        """The routing's block hashes when no ``cache_salt`` went into them (the decode holdings' own, else None)."""
+        return None if self.body.get("cache_salt") else self.hashes
+
     def report(self, outcome: str, route: str | None = None) -> bool:
         """Count the request's outcome on ``route`` (default: its route as it stands); only the first report
         counts (False for a later one: a stream that answered ``ok`` and is then cancelled while closing stays

@@ -267,7 +267,10 @@ class Proxy:
         assert plan is not None
         if remote is not None:
             try:
-                call.decode_cached = rt.decode_held.held_tokens(call.prompt_ids, plan.decode)
+                block = rt.compiled.config.routing.prefix_block_tokens
+                call.decode_cached = rt.decode_held.held_tokens(
+                    call.prompt_ids, plan.decode, call.unsalted_hashes, block
+                )
                 call.kv, call.route = await remote_in_window(self, call, remote, decision)
                 if call.kv is not None:
                     rt.remote_index.insert(call.hashes, remote.name)
@@ -334,10 +337,8 @@ class Proxy:
                 give_up_kv(self, call, str(again))
                 return call.refuse("error", again.status, str(again), "upstream_error")
         rt.pd_index.insert(call.hashes, call.plan.decode)
-        unsalted = None if call.body.get("cache_salt") else call.hashes  # the routing's hashes, when unsalted
-        rt.decode_held.learn(
-            call.prompt_ids, call.plan.decode, unsalted, rt.compiled.config.routing.prefix_block_tokens
-        )
+        block = rt.compiled.config.routing.prefix_block_tokens
+        rt.decode_held.learn(call.prompt_ids, call.plan.decode, call.unsalted_hashes, block)
         return response
 
     def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes], keep_prefill: bool = False) -> LocalPlan:
