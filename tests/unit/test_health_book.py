@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prfaas_router.state.runtime import EngineLoad
+from prfaas_core.policy.engine_load import EngineLoad
 from prfaas_router.state.signals import SLOW_PROBES, HealthBook
 
 

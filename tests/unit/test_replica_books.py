@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from test_router_replica_queues import runtime
 
 from prfaas_core.api import ReplicaBooksWire
+from prfaas_core.policy.engine_load import EngineLoad
 from prfaas_core.policy.replica_books import EXPIRY_S, Book, InstanceBook, ReplicaBooks
 from prfaas_router.state.peers import from_wire, parse_peers_dns, to_wire
-from prfaas_router.state.runtime import EngineLoad
 
 
 def book(replica: str, seq: int, **instances: tuple[int, int, float]) -> Book:

@@ -10,8 +10,9 @@ from typing import Any
 
 from prfaas_core.api import RouterConfig
 from prfaas_core.capacity.profiles import builtin_model_profiles
+from prfaas_core.policy.engine_load import EngineLoad
 from prfaas_router.state.config import compile_config
-from prfaas_router.state.runtime import EngineLoad, Runtime
+from prfaas_router.state.runtime import Runtime
 
 ROLES = {"pd-0": "prefill", "pd-1": "prefill", "pd-2": "decode"}
 

@@ -29,6 +29,7 @@ from prfaas_core.api import GatewayStatus
 from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.decode_prefix import decode_cached_header
+from prfaas_core.policy.engine_load import EngineLoad
 from prfaas_core.policy.link_admission import verify_decode_cached
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.request.slo import ttft_objective_s
@@ -36,7 +37,7 @@ from prfaas_core.request.tokens import block_hashes
 
 from ..state.config import count_prompt
 from ..state.metrics import RouterMetrics
-from ..state.runtime import EngineLoad, Runtime
+from ..state.runtime import Runtime
 from ..state.security import forwarded_headers, refused_field
 from ..state.wire import (
     JSON_CONTENT,

@@ -22,10 +22,11 @@ from aiohttp import web
 from prfaas_core import names
 from prfaas_core.api import RemoteGateway
 from prfaas_core.api.common import SloSpec
+from prfaas_core.policy.engine_load import EngineLoad
 from prfaas_core.policy.short_term import RoutePlan
 
 from ..state.metrics import FAILURE_KINDS, RouterMetrics, judge_ttft
-from ..state.runtime import EngineLoad, Runtime
+from ..state.runtime import Runtime
 from ..state.security import RequestIds
 from ..state.wire import (
     ENGINE,

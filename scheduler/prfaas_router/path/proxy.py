@@ -47,6 +47,7 @@ from ..state.wire import (
     model_not_found,
     read_token,
     remote_side,
+    within,
 )
 from .call import (
     PROMPT_TOKENS_HEADER,
@@ -408,7 +409,7 @@ class Proxy:
         )
 
         try:
-            async with asyncio.timeout(limit):  # None: no limit (a timeout scope costs no task, wait_for did)
+            async with within(limit):
                 upstream = leg.upstream = await self.legs.post(
                     f"{endpoint.url}{leg.request.path}",
                     data=json_bytes(decode_body(leg.body, kv)),
@@ -425,7 +426,7 @@ class Proxy:
                     retriable=status >= 500 or status in (404, 410),
                 )
             chunks = upstream.content.iter_any()
-            async with asyncio.timeout(limit):
+            async with within(limit):
                 first = await anext(chunks, b"")
             leg.first_at = time.perf_counter()
         # aiohttp's read timeout is a ClientError *and* a TimeoutError: a failed leg, not a stalled pull

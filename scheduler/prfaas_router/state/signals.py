@@ -20,11 +20,12 @@ from prfaas_core import names
 from prfaas_core.api import GatewayStatus, RouterEndpoint
 from prfaas_core.launch.vllm import KV_EVENTS_TOPIC
 from prfaas_core.names import GBPS_BITS
+from prfaas_core.policy.engine_load import EngineLoad
 from prfaas_core.policy.link_estimate import ESTIMATE_SOURCES
 from prfaas_core.policy.short_term import Refreshed
 
 from .metrics import RouterMetrics, sample_sum, sample_sums
-from .runtime import EngineLoad, Runtime, Snapshot
+from .runtime import Runtime, Snapshot
 from .wire import Aborts, engine_side, remote_side
 
 # --- Engine health over consecutive probes: an engine is unhealthy only after ``unhealthy_after_failures`` failed

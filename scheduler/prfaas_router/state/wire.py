@@ -188,6 +188,15 @@ def json_bytes(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
+_NO_LIMIT = contextlib.nullcontext()
+
+
+def within(seconds: float | None) -> contextlib.AbstractAsyncContextManager[Any]:
+    """A timeout scope (``TimeoutError`` past ``seconds``), none for None: ``asyncio.wait_for`` made a task per
+    call, and even an unlimited ``asyncio.timeout`` costs a timer object per request."""
+    return asyncio.timeout(seconds) if seconds is not None else _NO_LIMIT
+
+
 JSON_CONTENT = "application/json"
 CLIENT_KEEPALIVE_S = 4.0
 """How long the router's and gateway's clients keep an idle connection: below every server's idle timeout."""
