@@ -136,7 +136,7 @@ class Call:
         if self.outcome is not None:
             return False
         self.outcome = outcome
-        self.metrics.requests.labels(route or self.route, outcome).inc()
+        self.metrics.requests_by(route or self.route, outcome).inc()
         return True
 
     def refuse(self, outcome: str, status: int, message: str, kind: str, **headers: str) -> web.Response:
@@ -387,7 +387,7 @@ async def answer_whole(
     leg.drained = True
     if prefilled is not None:
         judge_ttft(m, slo, route, prefilled - leg.started, leg.prompt_tokens)
-    m.e2e.labels(route).observe(time.perf_counter() - leg.started)
+    m.e2e_by(route).observe(time.perf_counter() - leg.started)
     call.report("ok", route)
     return web.Response(body=data, status=200, content_type="application/json", headers=leg.headers())
 
@@ -430,7 +430,7 @@ async def answer_stream(
     # transport: before, such a stream counted as cancelled and its TPOT was never observed)
     if events > 2:  # the last event is [DONE]
         m.tpot.labels(route).observe((last_at - first_at) / (events - 2))
-    m.e2e.labels(route).observe(time.perf_counter() - leg.started)
+    m.e2e_by(route).observe(time.perf_counter() - leg.started)
     call.report("ok", route)
     with contextlib.suppress(ConnectionResetError):
         await out.write_eof()

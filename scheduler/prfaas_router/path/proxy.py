@@ -222,17 +222,17 @@ class Proxy:
         routed, (l_pd, l_prfaas) = rt.route_prefixed(len(ids), call.hashes, call.pd_hits)
         m.decision_seconds.observe(time.perf_counter() - t0)
         kind = cache_kind(c.kv.recurrent)
-        m.prefix_queries.labels("pd").inc(len(ids))
-        m.prefix_hits.labels("pd", kind).inc(l_pd)
+        m.prefix_queries_by("pd").inc(len(ids))
+        m.prefix_hits_by("pd", kind).inc(l_pd)
         if c.remotes:
-            m.prefix_queries.labels("prfaas").inc(len(ids))
-            m.prefix_hits.labels("prfaas", kind).inc(l_prfaas)
+            m.prefix_queries_by("prfaas").inc(len(ids))
+            m.prefix_hits_by("prfaas", kind).inc(l_prfaas)
         decision = routed.decision
         call.remote, call.probe, call.route = rt.remote_gateway(routed), routed.probe, decision.target
         call.plan = local_plan(rt, routed)
         rt.remember_length(decision.uncached_tokens, rt.model_now())
         m.uncached_tokens.observe(decision.uncached_tokens)
-        m.decisions.labels(call.route, decision.kind).inc()
+        m.decisions_by(call.route, decision.kind).inc()
         return routed
 
     def _refusal(self, call: Call, routed: RoutePlan) -> web.Response | None:

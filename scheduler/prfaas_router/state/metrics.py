@@ -3,6 +3,7 @@ Prometheus text exposition that every scraper of ours goes through."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -383,6 +384,13 @@ class RouterMetrics:
             ["link"],
             registry=r,
         )
+        # the series every request touches, their children cached: prometheus_client's labels() takes a lock and
+        # checks the values on every call (bounded: routes, outcomes, kinds)
+        self.requests_by = functools.cache(self.requests.labels)
+        self.decisions_by = functools.cache(self.decisions.labels)
+        self.e2e_by = functools.cache(self.e2e.labels)
+        self.prefix_queries_by = functools.cache(self.prefix_queries.labels)
+        self.prefix_hits_by = functools.cache(self.prefix_hits.labels)
 
     def drop_router_series(self) -> None:
         """Gateway mode routes nothing: unregister the router's own series (``t``, ``t_min``, the fallbacks, the
