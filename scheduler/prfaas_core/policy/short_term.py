@@ -161,9 +161,10 @@ def refresh(tick: RefreshTick, policy: ShortTermPolicy = PRODUCTION) -> Refreshe
 
 
 # --- entry point 2: one request -----------------------------------------------------------------------------
+# (slotted values, as :mod:`.routing`'s: made per request, never mutated)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RemoteSide:
     """A remote PrFaaS cluster as one decision sees it."""
 
@@ -181,7 +182,7 @@ class RemoteSide:
     way)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RouteTick:
     """One request's input: the request, what the last refresh left, the ledgers and the local queue."""
 
@@ -214,7 +215,7 @@ class RouteTick:
     """Whether prefixes can move between clusters (:attr:`~.routing.RoutingView.cache_moves`)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RoutePlan:
     decision: RouteDecision
     remote: RemoteSide | None
