@@ -25,7 +25,7 @@ The routing decision's own time comes from ``benchmarks/router_decision.py`` (in
 tokenisation and prefix hashing apart). Every process shares this machine's cores with wrk, so the absolute figures
 are the machine's; the ratios are the point.
 
-    .venv/bin/python benchmarks/router_overhead.py [--seconds 5] [--connections 32] [--rate 500]
+    .venv/bin/python benchmarks/router_overhead.py [--runs 3] [--seconds 5] [--connections 32] [--rate 500]
         [--long-tokens 32000,100000] [--long-rate 10] [--long-seconds 10] [--smoke]
 
 Prints JSON and writes it to out/bench/overhead.json. Not a test: it asserts nothing.
@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -166,6 +167,14 @@ def paced(url: str, seconds: float, short: float, connections: int, rate: float,
     return fixed
 
 
+def median_of(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """Each figure's median over the runs, and for more than one run its range (``spread``: [min, max])."""
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    if len(runs) > 1:
+        out["spread"] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in ("rps", "p50_ms", "p99_ms")}
+    return out
+
+
 def backend_count(url: str) -> dict[str, int]:
     with urllib.request.urlopen(f"{url}/count", timeout=5) as resp:
         return dict(json.loads(resp.read()))
@@ -202,6 +211,9 @@ def main() -> int:
     )
     ap.add_argument("--long-rate", type=float, default=10.0, help="the long-body case's rate, req/s")
     ap.add_argument("--long-seconds", type=float, default=10.0, help="duration of each long-body run")
+    ap.add_argument(
+        "--runs", type=int, default=1, help="rounds over every target (figures: the medians, with their ranges)"
+    )
     ap.add_argument("--out", default="out/bench/overhead.json")
     ap.add_argument(
         "--smoke",
@@ -220,8 +232,8 @@ def main() -> int:
         return 2
     work = Path(tempfile.mkdtemp(prefix="prfaas-overhead-"))
     procs: list[subprocess.Popen[bytes]] = []
-    results: dict[str, dict[str, Any]] = {}
-    long_results: dict[str, dict[str, dict[str, float]]] = {}
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {}
+    long_runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     cycle_ms = args.paced_connections * 1000.0 / args.rate  # per connection: one request per cycle
     started = time.perf_counter()
     try:
@@ -253,36 +265,48 @@ def main() -> int:
             targets[name] = f"http://127.0.0.1:{vllm}"
         for url in targets.values():
             wait_post(url)
-        for name, url in targets.items():
-            wrk(url, 1, args.connections, POST_LUA)  # warm-up: connection pools, caches
-            before = backend_count(backend)
-            max_rate = wrk(url, args.seconds, args.connections, POST_LUA)
-            after = backend_count(backend)
-            # legs per client request (wrk's count misses the requests in flight when it stops: ~connections)
-            max_rate["backend_requests_per_request"] = round(
-                (after["completions"] - before["completions"]) / max(max_rate["requests"], 1), 3
-            )
-            max_rate["prefill_legs"] = after["prefill_legs"] - before["prefill_legs"]
-            fixed = paced(url, args.seconds, short, args.paced_connections, args.rate, PACED_LUA)
-            results[name] = {"max": max_rate, "fixed_rate": fixed}
-            print(f"{name}: max {max_rate}, at ~{args.rate:g} req/s {fixed}", file=sys.stderr)
-        for tokens in long_tokens:  # long bodies at a low rate: the added time to first token
-            script = LONG_LUA.replace("{tokens}", str(tokens))
+        for round_ in range(args.runs):  # the targets in turn, each round: the machine's drift hits them alike
             for name, url in targets.items():
-                if not args.smoke:
-                    wrk(url, 1, LONG_CONNECTIONS, script.replace("{delay_ms}", "100"))  # warm-up
-                fixed = paced(url, args.long_seconds, short, LONG_CONNECTIONS, args.long_rate, script)
-                long_results.setdefault(str(tokens), {})[name] = fixed
-                print(f"{name}: {tokens}-token prompts at ~{args.long_rate:g} req/s {fixed}", file=sys.stderr)
+                wrk(url, 1, args.connections, POST_LUA)  # warm-up: connection pools, caches
+                before = backend_count(backend)
+                max_rate = wrk(url, args.seconds, args.connections, POST_LUA)
+                after = backend_count(backend)
+                # legs per client request (wrk's count misses the requests in flight when it stops: ~connections)
+                max_rate["backend_requests_per_request"] = round(
+                    (after["completions"] - before["completions"]) / max(max_rate["requests"], 1), 3
+                )
+                max_rate["prefill_legs"] = after["prefill_legs"] - before["prefill_legs"]
+                fixed = paced(url, args.seconds, short, args.paced_connections, args.rate, PACED_LUA)
+                runs.setdefault(name, []).append({"max": max_rate, "fixed_rate": fixed})
+                print(
+                    f"[{round_ + 1}/{args.runs}] {name}: max {max_rate}, at ~{args.rate:g} req/s {fixed}",
+                    file=sys.stderr,
+                )
+            for tokens in long_tokens:  # long bodies at a low rate: the added time to first token
+                script = LONG_LUA.replace("{tokens}", str(tokens))
+                for name, url in targets.items():
+                    if not args.smoke:
+                        wrk(url, 1, LONG_CONNECTIONS, script.replace("{delay_ms}", "100"))  # warm-up
+                    fixed = paced(url, args.long_seconds, short, LONG_CONNECTIONS, args.long_rate, script)
+                    long_runs.setdefault(str(tokens), {}).setdefault(name, []).append(fixed)
+                    print(
+                        f"[{round_ + 1}/{args.runs}] {name}: {tokens}-token prompts at ~{args.long_rate:g} req/s "
+                        f"{fixed}",
+                        file=sys.stderr,
+                    )
     finally:
         stop_processes(procs)
-    direct = results["direct"]["fixed_rate"]
+    results = {
+        name: {part: median_of([r[part] for r in rs]) for part in ("max", "fixed_rate")} for name, rs in runs.items()
+    }
+    long_results = {t: {name: median_of(rs) for name, rs in by.items()} for t, by in long_runs.items()}
     added: dict[str, dict[str, float]] = {}
     for name in ("prfaas_router", "vllm_router", "vllm_router_round_robin"):
-        fixed = results[name]["fixed_rate"]
+        # through the router minus direct in the same round; the median over the rounds
+        pairs = list(zip(runs[name], runs["direct"], strict=True))
         added[name] = {
-            "p50_ms": round(fixed["p50_ms"] - direct["p50_ms"], 3),
-            "p99_ms": round(fixed["p99_ms"] - direct["p99_ms"], 3),
+            q: round(statistics.median(r["fixed_rate"][q] - d["fixed_rate"][q] for r, d in pairs), 3)
+            for q in ("p50_ms", "p99_ms")
         }
     decision = decision_time(200 if args.smoke else 20_000)
 
@@ -297,6 +321,7 @@ def main() -> int:
             f"{args.paced_connections} connections each pausing between requests (delay() hook) so that each "
             f"makes one request per {cycle_ms:g} ms (pause calibrated per target)",
             "seconds_per_run": args.seconds,
+            "runs": args.runs,
             "ours": "prfaas router, one 'both' endpoint, no remote (plain proxy)",
             "vllm_router": "0.1.17, --worker-urls (regular mode): its default policy (cache_aware: a prefix tree "
             "over the prompt text per request) and --policy round_robin (no routing work: the bare proxy)",
@@ -349,7 +374,8 @@ def main() -> int:
         },
         "targets": {"added_p99_ms_at_most": 1.0, "decision_p99_us_at_most": 50},
         "wall_s": round(time.perf_counter() - started, 1),
-        "raw": results,
+        "raw": runs,
+        "raw_long_bodies": long_runs,
     }
     text = json.dumps(out, indent=2)
     print(text)
