@@ -70,21 +70,26 @@ class RecentLengths:
     """The incremental lengths of recent requests (``(model time, tokens)``), what ``t`` is computed from."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[float, int]] = deque()
+        self._times: deque[float] = deque()
+        self._lengths: deque[int] = deque()
+        """Apart from their times: the list is copied in C (a router at 1,300 req/s holds 78,000 in a 60-s window,
+        and a comprehension over pairs paused its event loop ~4 ms every refresh)."""
 
     def add(self, now_s: float, tokens: int) -> None:
-        self._items.append((now_s, tokens))
+        self._times.append(now_s)
+        self._lengths.append(tokens)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
         """The lengths that arrived in the last ``window_s`` (older ones are forgotten)."""
         horizon = now_s - window_s
-        items = self._items
-        while items and items[0][0] < horizon:
-            items.popleft()
-        return [length for _, length in items]
+        times, lengths = self._times, self._lengths
+        while times and times[0] < horizon:
+            times.popleft()
+            lengths.popleft()
+        return list(lengths)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._times)
 
 
 # --- entry point 1: link states and t -----------------------------------------------------------------------
