@@ -105,7 +105,7 @@ class HybridPrefixPool:
         snaps = snaps[-self.max_snapshots :]
         if not snaps:
             return
-        nbytes = self._kv.kv_bytes(blocks) + (len(snaps) - 1) * self._kv.fixed_bytes
+        nbytes = self._kv.curve(blocks) + (len(snaps) - 1) * self._kv.fixed_bytes  # (kv_bytes without its call)
         entry = _Entry(blocks, snaps, nbytes)
         self._entries[session] = entry
         self.used_bytes += nbytes
