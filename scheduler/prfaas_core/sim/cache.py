@@ -95,9 +95,13 @@ class HybridPrefixPool:
             self.used_bytes -= old.bytes
             if old.blocks_tokens >= blocks and valid_upto_tokens >= blocks:
                 # this context is a prefix of the cached history: keep the longer entry, add the checkpoint
-                merged = set(old.snapshots)
-                merged.update(snaps)
-                snaps = tuple(sorted(merged))
+                # (an entry's checkpoints are sorted and distinct: one it holds already leaves them as they are)
+                if not snaps or snaps[0] in old.snapshots:
+                    snaps = old.snapshots
+                else:
+                    merged = set(old.snapshots)
+                    merged.update(snaps)
+                    snaps = tuple(sorted(merged))
                 blocks = old.blocks_tokens
             else:
                 kept = tuple(s for s in old.snapshots if s <= valid_upto_tokens and s < blocks)

@@ -122,8 +122,8 @@ class RouteTicks:
         request: tuple[int, int, int, float | None, int | None],
         threshold_tokens: int,
         maps: tuple[dict[str, LinkParams], dict[str, LinkState], dict[str, EgressLedger], tuple[RemoteSide, ...]],
-        local_wait_s: float,
-        remote_wait_s: float,
+        local_wait_s: float | None,
+        remote_wait_s: float | None,
     ) -> RouteTick:
         """``RouteTick(now_s, RouteRequest(*request), threshold_tokens, kv, ..., *maps, local_wait_s=..., ...)``;
         ``request``: total, PD-cached, PrFaaS-cached tokens, TTFT objective, the decode side's held tokens."""
