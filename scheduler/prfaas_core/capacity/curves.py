@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 INF = math.inf
 _MEMO_SIZE = 8192
-"""Values a curve keeps (at whole token counts) before it forgets them all."""
+"""Values a curve keeps (per argument type) before it forgets them all."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,14 @@ class PiecewisePolynomial:
     _memo: dict[float, float] = field(init=False, repr=False, compare=False)
     """Values already computed at whole token counts: the curves are evaluated at the same lengths again and again
     (``t``'s window of recent lengths every second, ``S_kv`` of each request's prefixes)."""
+    _fmemo: dict[float, float] = field(init=False, repr=False, compare=False)
+    """The same at float arguments (``T_prefill(float(tokens))``), apart: an int and an equal float are one dict
+    key, and with integer coefficients their values differ in type."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_his", tuple(p.hi for p in self.pieces))
         object.__setattr__(self, "_memo", {})
+        object.__setattr__(self, "_fmemo", {})
         if not self.pieces:
             raise ValueError("a piecewise polynomial needs at least one piece")
         if self.pieces[0].lo != -INF or self.pieces[-1].hi != INF:
@@ -84,10 +88,12 @@ class PiecewisePolynomial:
 
     def __call__(self, length: float) -> float:
         # the hot path (S_kv and T_prefill per request, per booked stream, per second): piece_at and Piece.__call__
-        # inlined, the same arithmetic; at a whole token count a value once computed is looked up (the same float)
-        whole = type(length) is int
-        if whole:
-            value = self._memo.get(length)
+        # inlined, the same arithmetic; at an int or a (nonzero) float argument a value once computed is looked up
+        # (the same float: the arithmetic is a function of the argument alone)
+        kind = type(length)
+        memo = self._memo if kind is int else self._fmemo if kind is float and length != 0.0 else None
+        if memo is not None:
+            value = memo.get(length)
             if value is not None:
                 return value
         pieces = self.pieces
@@ -96,11 +102,22 @@ class PiecewisePolynomial:
         else:
             c0, c1, c2 = pieces[min(bisect.bisect_left(self._his, length), len(pieces) - 1)].coeffs
         value = c0 + c1 * length + c2 * length * length
-        if whole:
-            if len(self._memo) >= _MEMO_SIZE:
-                self._memo.clear()  # bounded: a long-lived router sees endless distinct lengths
-            self._memo[length] = value
+        if memo is not None:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()  # bounded: a long-lived router sees endless distinct lengths
+            memo[length] = value
         return value
+
+    def values(self, lengths: Iterable[float]) -> list[float]:
+        """``[self(n) for n in lengths]``, a whole token count's value read from the memo inline (``t``'s window
+        of recent lengths is priced every second: one call per length was the cost)."""
+        memo = self._memo
+        out: list[float] = []
+        append = out.append
+        for n in lengths:
+            value = memo.get(n) if type(n) is int else None
+            append(self(n) if value is None else value)
+        return out
 
     def is_nondecreasing_from(self, start: float) -> bool:
         """True when the function never decreases on ``[start, inf)`` (checked per piece, exactly)."""

@@ -167,14 +167,13 @@ def admit(ledger: EgressLedger, deadlines: Mapping[str, Deadline], tick: AdmitTi
     window = placement.window
     if window.wait_s > tick.max_wait_s:
         return Decline("link_window", window, f"earliest window in {window.wait_s:.3f} s")
-    accepted = f"> {tick.max_ttft_s:.3f} s accepted"
     if window.wait_s > 0 and window.ttft_s > tick.max_ttft_s:
         why = f"earliest window in {window.wait_s:.3f} s gives a predicted TTFT of {window.ttft_s:.3f} s"
-        return Decline("link_window", window, f"{why} {accepted}")
+        return Decline("link_window", window, f"{why} > {tick.max_ttft_s:.3f} s accepted")
     late = window if tick.ready_s is None else through_instances(window, tick.ready_s)
     if late.ttft_s > window.ttft_s + _EPS and late.ttft_s > tick.max_ttft_s:
         why = f"the PrFaaS instances' queues and egress give a predicted TTFT of {late.ttft_s:.3f} s"
-        return Decline("link_window", late, f"{why} {accepted}")
+        return Decline("link_window", late, f"{why} > {tick.max_ttft_s:.3f} s accepted")
     if window.wait_s > 0 and tick.waiting >= tick.max_waiting:
         return Decline("overloaded", window, f"{tick.waiting} prefills already wait for a window")
     predicted = max(window.ttft_s, late.ttft_s)

@@ -33,6 +33,8 @@ Without it (one link per site, the single pair) nothing changes.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
@@ -316,6 +318,7 @@ def window_by_deadline(
     prefill_s = base.prefill_s
     booked = ledger.booked(now_s)
     best: Placement | None = None
+    base_ttft, best_ttft = base.ttft_s, math.inf  # (best_ttft: the best placement's, read per candidate)
     lanes: dict[int, list[tuple[str, Transfer]]] = {}
     for kt in booked.items():  # one pass (in booking order, as the stable sort below expects)
         lanes.setdefault(kt[1].lane, []).append(kt)
@@ -337,11 +340,14 @@ def window_by_deadline(
             if site is not None and any(k not in site.link_keys for k, _ in jumped):
                 break  # another link's booking: its own link's ceiling is not this one's
             start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
-            mine = base.moved(start - base.start_s, lane)
-            if now_s + mine.ttft_s > due_s + _EPS:
+            shift = start - base.start_s
+            # ``base.moved(shift, lane).ttft_s`` without building the window (most candidates stop here)
+            ttft = max(base.stream_end_s + shift, base.start_s + shift + prefill_s) - base.now_s
+            if now_s + ttft > due_s + _EPS:
                 continue  # a request that misses its own due time even so moves nobody
-            if mine.ttft_s >= base.ttft_s - _EPS or (best is not None and mine.ttft_s >= best.window.ttft_s - _EPS):
+            if ttft >= base_ttft - _EPS or ttft >= best_ttft - _EPS:
                 continue
+            mine = base.moved(shift, lane)
             moved: dict[str, Transfer] = {}
             prev_end = start + prefill_s
             for k, t in jumped:
@@ -356,6 +362,7 @@ def window_by_deadline(
             placed = {**booked, **moved, _NEW: mine.transfer()}
             if _fits(placed, [_NEW, *moved], base.ceiling_gbps, site):
                 best = Placement(mine, moved)
+                best_ttft = ttft
     return best or Placement(base, {})
 
 
@@ -445,6 +452,12 @@ def calendar_threshold(
     a calendar books streams up to the cap and makes the rest wait for a window, so ``t`` need rise only when
     the recent traffic above it would not fit the cap even then (waits would grow without bound). A drop-in
     for :func:`~.threshold.decide_threshold` in a :class:`~.short_term.ShortTermPolicy`."""
-    full = replace(link, scarce_watermark=1.0, abundant_watermark=min(link.abundant_watermark, 0.99))
-    d = decide_threshold("abundant", bounds, recent_uncached_lengths, window_s, kv, full)
-    return replace(d, reason=f"link calendar ({mode}): {d.reason}")
+    d = decide_threshold("abundant", bounds, recent_uncached_lengths, window_s, kv, _whole_cap(link))
+    return ThresholdDecision(d.tokens, d.bandwidth_floor_tokens, f"link calendar ({mode}): {d.reason}")
+
+
+@functools.lru_cache(maxsize=64)
+def _whole_cap(link: LinkParams) -> LinkParams:
+    """``link`` with its scarce watermark at the cap (made once per link: :func:`calendar_threshold` runs every
+    second, and ``dataclasses.replace`` is slow)."""
+    return replace(link, scarce_watermark=1.0, abundant_watermark=min(link.abundant_watermark, 0.99))

@@ -183,7 +183,7 @@ class LinkEstimator:
         recent = list(self._samples)
         best = self.best_stream_gbps(now_s)
         rate_now = self._bound if self._bound is not None else capacity_gbps
-        in_flight = sum(x.bytes for x in pulls) * 8.0 / GBPS_BITS
+        in_flight = sum([x.bytes for x in pulls]) * 8.0 / GBPS_BITS  # (lists: summed faster than generators)
         ts = self.time_scale
         expected_s = in_flight / max(rate_now, MIN_CAPACITY_GBPS) / ts
         oldest = max((now_s - x.start_s for x in pulls), default=0.0)
@@ -200,8 +200,8 @@ class LinkEstimator:
             # a stream's expected time: its own floor (production, pacing), or its bytes at the best per-stream
             # rate seen, bounded by the bound in force (streams at the bound are on time: no ratchet down)
             rate = min(best or math.inf, rate_now)
-            expected = sum(max(s.expected_s or 0.0, s.bytes * 8.0 / GBPS_BITS / rate / ts) for s in recent)
-            actual = sum(s.seconds for s in recent)
+            expected = sum([max(s.expected_s or 0.0, s.bytes * 8.0 / GBPS_BITS / rate / ts) for s in recent])
+            actual = sum([s.seconds for s in recent])
             slowed = expected < p.slowdown * actual and actual - expected > p.min_excess_s * len(recent)
         if slowed or overdue:
             # overdue: the pulls in flight have moved at most their bytes in the oldest one's age

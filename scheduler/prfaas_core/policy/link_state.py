@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..names import GBPS_BITS
@@ -86,7 +86,7 @@ def next_link_state(prev: LinkState, egress_gbps: float, params: LinkParams, now
             f"({params.abundant_watermark:.0%} of the cap)"
         )
         return LinkState("abundant", egress_gbps, now_s, reason)
-    return replace(prev, egress_gbps=egress_gbps)
+    return LinkState(prev.mode, egress_gbps, prev.changed_at_s, prev.reason)  # (replace() is slow once a second)
 
 
 class _once:

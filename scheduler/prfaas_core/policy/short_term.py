@@ -291,7 +291,8 @@ def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) 
         view = RoutingView(
             tick.threshold_tokens, "abundant", 0.0, None, False, _why_no_remote(tick), tick.local_wait_s, None
         )
-        req = replace(req, prfaas_cached_tokens=0)
+        if req.prfaas_cached_tokens != 0:
+            req = replace(req, prfaas_cached_tokens=0)
     else:
         params = tick.links[remote.link]
         ledger = tick.ledgers[remote.link]
@@ -308,7 +309,8 @@ def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) 
             wait,
             tick.cache_moves,
         )
-        req = replace(req, prfaas_cached_tokens=remote.cached_tokens)
+        if req.prfaas_cached_tokens != remote.cached_tokens:  # (a frozen copy is slow to make per request)
+            req = replace(req, prfaas_cached_tokens=remote.cached_tokens)
     decision = policy.route(req, view, tick.kv, tick.prfaas_seconds, tick.pd_seconds)
     if decision.kind == "admission" and remote is not None and remote.scheduled:
         decision = _ask_the_calendar(decision, req, view, tick, policy)

@@ -102,8 +102,9 @@ def decide_threshold(
     if not recent_uncached_lengths or window_s <= 0:
         return ThresholdDecision(bounds.min_tokens, 0, f"no recent requests: t = t_min = {bounds.min_tokens}")
     # cheap exit (most calls): the window's egress with t = t_min already fits the budget
-    s_kv = kv.curve  # kv.kv_bytes without its call: evaluated per length per refresh
-    at_t_min = sum(s_kv(n) for n in recent_uncached_lengths if n > bounds.min_tokens)
+    s_kv = kv.curve  # kv.kv_bytes without its call, for the window at once: evaluated per length per refresh
+    t_min = bounds.min_tokens
+    at_t_min = sum(s_kv.values([n for n in recent_uncached_lengths if n > t_min]))
     if at_t_min * 8.0 / window_s / GBPS_BITS <= budget_gbps:
         return ThresholdDecision(
             bounds.min_tokens, 0, f"link {mode}: t = t_min = {bounds.min_tokens} (fits the budget)"

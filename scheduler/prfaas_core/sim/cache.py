@@ -95,9 +95,13 @@ class HybridPrefixPool:
             self.used_bytes -= old.bytes
             if old.blocks_tokens >= blocks and valid_upto_tokens >= blocks:
                 # this context is a prefix of the cached history: keep the longer entry, add the checkpoint
-                merged = set(old.snapshots)
-                merged.update(snaps)
-                snaps = tuple(sorted(merged))
+                # (an entry's checkpoints are sorted and distinct: one it holds already leaves them as they are)
+                if not snaps or snaps[0] in old.snapshots:
+                    snaps = old.snapshots
+                else:
+                    merged = set(old.snapshots)
+                    merged.update(snaps)
+                    snaps = tuple(sorted(merged))
                 blocks = old.blocks_tokens
             else:
                 kept = tuple(s for s in old.snapshots if s <= valid_upto_tokens and s < blocks)
@@ -105,7 +109,7 @@ class HybridPrefixPool:
         snaps = snaps[-self.max_snapshots :]
         if not snaps:
             return
-        nbytes = self._kv.kv_bytes(blocks) + (len(snaps) - 1) * self._kv.fixed_bytes
+        nbytes = self._kv.curve(blocks) + (len(snaps) - 1) * self._kv.fixed_bytes  # (kv_bytes without its call)
         entry = _Entry(blocks, snaps, nbytes)
         self._entries[session] = entry
         self.used_bytes += nbytes
