@@ -4,42 +4,17 @@ simulator's hot-path allocations)."""
 
 from __future__ import annotations
 
-from dataclasses import is_dataclass
-from typing import Any, TypeVar
-
 from ..capacity.kv import KvModel
 from ..policy.link_state import EgressLedger, LinkParams, LinkState
 from ..policy.routing import InstanceView, RouteRequest
 from ..policy.short_term import RemoteSide, RouteTick, SecondsFn
 from .instances import Instance
 
-T = TypeVar("T")
-_new = object.__new__
-_set = object.__setattr__
-
-
-def copy_of(proto: T, fields: dict[str, Any]) -> T:
-    """``dataclasses.replace(proto, **fields)`` for a frozen dataclass without ``__post_init__`` or slots, made without
-    its generated ``__init__`` (one ``object.__setattr__`` per field: the simulator's hot-path allocations were a
-    tenth of its time): the same fields, the same values, an equal object."""
-    obj = _new(type(proto))
-    _set(obj, "__dict__", {**proto.__dict__, **fields})
-    return obj
-
-
-def check_copyable(cls: type) -> None:
-    """:func:`copy_of` is safe for ``cls`` (checked once, where a prototype is made)."""
-    if not is_dataclass(cls) or hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
-        raise TypeError(f"{cls.__name__}: copy_of needs a dataclass without __post_init__ or __slots__")
-
 
 class PickerViews:
     """The instance pickers' views of each instance, made again only when what one shows changed."""
 
     def __init__(self) -> None:
-        check_copyable(InstanceView)
-        self._proto = InstanceView("")
-        """Every other field at its default (what ``InstanceView(name, ...)`` leaves them)."""
         self._decode: dict[str, tuple[tuple[int, int, bool, bool], InstanceView]] = {}
         self._prefill: dict[str, tuple[tuple[float, int, bool, bool], InstanceView]] = {}
 
@@ -50,10 +25,7 @@ class PickerViews:
         if held is not None and held[0] == key:
             return held[1]
         load, slots, healthy, draining = key
-        view = copy_of(
-            self._proto,
-            {"name": i.name, "active_decodes": load, "decode_slots": slots, "healthy": healthy, "draining": draining},
-        )
+        view = InstanceView(i.name, active_decodes=load, decode_slots=slots, healthy=healthy, draining=draining)
         self._decode[i.name] = (key, view)
         return view
 
@@ -64,15 +36,8 @@ class PickerViews:
         if held is not None and held[0] == key:
             return held[1]
         queued, _, healthy, draining = key
-        view = copy_of(
-            self._proto,
-            {
-                "name": i.name,
-                "queued_prefill_s": queued,
-                "cached_prefix_tokens": cached,
-                "healthy": healthy,
-                "draining": draining,
-            },
+        view = InstanceView(
+            i.name, queued_prefill_s=queued, cached_prefix_tokens=cached, healthy=healthy, draining=draining
         )
         self._prefill[i.name] = (key, view)
         return view
@@ -105,16 +70,11 @@ class RouteMaps:
 
 
 class RouteTicks:
-    """The :class:`~prfaas_core.policy.short_term.RouteTick` of each arrival, as :func:`copy_of` a prototype holding
-    what every one shares (the KV model, the prefill curves, the remote wait known, not the ledger's)."""
+    """The :class:`~prfaas_core.policy.short_term.RouteTick` of each arrival, with what every one shares (the KV
+    model, the prefill curves, the remote wait known, not the ledger's)."""
 
     def __init__(self, kv: KvModel, prfaas_seconds: SecondsFn, pd_seconds: SecondsFn) -> None:
-        check_copyable(RouteTick)
-        check_copyable(RouteRequest)
-        self._request = RouteRequest(0)
-        self._tick = RouteTick(
-            0.0, self._request, 0, kv, prfaas_seconds, pd_seconds, {}, {}, {}, wait_from_ledger=False
-        )
+        self._kv, self._prfaas_seconds, self._pd_seconds = kv, prfaas_seconds, pd_seconds
 
     def make(
         self,
@@ -127,29 +87,19 @@ class RouteTicks:
     ) -> RouteTick:
         """``RouteTick(now_s, RouteRequest(*request), threshold_tokens, kv, ..., *maps, local_wait_s=..., ...)``;
         ``request``: total, PD-cached, PrFaaS-cached tokens, TTFT objective, the decode side's held tokens."""
-        total, pd_cached, prfaas_cached, slo_s, held = request
-        req = copy_of(
-            self._request,
-            {
-                "total_tokens": total,
-                "pd_cached_tokens": pd_cached,
-                "prfaas_cached_tokens": prfaas_cached,
-                "ttft_slo_s": slo_s,
-                "decode_held_tokens": held,
-            },
-        )
         links, states, ledgers, remotes = maps
-        return copy_of(
-            self._tick,
-            {
-                "now_s": now_s,
-                "request": req,
-                "threshold_tokens": threshold_tokens,
-                "links": links,
-                "link_states": states,
-                "ledgers": ledgers,
-                "remotes": remotes,
-                "local_wait_s": local_wait_s,
-                "remote_wait_s": remote_wait_s,
-            },
+        return RouteTick(
+            now_s,
+            RouteRequest(*request),
+            threshold_tokens,
+            self._kv,
+            self._prfaas_seconds,
+            self._pd_seconds,
+            links,
+            states,
+            ledgers,
+            remotes,
+            local_wait_s=local_wait_s,
+            remote_wait_s=remote_wait_s,
+            wait_from_ledger=False,
         )
