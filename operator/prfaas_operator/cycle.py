@@ -235,24 +235,25 @@ class Cycle:
         """Each kind's due and dirty objects (a dirty one that is not due gets its spec-level status only)."""
 
         def todo(entries: list[Entry], keys: set[Key]) -> list[Entry]:
-            return [e for e in entries if e.key in keys or (e.kind, e.key) in dirty]
+            return [e for e in entries if e.key in keys or (e.kind, e.key) in dirty] if keys or dirty else []
 
+        pfcs, pds, links = todo(due.pfcs, due.pfc), todo(due.pds, due.pd), todo(due.links, due.link)
+        if not (pfcs or pds or links):
+            return  # an idle tick (most of them: one a second): no link index to build over the whole fleet
         for key in due.pfc:
             self.prefill.next_due[key] = now_s + self.config.gateway_period_s
         t0 = time.perf_counter()
         self.pd.links.build()  # (the PrefillClusters' reconciler shares it: runner.py)
         try:
-            await self._each(
-                todo(due.pfcs, due.pfc), lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc)
-            )
+            await self._each(pfcs, lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc))
             phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-            await self._each(todo(due.pds, due.pd), lambda e: self.pd.reconcile(e, snap, now_s, e.key in due.pd))
+            await self._each(pds, lambda e: self.pd.reconcile(e, snap, now_s, e.key in due.pd))
         finally:
             self.pd.links.drop()
         phases["pd_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
         for key in due.link:
             self.link.next_due[key] = now_s + self.config.link_period_s
-        await self._each(todo(due.links, due.link), lambda e: self.link.reconcile(e, snap, now_s, e.key in due.link))
+        await self._each(links, lambda e: self.link.reconcile(e, snap, now_s, e.key in due.link))
         phases["links_s"] = time.perf_counter() - t0
 
     def _report(

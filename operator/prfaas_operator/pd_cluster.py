@@ -108,7 +108,11 @@ class PDClusterReconciler:
 
     # --- scheduling -----------------------------------------------------------------------------------
     def runtime(self, entry: Entry) -> PDRuntime:
-        return self.runtimes.setdefault(entry.key, PDRuntime())
+        key = entry.key
+        rt = self.runtimes.get(key)
+        if rt is None:  # (not setdefault: that built a runtime, memo included, per call, for every cluster every tick)
+            rt = self.runtimes[key] = PDRuntime()
+        return rt
 
     def forget(self, key: Key) -> None:
         self.runtimes.pop(key, None)
