@@ -132,6 +132,10 @@ class PDClusterReconciler:
         ahead = 0.0 if rt.polling else slack * entry.model.spec.policy.period_seconds
         return rt.next_due_s <= now_s + ahead
 
+    def due_at(self, entry: Entry) -> float | None:
+        """When its loop is next due (without slack: :meth:`due` at that time); None while it runs no loop."""
+        return None if not entry.valid or entry.paused else self.runtime(entry).next_due_s
+
     def period_run(self, entry: Entry) -> bool:
         """Whether its next run is a period's (not a drain poll's): only those pull others into step."""
         return not self.runtime(entry).polling
