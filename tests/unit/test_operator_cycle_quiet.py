@@ -4,8 +4,11 @@ gives, as long as no object changed and nothing was reconciled."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import yaml
 
 from prfaas_core.names import KIND_INTER_DC_LINK, KIND_PD_CLUSTER, KIND_PREFILL_CLUSTER
@@ -17,7 +20,8 @@ from prfaas_operator.runner import build
 FLEET = Path(__file__).parents[2] / "examples/06-fleet"
 
 
-def _cycle(tmp_path: Path) -> Cycle:
+@pytest.fixture
+def cycle(tmp_path: Path) -> Iterator[Cycle]:
     kubeconfig = tmp_path / "kubeconfig"  # nothing is asked of the API here
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster: {server: 'http://127.0.0.1:9'}\n"
@@ -28,7 +32,10 @@ def _cycle(tmp_path: Path) -> Cycle:
     docs.append(yaml.safe_load((FLEET / "common/model-profile.yaml").read_text()))
     for doc in docs:
         assert op.world.upsert(doc["kind"], doc).valid
-    return op.cycle
+    try:
+        yield op.cycle
+    finally:
+        asyncio.run(op.api.aclose())
 
 
 def _looked(cycle: Cycle, now_s: float) -> Due:
@@ -44,8 +51,7 @@ def _keys(due: Due) -> tuple[set, set, set]:  # type: ignore[type-arg]
     return due.pfc, due.link, due.pd
 
 
-def test_idle_ticks_answer_as_the_look_over_the_fleet_does_until_something_changes(tmp_path: Path) -> None:
-    cycle = _cycle(tmp_path)
+def test_idle_ticks_answer_as_the_look_over_the_fleet_does_until_something_changes(cycle: Cycle) -> None:
     w = cycle.world
     pfcs = [e.key for e in w.all(KIND_PREFILL_CLUSTER)]
     links = [e.key for e in w.all(KIND_INTER_DC_LINK)]
@@ -64,7 +70,9 @@ def test_idle_ticks_answer_as_the_look_over_the_fleet_does_until_something_chang
     cycle.link.next_due[links[0]] = 120.0  # (as a reconcile sets it)
     assert not cycle._due(91.0).any and cycle._quiet == (w.version, 95.0)  # the PD cluster next
     # a changed object: looked at again at once (here a new PrefillCluster, due at once)
-    body = {**w.get(KIND_PREFILL_CLUSTER, *pfcs[0]).body}
+    site = w.get(KIND_PREFILL_CLUSTER, *pfcs[0])
+    assert site is not None
+    body = {**site.body}
     body["metadata"] = {**body["metadata"], "name": "site-3"}
     new = w.upsert(KIND_PREFILL_CLUSTER, body).key
     due = cycle._due(92.0)
