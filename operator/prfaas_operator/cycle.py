@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -87,6 +88,10 @@ class Cycle:
         self.health = health or Health(config.liveness_stall_s)
         self.cycles = 0
         self.last_snapshot: Snapshot | None = None
+        self._quiet: tuple[int, float] | None = None
+        """(the world's version, a time): the last look over the fleet found nothing due before that time. While
+        the objects stay at that version and nothing is reconciled, :meth:`_due` is the same empty answer until
+        then, without a look over every object at every tick (one a second)."""
         self.log = logger("Operator", None, "cycle")
 
     def nudge(self, kind: str, key: Key) -> None:
@@ -187,6 +192,10 @@ class Cycle:
         w = self.world
         pfcs, links = list(w.all(KIND_PREFILL_CLUSTER)), list(w.all(KIND_INTER_DC_LINK))
         pds = list(w.all(KIND_PD_CLUSTER))
+        quiet = self._quiet
+        if quiet is not None and quiet[0] == w.version and now_s < quiet[1]:
+            return Due(pfcs, links, pds, set(), set(), set())
+        self._quiet = None
 
         def soon(next_due: dict[Key, float], entries: list[Entry], period_s: float) -> set[Key]:
             ok = [e for e in entries if e.valid and not e.paused]
@@ -198,7 +207,7 @@ class Cycle:
         pd_due = {e.key for e in pds if self.pd.due(e, now_s)}
         if any(self.pd.period_run(e) for e in pds if e.key in pd_due):
             pd_due |= {e.key for e in pds if self.pd.due(e, now_s, self.coalesce)}
-        return Due(
+        due = Due(
             pfcs,
             links,
             pds,
@@ -206,6 +215,12 @@ class Cycle:
             soon(self.link.next_due, links, self.config.link_period_s),
             pd_due,
         )
+        if not due.any:  # nothing due before the earliest next due time of any object
+            times = [self.prefill.next_due.get(e.key, 0.0) for e in pfcs if e.valid and not e.paused]
+            times += [self.link.next_due.get(e.key, 0.0) for e in links if e.valid and not e.paused]
+            times += [t for t in map(self.pd.due_at, pds) if t is not None]
+            self._quiet = (w.version, min(times, default=math.inf))
+        return due
 
     async def _collect(self, now_s: float, due: Due) -> Snapshot:
         """One Prometheus collection for everything due."""
@@ -235,24 +250,26 @@ class Cycle:
         """Each kind's due and dirty objects (a dirty one that is not due gets its spec-level status only)."""
 
         def todo(entries: list[Entry], keys: set[Key]) -> list[Entry]:
-            return [e for e in entries if e.key in keys or (e.kind, e.key) in dirty]
+            return [e for e in entries if e.key in keys or (e.kind, e.key) in dirty] if keys or dirty else []
 
+        pfcs, pds, links = todo(due.pfcs, due.pfc), todo(due.pds, due.pd), todo(due.links, due.link)
+        if not (pfcs or pds or links):
+            return  # an idle tick (most of them: one a second): no link index to build over the whole fleet
+        self._quiet = None  # what is due next is known again only after these
         for key in due.pfc:
             self.prefill.next_due[key] = now_s + self.config.gateway_period_s
         t0 = time.perf_counter()
         self.pd.links.build()  # (the PrefillClusters' reconciler shares it: runner.py)
         try:
-            await self._each(
-                todo(due.pfcs, due.pfc), lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc)
-            )
+            await self._each(pfcs, lambda e: self.prefill.reconcile(e, snap, now_s, e.key in due.pfc))
             phases["prefill_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-            await self._each(todo(due.pds, due.pd), lambda e: self.pd.reconcile(e, snap, now_s, e.key in due.pd))
+            await self._each(pds, lambda e: self.pd.reconcile(e, snap, now_s, e.key in due.pd))
         finally:
             self.pd.links.drop()
         phases["pd_clusters_s"], t0 = time.perf_counter() - t0, time.perf_counter()
         for key in due.link:
             self.link.next_due[key] = now_s + self.config.link_period_s
-        await self._each(todo(due.links, due.link), lambda e: self.link.reconcile(e, snap, now_s, e.key in due.link))
+        await self._each(links, lambda e: self.link.reconcile(e, snap, now_s, e.key in due.link))
         phases["links_s"] = time.perf_counter() - t0
 
     def _report(

@@ -13,11 +13,19 @@ memory, and in ``status.loop`` across restarts.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from prfaas_core.api import Condition, InterDCLinkStatus, PDCluster, PDClusterStatus, PrefillClusterStatus
+from prfaas_core.api import (
+    Condition,
+    InterDCLinkStatus,
+    PDCluster,
+    PDClusterStatus,
+    PrefillClusterStatus,
+    RouterConfig,
+)
 from prfaas_core.capacity.plan_inputs import PlanInputError, PlanInputs, plan_inputs_from_specs
+from prfaas_core.capacity.planner import BalancedThresholds
 from prfaas_core.capacity.workload import WorkloadSpec
 from prfaas_core.names import ANNOTATION_PAUSED, KIND_PD_CLUSTER, LABEL_PD_CLUSTER
 from prfaas_core.policy.long_term import LoopDecision, LoopTick, ScarceLink, step
@@ -55,6 +63,9 @@ class PDRuntime:
     inputs_from: tuple[Any, ...] = ()
     published_min_tokens: int | None = None
     """The lower bound on ``t`` last published (what the links' floors are computed at)."""
+    thresholds: BalancedThresholds = field(default_factory=BalancedThresholds)
+    """Eq. 7's last answers for this cluster's inputs, handed to the core's tick: at rest they are the same every
+    cycle (a few milliseconds a call, a few calls a cycle). Dropped with the cluster."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,11 @@ class PDClusterReconciler:
 
     # --- scheduling -----------------------------------------------------------------------------------
     def runtime(self, entry: Entry) -> PDRuntime:
-        return self.runtimes.setdefault(entry.key, PDRuntime())
+        key = entry.key
+        rt = self.runtimes.get(key)
+        if rt is None:  # (not setdefault: that built a runtime, memo included, per call, for every cluster every tick)
+            rt = self.runtimes[key] = PDRuntime()
+        return rt
 
     def forget(self, key: Key) -> None:
         self.runtimes.pop(key, None)
@@ -116,6 +131,10 @@ class PDClusterReconciler:
         rt = self.runtime(entry)
         ahead = 0.0 if rt.polling else slack * entry.model.spec.policy.period_seconds
         return rt.next_due_s <= now_s + ahead
+
+    def due_at(self, entry: Entry) -> float | None:
+        """When its loop is next due (without slack: :meth:`due` at that time); None while it runs no loop."""
+        return None if not entry.valid or entry.paused else self.runtime(entry).next_due_s
 
     def period_run(self, entry: Entry) -> bool:
         """Whether its next run is a period's (not a drain poll's): only those pull others into step."""
@@ -261,7 +280,11 @@ class PDClusterReconciler:
         conds = set_condition(conds, ENGINE_CONFIG, engines.status, engines.reason, engines.message, now_s, gen)
         c = PDCycle(entry, refs, inputs, snap, status, params, pods, now_s, log)
         tick, why = self._gather(c)
-        decision = await asyncio.to_thread(step, tick)  # CPU-bound core; keep the event loop free
+        # the core's step runs here: at rest it is a fraction of a millisecond (Eq. 7 answered from the cluster's
+        # memo), less than handing it to a thread and back costs (each hand-off woke the event loop through its
+        # self-pipe and contended for the GIL: more of the operator's time than the step). First roles search the
+        # planner's splits (long): those still run in a thread, so that the event loop stays free.
+        decision = await asyncio.to_thread(step, tick) if tick.unassigned else step(tick)
         rt = self.runtime(entry)
         if decision.roles is None:
             await self._hold(c, decision, conds, why or "")
@@ -317,6 +340,7 @@ class PDClusterReconciler:
             initial_prefill=pd.spec.role_assignment.initial_prefill,
             scarce_links=tuple(scarce),
             history_limit=pd.spec.policy.history_limit,
+            thresholds=rt.thresholds,
         )
         return tick, why
 
@@ -351,11 +375,19 @@ class PDClusterReconciler:
     async def _publish(self, c: PDCycle, pods: list[JsonDict], decision: LoopDecision) -> str | None:
         """The routers' config with the decision's bounds on ``t``; None when the write failed (logged)."""
         refs = c.refs
-        config = router_config.build(
-            c.entry.model, pods, refs.profile.spec, refs.links, refs.prefill_clusters, decision.bounds
+        # built from the cache's frozen models and pod bodies (replaced on change, never edited) and the bounds
+        built_from = router_config.BuiltFrom(
+            (c.entry.model, refs.profile, *refs.links, *refs.prefill_clusters.values(), *pods),
+            (decision.bounds, len(refs.links), tuple(refs.prefill_clusters), len(pods)),
         )
+
+        def build() -> RouterConfig:
+            return router_config.build(
+                c.entry.model, pods, refs.profile.spec, refs.links, refs.prefill_clusters, decision.bounds
+            )
+
         try:
-            return await self.publisher.publish(c.entry.body, config)
+            return await self.publisher.publish_built(c.entry.body, built_from, build)
         except ApiError as exc:
             c.log.error("router config not published", error=str(exc))
             return None

@@ -117,8 +117,12 @@ class World:
     objects: dict[str, dict[Key, Entry]] = field(default_factory=lambda: {k: {} for k in MODELS})
     pods: dict[Key, JsonDict] = field(default_factory=dict)
     _pod_index: dict[tuple[str | None, str, str], set[Key]] = field(default_factory=dict)
+    version: int = 0
+    """Counts the objects' upserts and removals (not the pods', not the operator's own status writes): the cycle
+    knows from it that the objects are as they were (:meth:`.cycle.Cycle._due`)."""
 
     def upsert(self, kind: str, body: JsonDict) -> Entry:
+        self.version += 1
         entry = parse(kind, body)
         old = self.objects[kind].get(entry.key)
         if old is not None and old.body.get("spec") == body.get("spec") and old.model is not None:
@@ -133,6 +137,7 @@ class World:
             entry.body = {**entry.body, "status": {**entry.status, **status}}
 
     def remove(self, kind: str, key: Key) -> None:
+        self.version += 1
         self.objects[kind].pop(key, None)
 
     def get(self, kind: str, namespace: str | None, name: str) -> Entry | None:

@@ -4,12 +4,13 @@ bounds, the desired counts, dry-run, the history rule, the bandwidth floor."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from prfaas_core.capacity.plan_inputs import case_study_inputs
-from prfaas_core.capacity.planner import compute_balanced_threshold, plan
-from prfaas_core.capacity.workload import expect
+from prfaas_core.capacity.planner import BalancedThresholds, compute_balanced_threshold, plan
+from prfaas_core.capacity.workload import EmpiricalDistribution, expect
 from prfaas_core.names import GBPS_BITS, NO_THRESHOLD_TOKENS
 from prfaas_core.policy.link_state import LinkParams
 from prfaas_core.policy.long_term import DRY_RUN_PREFIX, LoopState, LoopTick, ScarceLink, step
@@ -157,3 +158,39 @@ def test_a_pending_drain_restored_from_the_cluster_finishes() -> None:
     d = step(tick(RoleObservation(instances(3, 5)), state=state))
     assert d.roles is not None and d.roles.action == "FlipToDecode" and d.roles.flip == (("p0", "decode"),)
     assert d.state.roles.last_flip_s == 100.0 and d.state.roles.pending is None
+
+
+def test_the_thresholds_memo_answers_as_eq7_does_and_recomputes_a_changed_input() -> None:
+    memo = BalancedThresholds()
+    observed = replace(INPUTS, lengths=EmpiricalDistribution.from_lengths([500, 4_000, 20_000, 60_000]))
+    for inputs in (INPUTS, observed):
+        for n_p in (0, 1, 3, 5):
+            assert memo(inputs, n_p) == compute_balanced_threshold(inputs, n_p)
+    assert (memo.hits, memo.misses, len(memo)) == (0, 8, 8)
+    assert memo(replace(INPUTS), 3) == compute_balanced_threshold(INPUTS, 3)  # an equal copy: the answer is reused
+    assert (memo.hits, memo.misses) == (1, 8)
+    moved = replace(INPUTS, n_prfaas=INPUTS.n_prfaas + 2)  # a changed input: computed again
+    assert memo(moved, 3) == compute_balanced_threshold(moved, 3) != compute_balanced_threshold(INPUTS, 3)
+    assert memo(INPUTS, 3, 50) == compute_balanced_threshold(INPUTS, 3, 50)  # another step: computed again
+    assert (memo.hits, memo.misses, len(memo)) == (1, 10, memo.size)  # bounded: the least recently used went
+    assert memo(INPUTS, 3) == compute_balanced_threshold(INPUTS, 3) and memo.hits == 2  # used lately: kept
+    assert memo(INPUTS, 0) is None and memo.misses == 11  # the oldest: dropped, computed again
+
+
+def test_a_tick_with_the_thresholds_memo_decides_exactly_as_one_without() -> None:
+    """Every path of the loop that asks Eq. 7 (first roles, the verdict's ``t`` with nothing persisted, the
+    model's flips, ``t_min`` after the decision), twice over: the second round's answers come from the memo."""
+    memo = BalancedThresholds()
+    quiet = RoleObservation(instances(3, 5), arrival_rate_rps=2.0)
+    ticks = [
+        tick(RoleObservation(()), unassigned=tuple(f"pod-{i}" for i in range(8)), state=LoopState()),
+        tick(quiet),
+        tick(quiet, state=LoopState()),
+        tick(RoleObservation(instances(5, 3), arrival_rate_rps=0.5)),
+        tick(RoleObservation(instances(3, 5), decode=StageLoad(100.0), arrival_rate_rps=2.0)),
+        tick(RoleObservation(instances(3, 5), n_prfaas_ready=0, arrival_rate_rps=2.0)),
+    ]
+    for _ in range(2):
+        for t in ticks:
+            assert step(replace(t, thresholds=memo)) == step(t)
+    assert memo.hits >= memo.misses > 0

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field, replace
 
 from ..api.common import DecisionRecord, rfc3339
 from ..capacity.plan_inputs import PlanInputs
-from ..capacity.planner import compute_balanced_threshold, plan
+from ..capacity.planner import BalancedThresholds, compute_balanced_threshold, plan
 from .link_state import LinkParams
 from .role_types import Role, RoleDecision, RoleObservation, RolePolicyParams, RoleState
-from .roles import decide_roles
+from .roles import Balanced, decide_roles
 from .threshold import ThresholdBounds, bandwidth_floor_tokens, published_bounds, threshold_in_force
 
 DRY_RUN_PREFIX = "dry-run, not acted on: "
@@ -87,6 +87,14 @@ class LoopTick:
     """``roleAssignment.initialPrefill``: the first split, when not pinned."""
     scarce_links: tuple[ScarceLink, ...] = ()
     history_limit: int = 20
+    thresholds: BalancedThresholds | None = field(default=None, compare=False, repr=False)
+    """The shell's memo of Eq. 7 for this cluster (the operator keeps one per PD cluster): the same answers as
+    :func:`compute_balanced_threshold`, reused while the inputs do not move. None: computed every time."""
+
+    @property
+    def balanced(self) -> Balanced:
+        """How this tick answers Eq. 7: the shell's memo, else :func:`compute_balanced_threshold`."""
+        return self.thresholds if self.thresholds is not None else compute_balanced_threshold
 
 
 @dataclass(frozen=True)
@@ -182,7 +190,7 @@ def verdict_threshold(tick: LoopTick) -> float:
         if t is not None and t > 0:
             return float(t)
     n_p = tick.observation.count("prefill") if tick.observation is not None else 0
-    t_eq7 = compute_balanced_threshold(tick.inputs, n_p)
+    t_eq7 = tick.balanced(tick.inputs, n_p)
     return float(t_eq7) if t_eq7 is not None else float(tick.inputs.lengths.support()[1])
 
 
@@ -205,7 +213,7 @@ def initial_roles(tick: LoopTick) -> RoleDecision:
         role: Role = "prefill" if n_p < target else "decode"
         n_p += role == "prefill"
         flip.append((name, role))
-    t_min = compute_balanced_threshold(tick.inputs, n_p)
+    t_min = tick.balanced(tick.inputs, n_p)
     reason = (
         f"initial role assignment ({why}): {len(tick.unassigned)} unlabelled instance(s) -> "
         f"{n_p} prefill, {n - n_p} decode"
@@ -291,7 +299,7 @@ def step(tick: LoopTick) -> LoopDecision:
         current = state.roles
         if current.threshold_min_tokens is None and t > 0:
             current = replace(current, threshold_min_tokens=int(t))
-        d = decide_roles(current, tick.observation, params, tick.inputs, t, now_s)
+        d = decide_roles(current, tick.observation, params, tick.inputs, t, now_s, tick.balanced)
         # dry-run: recorded, not applied — nothing drains, so no flip may stay pending
         roles = replace(d.state, pending=None) if params.dry_run else d.state
         assign = ()

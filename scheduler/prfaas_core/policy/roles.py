@@ -42,8 +42,15 @@ def _inputs_for(base: PlanInputs, obs: RoleObservation) -> PlanInputs:
     return replace(base, **changes) if changes else base  # type: ignore[arg-type]  # fields vary by name
 
 
-def _t_min(inputs: PlanInputs, n_prefill: int, fallback: int | None) -> int | None:
-    t = compute_balanced_threshold(inputs, n_prefill)
+Balanced = Callable[[PlanInputs, int], int | None]
+"""Eq. 7 for the inputs and a prefill count: :func:`compute_balanced_threshold`, or a caller's memo of it
+(:class:`~prfaas_core.capacity.planner.BalancedThresholds`: the same answers)."""
+
+
+def _t_min(
+    inputs: PlanInputs, n_prefill: int, fallback: int | None, balanced: Balanced = compute_balanced_threshold
+) -> int | None:
+    t = balanced(inputs, n_prefill)
     return t if t is not None else fallback
 
 
@@ -52,9 +59,13 @@ def _lambda(inputs: PlanInputs, n_p: int, n_d: int, t: float) -> float:
 
 
 def classify(
-    obs: RoleObservation, inputs: PlanInputs, params: RolePolicyParams, threshold_tokens: float
+    obs: RoleObservation,
+    inputs: PlanInputs,
+    params: RolePolicyParams,
+    threshold_tokens: float,
+    balanced: Balanced = compute_balanced_threshold,
 ) -> tuple[Verdict | None, str, float]:
-    """The cycle's verdict, its reason, and the model ratio ``r``."""
+    """The cycle's verdict, its reason, and the model ratio ``r`` (``balanced``: how Eq. 7 is answered)."""
     n_p, n_d = obs.count("prefill"), obs.count("decode")
     n_prfaas = inputs.n_prfaas
     if n_prfaas == 0:  # no PrFaaS instance ready (the gateway lost): every request prefills locally
@@ -100,7 +111,7 @@ def classify(
         lean = f"{model} > {params.flip_to_decode_ratio:g} leans decode-bound"
         if n_p <= 1:
             return None, f"no standing queue; {lean}, but prefill is at one instance", ratio
-        after = _lambda(inputs, n_p - 1, n_d + 1, _t_min(inputs, n_p - 1, None) or t_now)
+        after = _lambda(inputs, n_p - 1, n_d + 1, _t_min(inputs, n_p - 1, None, balanced) or t_now)
         if after > point.throughput_rps and after >= lam:
             return "decode-bound", f"decode-bound by the model: {model} > {params.flip_to_decode_ratio:g}", ratio
         return None, _not_worth(lean, "prefill", "decode", point.throughput_rps, after, lam), ratio
@@ -108,7 +119,7 @@ def classify(
         lean = f"{model} < {params.flip_to_prefill_ratio:g} leans prefill-bound"
         if n_d <= 1:
             return None, f"no standing queue; {lean}, but decode is at one instance", ratio
-        t_after = t_now if n_prfaas == 0 else (_t_min(inputs, n_p + 1, None) or t_now)
+        t_after = t_now if n_prfaas == 0 else (_t_min(inputs, n_p + 1, None, balanced) or t_now)
         after = _lambda(inputs, n_p + 1, n_d - 1, t_after)
         # with the remote lost, a flip that raises what the cluster carries helps even if it cannot carry it all
         if after > point.throughput_rps and (after >= lam or n_prfaas == 0):
@@ -156,10 +167,12 @@ def decide_roles(
     base_inputs: PlanInputs,
     threshold_tokens: float,
     now_s: float,
+    balanced: Balanced = compute_balanced_threshold,
 ) -> RoleDecision:
     """One cycle of the long-term policy. Pure: the next state travels inside the decision. In order: a
     suspended policy observes only; a pending flip finishes its drain (:func:`_finish_drain`); a pinned split
-    is approached (:func:`_toward_override`); else the verdict may start a drain (:func:`_from_verdict`)."""
+    is approached (:func:`_toward_override`); else the verdict may start a drain (:func:`_from_verdict`).
+    ``balanced`` answers Eq. 7 (a caller's memo of :func:`compute_balanced_threshold` gives the same answers)."""
     inputs = _inputs_for(base_inputs, obs)
     n_p, n_d = obs.count("prefill"), obs.count("decode")
 
@@ -177,7 +190,7 @@ def decide_roles(
         if params.override_threshold is not None:
             t_min: int | None = params.override_threshold
         else:
-            t_min = _t_min(inputs, p_to, state.threshold_min_tokens)
+            t_min = _t_min(inputs, p_to, state.threshold_min_tokens, balanced)
         new_state = replace(new_state, threshold_min_tokens=t_min)
         return RoleDecision(
             action,
@@ -205,7 +218,7 @@ def decide_roles(
     urgent = emergency(state, obs, params, now_s, decision, remote_ok)
     if urgent is not None:
         return urgent
-    return _from_verdict(state, obs, params, inputs, threshold_tokens, now_s, decision)
+    return _from_verdict(state, obs, params, inputs, threshold_tokens, now_s, decision, balanced)
 
 
 def _finish_drain(
@@ -271,10 +284,11 @@ def _from_verdict(
     threshold_tokens: float,
     now_s: float,
     decision: Decide,
+    balanced: Balanced = compute_balanced_threshold,
 ) -> RoleDecision:
     """The verdict, after hysteresis, cooldown and the per-role bounds: hold, or drain ``stepSize`` instances."""
     n_p, n_d = obs.count("prefill"), obs.count("decode")
-    verdict, why, ratio = classify(obs, inputs, params, threshold_tokens)
+    verdict, why, ratio = classify(obs, inputs, params, threshold_tokens, balanced)
     streak = state.streak + 1 if verdict is not None and verdict == state.verdict else (1 if verdict else 0)
     held = RoleState(verdict, streak, state.last_flip_s, None, state.threshold_min_tokens)
     if verdict is None:
