@@ -63,14 +63,20 @@ def test_output_words_are_one_chars4_token_each() -> None:
 
 
 @pytest.mark.parametrize("text", ["plain ascii text, a few words long.", "héllo wörld ✓ mixed", "abcdefg", "x"])
-def test_chars4_ids_are_the_crc_of_each_piece_on_either_path(text: str) -> None:
-    # the ASCII fast path (byte slices) and the general one give the ids of the pieces' UTF-8 CRC
+def test_chars4_ids_are_each_pieces_word_or_crc_on_either_path(text: str) -> None:
+    # the ASCII fast path (the text's words at once) and the general one (piece by piece) give the same ids: a piece
+    # of at most 4 bytes is its little-endian word, mixed; a longer one (UTF-8) its CRC
     import zlib
 
     from prfaas_core.request.tokens import VOCAB_SIZE
 
-    want = [zlib.crc32(text[i : i + 4].encode()) % VOCAB_SIZE for i in range(0, len(text), 4)]
+    pieces = [text[i : i + 4].encode() for i in range(0, len(text), 4)]
+    want = [
+        int.from_bytes(b, "little") * 0x9E3779B1 % VOCAB_SIZE if len(b) <= 4 else zlib.crc32(b) % VOCAB_SIZE
+        for b in pieces
+    ]
     assert CharEstimateTokenizer(4).encode(text) == want
+    assert len(set(CharEstimateTokenizer(4).encode("abcdabceabcfabcg"))) == 4  # near pieces, apart ids
 
 
 def test_a_tokenized_prompt_needs_no_range_check_but_given_ids_do() -> None:

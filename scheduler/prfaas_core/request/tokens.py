@@ -59,8 +59,17 @@ class Tokenizer(Protocol):
         ...
 
 
+_MIX = 0x9E3779B1
+"""Knuth's multiplicative hash constant: spreads a short piece's bytes over the vocabulary."""
+
+
 def _token_id(piece: str) -> int:
-    return zlib.crc32(piece.encode("utf-8")) % VOCAB_SIZE
+    """A piece's id: a piece of at most 4 bytes (UTF-8) is one little-endian word, mixed (what the estimate's fast path
+    computes for 4 ASCII characters at once); a longer one its CRC-32."""
+    data = piece.encode("utf-8")
+    if len(data) <= 4:
+        return int.from_bytes(data, "little") * _MIX % VOCAB_SIZE
+    return zlib.crc32(data) % VOCAB_SIZE
 
 
 class CharEstimateTokenizer:
@@ -75,10 +84,20 @@ class CharEstimateTokenizer:
         self.vocab_size = VOCAB_SIZE
 
     def encode(self, text: str) -> list[int]:
-        n, crc = self.chars_per_token, zlib.crc32
-        if text.isascii():  # one encode, then byte slices: the same ids as :func:`_token_id`, ~1.8x faster
+        n = self.chars_per_token
+        if n == 4 and text.isascii():  # the text's words read at once: :func:`_token_id`'s ids, ~1.7x a CRC per slice
             data = text.encode("ascii")
-            return [crc(data[i : i + n]) % VOCAB_SIZE for i in range(0, len(data), n)]
+            whole = len(data) - len(data) % 4
+            words = array.array("I", data[:whole])
+            if words.itemsize != 4:  # pragma: no cover - no mainstream platform
+                words = array.array("L", struct.unpack(f"<{whole // 4}I", data[:whole]))
+            elif sys.byteorder != "little":  # pragma: no cover
+                words.byteswap()
+            mix, vocab = _MIX, VOCAB_SIZE
+            ids = [w * mix % vocab for w in words]
+            if whole < len(data):
+                ids.append(_token_id(text[whole:]))
+            return ids
         return [_token_id(text[i : i + n]) for i in range(0, len(text), n)]
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:

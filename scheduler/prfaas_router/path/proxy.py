@@ -338,8 +338,9 @@ class Proxy:
                 give_up_kv(self, call, str(again))
                 return call.refuse("error", again.status, str(again), "upstream_error")
         rt.pd_index.insert(call.hashes, call.plan.decode)
-        block = rt.compiled.config.routing.prefix_block_tokens
-        rt.decode_held.learn(call.prompt_ids, call.plan.decode, call.unsalted_hashes, block)
+        if rt.compiled.remotes:  # what the decode holds counts only against a remote prefill's KV
+            block = rt.compiled.config.routing.prefix_block_tokens
+            rt.decode_held.learn(call.prompt_ids, call.plan.decode, call.unsalted_hashes, block)
         return response
 
     def _replan(self, plan: LocalPlan, tokens: int, hashes: list[bytes], keep_prefill: bool = False) -> LocalPlan:
