@@ -33,17 +33,13 @@ Without it (one link per site, the single pair) nothing changes.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
-from collections.abc import Sequence as Seq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
-from ..capacity.kv import KvModel
 from ..names import GBPS_BITS
-from .link_state import EgressLedger, LinkMode, LinkParams, Transfer
-from .threshold import ThresholdBounds, ThresholdDecision, decide_threshold
+from .link_state import EgressLedger, LinkParams, Transfer
 
 StreamTiming = Literal["layer-wise", "pull-after-prefill"]
 STREAM_TIMINGS: tuple[StreamTiming, ...] = ("layer-wise", "pull-after-prefill")
@@ -436,28 +432,3 @@ def max_wait_s(local_ttft_s: float, prefill_s: float, nbytes: float, ceiling: fl
     at the ceiling, at best) would equal the local alternative's predicted TTFT."""
     stream = nbytes * 8.0 / GBPS_BITS / ceiling if ceiling > 0 else float("inf")
     return max(0.0, local_ttft_s - max(prefill_s, stream))
-
-
-def calendar_threshold(
-    mode: LinkMode,
-    bounds: ThresholdBounds,
-    recent_uncached_lengths: Seq[int],
-    window_s: float,
-    kv: KvModel,
-    link: LinkParams,
-) -> ThresholdDecision:
-    """``t`` when the link is scheduled: ``t_bw`` against the whole cap instead of a watermark below it.
-
-    The watermarks keep an *unscheduled* link's egress below the cap (streams admitted one by one overshoot);
-    a calendar books streams up to the cap and makes the rest wait for a window, so ``t`` need rise only when
-    the recent traffic above it would not fit the cap even then (waits would grow without bound). A drop-in
-    for :func:`~.threshold.decide_threshold` in a :class:`~.short_term.ShortTermPolicy`."""
-    d = decide_threshold("abundant", bounds, recent_uncached_lengths, window_s, kv, _whole_cap(link))
-    return ThresholdDecision(d.tokens, d.bandwidth_floor_tokens, f"link calendar ({mode}): {d.reason}")
-
-
-@functools.lru_cache(maxsize=64)
-def _whole_cap(link: LinkParams) -> LinkParams:
-    """``link`` with its scarce watermark at the cap (made once per link: :func:`calendar_threshold` runs every
-    second, and ``dataclasses.replace`` is slow)."""
-    return replace(link, scarce_watermark=1.0, abundant_watermark=min(link.abundant_watermark, 0.99))

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 from ..capacity.kv import KvModel
 from .breaker import BreakerBoard, BreakerParams
 from .fleet import fastest, predicted_ttft_s
-from .link_calendar import calendar_threshold
 from .link_state import EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
 from .routing import (
     InstancePick,
@@ -40,7 +39,7 @@ from .routing import (
     pick_prefill_instance,
     transfer_bytes,
 )
-from .threshold import ThresholdBounds, ThresholdDecision, decide_threshold
+from .threshold import ThresholdBounds, ThresholdDecision, calendar_threshold, decide_threshold
 
 SecondsFn = Callable[[float], float]
 RouteFn = Callable[[RouteRequest, RoutingView, KvModel, SecondsFn, SecondsFn | None], RouteDecision]

@@ -17,9 +17,10 @@ the InterDCLink and raising the PD cluster's ``t`` in force while the link is sc
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..capacity.kv import KvModel
 from ..capacity.plan_inputs import PlanInputs
@@ -121,3 +122,28 @@ def decide_threshold(
     else:
         reason = f"link {mode}: t = t_min = {bounds.min_tokens} (t_bw {t_bw} not binding)"
     return ThresholdDecision(tokens, t_bw, reason)
+
+
+def calendar_threshold(
+    mode: LinkMode,
+    bounds: ThresholdBounds,
+    recent_uncached_lengths: Sequence[int],
+    window_s: float,
+    kv: KvModel,
+    link: LinkParams,
+) -> ThresholdDecision:
+    """``t`` when the link is scheduled: ``t_bw`` against the whole cap instead of a watermark below it.
+
+    The watermarks keep an *unscheduled* link's egress below the cap (streams admitted one by one overshoot);
+    a calendar books streams up to the cap and makes the rest wait for a window, so ``t`` need rise only when
+    the recent traffic above it would not fit the cap even then (waits would grow without bound). A drop-in
+    for :func:`~.threshold.decide_threshold` in a :class:`~.short_term.ShortTermPolicy`."""
+    d = decide_threshold("abundant", bounds, recent_uncached_lengths, window_s, kv, _whole_cap(link))
+    return ThresholdDecision(d.tokens, d.bandwidth_floor_tokens, f"link calendar ({mode}): {d.reason}")
+
+
+@functools.lru_cache(maxsize=64)
+def _whole_cap(link: LinkParams) -> LinkParams:
+    """``link`` with its scarce watermark at the cap (made once per link: :func:`calendar_threshold` runs every
+    second, and ``dataclasses.replace`` is slow)."""
+    return replace(link, scarce_watermark=1.0, abundant_watermark=min(link.abundant_watermark, 0.99))

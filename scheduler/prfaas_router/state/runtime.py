@@ -425,14 +425,9 @@ class Runtime:
             name = e.name
             others, slow_s, healthy, draining = standing[name]
             booked = q.get(name, 0.0) + peers.seconds(name, now)
+            queued = booked + others * mean + slow_s
             return InstanceView(
-                name,
-                booked + others * mean + slow_s,
-                hits.get(name, 0),
-                active.get(name, 0),
-                slots,
-                healthy and name not in exclude,
-                draining,
+                name, queued, hits.get(name, 0), active.get(name, 0), slots, healthy and name not in exclude, draining
             )
 
         return view
@@ -440,13 +435,8 @@ class Runtime:
     def local_wait_s(self) -> float | None:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance (the local
         alternative's queue)."""
-        standing, q, peers, now, mean = (
-            self.standing(),
-            self._queued_prefill_s,
-            self.peer_books,
-            self.clock(),
-            self._mean_prefill_s,
-        )
+        standing, q, peers, now = self.standing(), self._queued_prefill_s, self.peer_books, self.clock()
+        mean = self._mean_prefill_s
         waits = [
             q.get(e.name, 0.0) + peers.seconds(e.name, now) + s[0] * mean
             for e in self.compiled.prefill
