@@ -308,7 +308,7 @@ def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) 
             wait,
             tick.cache_moves,
         )
-        if req.prfaas_cached_tokens != remote.cached_tokens:  # (a frozen copy is slow to make per request)
+        if req.prfaas_cached_tokens != remote.cached_tokens:  # (replace() is slow: copy only a changed request)
             req = replace(req, prfaas_cached_tokens=remote.cached_tokens)
     decision = policy.route(req, view, tick.kv, tick.prfaas_seconds, tick.pd_seconds)
     if decision.kind == "admission" and remote is not None and remote.scheduled:

@@ -26,12 +26,13 @@ from collections.abc import Callable, Sequence
 from ..names import GBPS_BITS
 from ..policy import long_term
 from ..policy.link_state import EgressLedger, LinkParams, LinkState
-from ..policy.routing import transfer_bytes
+from ..policy.routing import RouteRequest, transfer_bytes
 from ..policy.short_term import (
     PRODUCTION,
     SCHEDULED_LINK,
     RecentLengths,
     RefreshTick,
+    RouteTick,
     ShortTermPolicy,
     refresh,
     route,
@@ -51,7 +52,7 @@ from .instances import Instance, Job, least_wait
 from .results import RunResult
 from .state import Req
 from .stream_timer import StreamTimer
-from .views import PickerViews, RouteMaps, RouteTicks
+from .views import PickerViews, RouteMaps
 
 __all__ = ["Req", "Simulation"]
 
@@ -129,7 +130,6 @@ class Simulation(DecodeSide):
         self._stop_s = math.inf
         self._progress: ProgressFn | None = None
         self.views, self.route_maps = PickerViews(), RouteMaps(LINK, self.ledgers)
-        self.route_ticks = RouteTicks(self.kv, self.prfaas_seconds, self.pd_seconds)
 
     # --- running -----------------------------------------------------------------------------------------
 
@@ -193,11 +193,23 @@ class Simulation(DecodeSide):
                 self._to_pd_prefill(req, total - l_pd)
             return
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
-        maps = self.route_maps.get(k, self.link_params, self.link_states[k], l_prf)
+        links, states, ledgers, remotes = self.route_maps.get(k, self.link_params, self.link_states[k], l_prf)
         local_wait = self.least_wait(self.pd, now)  # routing changes no queue: the gateway's ask reads it too
-        slo = ttft_objective_s(self.cfg.slo, total)
-        remote_wait = self.least_wait(self.prfaas, now)
-        tick = self.route_ticks.make(now, (total, l_pd, l_prf, slo, held), self.t, maps, local_wait, remote_wait)
+        tick = RouteTick(
+            now,
+            RouteRequest(total, l_pd, l_prf, ttft_objective_s(self.cfg.slo, total), held),
+            self.t,
+            self.kv,
+            self.prfaas_seconds,
+            self.pd_seconds,
+            links,
+            states,
+            ledgers,
+            remotes,
+            local_wait_s=local_wait,
+            remote_wait_s=self.least_wait(self.prfaas, now),
+            wait_from_ledger=False,
+        )
         decision = route(tick, self.policy).decision
         self._record_length(now, decision.uncached_tokens)
         moved = decision.cache_transfer_tokens

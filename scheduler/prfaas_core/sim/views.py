@@ -4,10 +4,9 @@ simulator's hot-path allocations)."""
 
 from __future__ import annotations
 
-from ..capacity.kv import KvModel
 from ..policy.link_state import EgressLedger, LinkParams, LinkState
-from ..policy.routing import InstanceView, RouteRequest
-from ..policy.short_term import RemoteSide, RouteTick, SecondsFn
+from ..policy.routing import InstanceView
+from ..policy.short_term import RemoteSide
 from .instances import Instance
 
 
@@ -36,9 +35,7 @@ class PickerViews:
         if held is not None and held[0] == key:
             return held[1]
         queued, _, healthy, draining = key
-        view = InstanceView(
-            i.name, queued_prefill_s=queued, cached_prefix_tokens=cached, healthy=healthy, draining=draining
-        )
+        view = InstanceView(i.name, queued, cached, healthy=healthy, draining=draining)
         self._prefill[i.name] = (key, view)
         return view
 
@@ -67,39 +64,3 @@ class RouteMaps:
         if remotes is None:
             remotes = self._remotes[prfaas_cached] = (RemoteSide("prfaas", link, None, prfaas_cached),)
         return self._params, self._states[replica], self._ledgers[replica], remotes
-
-
-class RouteTicks:
-    """The :class:`~prfaas_core.policy.short_term.RouteTick` of each arrival, with what every one shares (the KV
-    model, the prefill curves, the remote wait known, not the ledger's)."""
-
-    def __init__(self, kv: KvModel, prfaas_seconds: SecondsFn, pd_seconds: SecondsFn) -> None:
-        self._kv, self._prfaas_seconds, self._pd_seconds = kv, prfaas_seconds, pd_seconds
-
-    def make(
-        self,
-        now_s: float,
-        request: tuple[int, int, int, float | None, int | None],
-        threshold_tokens: int,
-        maps: tuple[dict[str, LinkParams], dict[str, LinkState], dict[str, EgressLedger], tuple[RemoteSide, ...]],
-        local_wait_s: float | None,
-        remote_wait_s: float | None,
-    ) -> RouteTick:
-        """``RouteTick(now_s, RouteRequest(*request), threshold_tokens, kv, ..., *maps, local_wait_s=..., ...)``;
-        ``request``: total, PD-cached, PrFaaS-cached tokens, TTFT objective, the decode side's held tokens."""
-        links, states, ledgers, remotes = maps
-        return RouteTick(
-            now_s,
-            RouteRequest(*request),
-            threshold_tokens,
-            self._kv,
-            self._prfaas_seconds,
-            self._pd_seconds,
-            links,
-            states,
-            ledgers,
-            remotes,
-            local_wait_s=local_wait_s,
-            remote_wait_s=remote_wait_s,
-            wait_from_ledger=False,
-        )

@@ -275,8 +275,12 @@ class Runtime:
         engine reported at the last scrape beyond those books then (replicas not heard from, each request at the
         mean prefill time). A booked request that the scrape saw and that has finished since is not counted twice:
         a stale scrape once sent a short follow-up turn remote as a 'queue surge' on an idle engine."""
-        booked = self._queued_prefill_s.get(instance, 0.0) + self.peer_books.seconds(instance, self.clock())
-        return booked + load.others * self._mean_prefill_s
+        return self._work_s(instance, load.others, self.clock())
+
+    def _work_s(self, instance: str, others: float, now: float) -> float:
+        """:meth:`queued_work_s` given the requests no book shows (``others``) and the time."""
+        booked = self._queued_prefill_s.get(instance, 0.0) + self.peer_books.seconds(instance, now)
+        return booked + others * self._mean_prefill_s
 
     def active_decodes(self, instance: str) -> int:
         return self._active_decodes.get(instance, 0)
@@ -418,14 +422,13 @@ class Runtime:
         self, hits: dict[str, int], exclude: frozenset[str] = frozenset()
     ) -> Callable[[RouterEndpoint], InstanceView]:
         """Per request only what moves: the books (this router's, its peers'), the active decodes, the hits."""
-        standing, slots, mean = self.standing(), self.compiled.decode_slots, self._mean_prefill_s
-        q, active, peers, now = self._queued_prefill_s, self._active_decodes, self.peer_books, self.clock()
+        standing, slots, active, now = self.standing(), self.compiled.decode_slots, self._active_decodes, self.clock()
+        work_s = self._work_s
 
         def view(e: RouterEndpoint) -> InstanceView:
             name = e.name
             others, slow_s, healthy, draining = standing[name]
-            booked = q.get(name, 0.0) + peers.seconds(name, now)
-            queued = booked + others * mean + slow_s
+            queued = work_s(name, others, now) + slow_s
             return InstanceView(
                 name, queued, hits.get(name, 0), active.get(name, 0), slots, healthy and name not in exclude, draining
             )
@@ -435,11 +438,8 @@ class Runtime:
     def local_wait_s(self) -> float | None:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance (the local
         alternative's queue)."""
-        standing, q, peers, now = self.standing(), self._queued_prefill_s, self.peer_books, self.clock()
-        mean = self._mean_prefill_s
+        standing, now = self.standing(), self.clock()
         waits = [
-            q.get(e.name, 0.0) + peers.seconds(e.name, now) + s[0] * mean
-            for e in self.compiled.prefill
-            if (s := standing[e.name])[2] and not s[3]
+            self._work_s(e.name, s[0], now) for e in self.compiled.prefill if (s := standing[e.name])[2] and not s[3]
         ]
         return min(waits) if waits else None
