@@ -175,6 +175,12 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, Any]:
     return out
 
 
+def added_ms(through: list[dict[str, float]], direct: list[dict[str, float]]) -> dict[str, float]:
+    """Latency through a router minus direct, p50 and p99: in the same round, then the median over the rounds."""
+    pairs = list(zip(through, direct, strict=True))
+    return {q: round(statistics.median(r[q] - d[q] for r, d in pairs), 3) for q in ("p50_ms", "p99_ms")}
+
+
 def backend_count(url: str) -> dict[str, int]:
     with urllib.request.urlopen(f"{url}/count", timeout=5) as resp:
         return dict(json.loads(resp.read()))
@@ -300,14 +306,10 @@ def main() -> int:
         name: {part: median_of([r[part] for r in rs]) for part in ("max", "fixed_rate")} for name, rs in runs.items()
     }
     long_results = {t: {name: median_of(rs) for name, rs in by.items()} for t, by in long_runs.items()}
-    added: dict[str, dict[str, float]] = {}
-    for name in ("prfaas_router", "vllm_router", "vllm_router_round_robin"):
-        # through the router minus direct in the same round; the median over the rounds
-        pairs = list(zip(runs[name], runs["direct"], strict=True))
-        added[name] = {
-            q: round(statistics.median(r["fixed_rate"][q] - d["fixed_rate"][q] for r, d in pairs), 3)
-            for q in ("p50_ms", "p99_ms")
-        }
+    added = {
+        name: added_ms([r["fixed_rate"] for r in runs[name]], [d["fixed_rate"] for d in runs["direct"]])
+        for name in ("prfaas_router", "vllm_router", "vllm_router_round_robin")
+    }
     decision = decision_time(200 if args.smoke else 20_000)
 
     def ratio(a: float, b: float) -> float | None:
@@ -361,15 +363,8 @@ def main() -> int:
             "seconds_per_run": args.long_seconds,
             "fixed_rate": long_results,
             "added_ttft_ms": {
-                tokens: {
-                    name: {
-                        "p50_ms": round(by[name]["p50_ms"] - by["direct"]["p50_ms"], 3),
-                        "p99_ms": round(by[name]["p99_ms"] - by["direct"]["p99_ms"], 3),
-                    }
-                    for name in by
-                    if name != "direct"
-                }
-                for tokens, by in long_results.items()
+                tokens: {name: added_ms(rs, by["direct"]) for name, rs in by.items() if name != "direct"}
+                for tokens, by in long_runs.items()
             },
         },
         "targets": {"added_p99_ms_at_most": 1.0, "decision_p99_us_at_most": 50},
