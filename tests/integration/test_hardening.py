@@ -135,8 +135,11 @@ async def test_replica_books_need_peers_and_their_token_and_name_only_own_instan
     (tmp_path / "peers-token").write_text(PEERS_TOKEN + "\n")
     peers = ReplicaPeers((NOWHERE,), token_file=str(tmp_path / "peers-token"))
     good = {"Authorization": f"Bearer {PEERS_TOKEN}"}
+    # the router's clock held still: a book heard expires after EXPIRY_S of it (3 s), and the 256 sends below took
+    # longer than that on a loaded machine (the first senders' books expired: room for the one to be refused)
+    app = create_app(router_config(), clock=lambda: 1_000.0, peers=peers)
     with structlog.testing.capture_logs() as logs:
-        async with listening(create_app(router_config(), peers=peers)) as url, httpx.AsyncClient() as c:
+        async with listening(app) as url, httpx.AsyncClient() as c:
             no_token = await c.put(url + path, json=book(**{"pd-0": 99.0}), timeout=5)
             assert no_token.status_code == 401
             outside = await c.put(url + path, json=book(**{"pd-0": 1.0, "evil": 99.0}), headers=good, timeout=5)
