@@ -144,12 +144,16 @@ class BreakerBoard:
 
     def available(self, name: str, now_s: float, params: BreakerParams) -> bool:
         """Whether a request could use ``name`` now; changes nothing."""
-        return self.get(name).available(now_s, params)
+        breaker = self._breakers.get(name)
+        return breaker is None or breaker.mode == "closed" or breaker.available(now_s, params)
 
     def acquire(self, name: str, now_s: float, params: BreakerParams) -> float | None:
         """A request that will use ``name``: None if refused; else the probe's ticket (its start time), to
         hand back with the outcome (a closed breaker's ticket is ignored by :meth:`cancelled`)."""
-        allowed, new = self.get(name).acquire(now_s, params)
+        breaker = self._breakers.get(name)
+        if breaker is not None and breaker.mode == "closed":  # (every request's path: nothing changes)
+            return now_s
+        allowed, new = (breaker or Breaker()).acquire(now_s, params)
         if not allowed:
             return None
         self._set(name, new)

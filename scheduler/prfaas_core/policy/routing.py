@@ -156,7 +156,7 @@ def decide_route(
     local_tokens = uncached_local if length <= t else req.total_tokens - l_pd
     held = l_pd if req.decode_held_tokens is None else max(l_pd, min(req.decode_held_tokens, req.total_tokens - 1))
     nbytes = transfer_bytes(kv, req.total_tokens, held)
-    spill = _surge(
+    spill, remote_s = _surge(
         view,
         pd_prefill_seconds,
         prfaas_prefill_seconds,
@@ -179,7 +179,7 @@ def decide_route(
         why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
         reason = f"{head} but {why}: local"
         return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="unavailable")
-    seconds = max(prfaas_prefill_seconds(float(uncached_remote)), 1e-6)
+    seconds = max(prfaas_prefill_seconds(float(uncached_remote)) if remote_s is None else remote_s, 1e-6)
     rate = stream_gbps(nbytes, seconds, view.link)
     verdict = admit(view.egress_estimate_gbps, rate, view.link)
     if not verdict.admitted:
@@ -201,10 +201,11 @@ def _surge(
     local_by_t: bool,
     slo_s: float | None = None,
     kv_bytes: float = 0.0,
-) -> str | None:
-    """Why the request should spill to the cluster ``t`` did not choose (None: it should not). PrFaaS's
-    predicted TTFT counts its queue, its prefill and the KV stream's tail after the prefill: ``kv_bytes`` at the
-    link's cap at best, overlapped with the prefill (a stream longer than the prefill delays the first token)."""
+) -> tuple[str | None, float | None]:
+    """Why the request should spill to the cluster ``t`` did not choose (None: it should not), and PrFaaS's
+    prefill seconds of ``uncached_remote`` where they were computed (None: not). PrFaaS's predicted TTFT counts
+    its queue, its prefill and the KV stream's tail after the prefill: ``kv_bytes`` at the link's cap at best,
+    overlapped with the prefill (a stream longer than the prefill delays the first token)."""
     if (
         view.link_mode != "abundant"
         or pd_prefill_seconds is None
@@ -212,7 +213,7 @@ def _surge(
         or view.remote_wait_s is None
         or not view.remote_available
     ):
-        return None
+        return None, None
     local_prefill = pd_prefill_seconds(float(uncached_local))
     remote_prefill = prfaas_prefill_seconds(float(uncached_remote))
     cap = view.link.cap_gbps if view.link is not None else 0.0
@@ -224,18 +225,18 @@ def _surge(
             return (
                 f"PD prefill queue surge (wait {view.local_wait_s:.2f} s > its prefill {local_prefill:.2f} s; "
                 f"predicted TTFT local {local_ttft:.2f} s vs PrFaaS {remote_ttft:.2f} s)"
-            )
+            ), remote_prefill
         if slo_s is not None and local_ttft > slo_s >= remote_ttft:
             return (
                 f"PD prefill queue surge (wait {view.local_wait_s:.2f} s: predicted TTFT local {local_ttft:.2f} s "
                 f"misses its SLO {slo_s:.2f} s, PrFaaS {remote_ttft:.2f} s meets it)"
-            )
+            ), remote_prefill
     if not local_by_t and view.remote_wait_s > remote_prefill and local_ttft < remote_ttft:
         return (
             f"PrFaaS queue surge (wait {view.remote_wait_s:.2f} s > its prefill {remote_prefill:.2f} s; "
             f"predicted TTFT PrFaaS {remote_ttft:.2f} s vs local {local_ttft:.2f} s)"
-        )
-    return None
+        ), remote_prefill
+    return None, remote_prefill
 
 
 def _local_with_move(
@@ -289,33 +290,42 @@ class InstancePick:
     reason: str
 
 
-def _eligible(instances: Sequence[InstanceView]) -> list[InstanceView]:
-    return [i for i in instances if i.healthy and not i.draining]
-
-
 def pick_prefill_instance(
     instances: Sequence[InstanceView], total_tokens: int, prefill_seconds: Callable[[float], float]
 ) -> InstancePick:
     """Least predicted TTFT = queued work + prefill of what it does not hold (cache-affine, Mooncake-style); on
     instances whose egress is paced apart, its KV's pull cannot start before their egress is free either, so the
     later of the two counts (the pull's own time is the same on every instance)."""
-    best: tuple[float, str, int, float] | None = None
-    for inst in _eligible(instances):
-        uncached = max(0, total_tokens - inst.cached_prefix_tokens)
-        ttft = max(inst.queued_prefill_s + prefill_seconds(float(uncached)), inst.egress_wait_s)
-        if best is None or (ttft, inst.name) < (best[0], best[1]):
-            best = (ttft, inst.name, inst.cached_prefix_tokens, inst.egress_wait_s)
+    best: InstanceView | None = None
+    best_ttft = 0.0
+    for inst in instances:
+        if not inst.healthy or inst.draining:
+            continue
+        uncached = total_tokens - inst.cached_prefix_tokens
+        ttft = inst.queued_prefill_s + prefill_seconds(float(uncached if uncached > 0 else 0))
+        if inst.egress_wait_s > ttft:
+            ttft = inst.egress_wait_s
+        if best is None or ttft < best_ttft or (ttft == best_ttft and inst.name < best.name):
+            best, best_ttft = inst, ttft
     if best is None:
         return InstancePick(None, 0.0, "no healthy, non-draining prefill instance")
-    egress = f", its egress free in {best[3]:.3f} s" if best[3] > 0 else ""
-    return InstancePick(best[1], best[0], f"least predicted TTFT {best[0]:.3f} s (cached prefix {best[2]}{egress})")
+    egress = f", its egress free in {best.egress_wait_s:.3f} s" if best.egress_wait_s > 0 else ""
+    reason = f"least predicted TTFT {best_ttft:.3f} s (cached prefix {best.cached_prefix_tokens}{egress})"
+    return InstancePick(best.name, best_ttft, reason)
 
 
 def pick_decode_instance(instances: Sequence[InstanceView]) -> InstancePick:
     """Least loaded by occupied decode slots; ties by name (deterministic)."""
-    candidates = _eligible(instances)
-    if not candidates:
+    best: InstanceView | None = None
+    best_load = 0.0
+    for inst in instances:
+        if not inst.healthy or inst.draining:
+            continue
+        load = inst.active_decodes / max(inst.decode_slots, 1)
+        if best is None or load < best_load or (load == best_load and inst.name < best.name):
+            best, best_load = inst, load
+    if best is None:
         return InstancePick(None, 0.0, "no healthy, non-draining decode instance")
-    inst = min(candidates, key=lambda i: (i.active_decodes / max(i.decode_slots, 1), i.name))
-    load = inst.active_decodes / max(inst.decode_slots, 1)
-    return InstancePick(inst.name, load, f"least loaded decode instance ({inst.active_decodes}/{inst.decode_slots})")
+    return InstancePick(
+        best.name, best_load, f"least loaded decode instance ({best.active_decodes}/{best.decode_slots})"
+    )

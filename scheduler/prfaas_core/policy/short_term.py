@@ -277,11 +277,13 @@ def route(tick: RouteTick, policy: ShortTermPolicy = PRODUCTION) -> RoutePlan:
     if plan.remote is None or tick.breakers is None:
         return plan
     if plan.decode is not None and plan.decode.name is None:
-        return replace(plan, remote=None)  # nothing can decode it: no remote work, no probe taken
+        plan.remote = None  # nothing can decode it: no remote work, no probe taken
+        return plan
     ticket = tick.breakers.acquire(plan.remote.name, tick.breaker_now_s, tick.breaker_params)
     if ticket is None:  # not available after all: decide again without it
         return _route(tick, policy, None)
-    return replace(plan, probe=ticket)
+    plan.probe = ticket  # (the plan is this request's own, made just now)
+    return plan
 
 
 def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) -> RoutePlan:

@@ -273,6 +273,10 @@ class Compiled:
         return frozenset(link.name for link in self.config.links if link.available_bandwidth == "Configured")
 
     @cached_property
+    def remote_by_name(self) -> dict[str, RemoteGateway]:
+        return {r.name: r for r in self.remotes}
+
+    @cached_property
     def by_name(self) -> dict[str, RouterEndpoint]:
         """Built once per configuration (the hot path looks endpoints up on every leg)."""
         return {e.name: e for e in self.config.endpoints}

@@ -355,7 +355,10 @@ class Runtime:
         hits = self.pd_index.match(hashes) if pd_hits is None else pd_hits
         # the PD prefix that counts is one an instance that can prefill the next turn holds: the decode
         # instance's copy (it decoded the last turn) saves a prefill instance nothing
-        l_pd = max((v for k, v in hits.items() if k in c.prefill_capable and k not in c.draining), default=0)
+        l_pd, capable, draining = 0, c.prefill_capable, c.draining
+        for k, v in hits.items():
+            if v > l_pd and k in capable and k not in draining:
+                l_pd = v
         remote_hits = self.remote_index.match(hashes) if c.remotes else {}
         remotes = [
             RemoteSide(
@@ -367,7 +370,7 @@ class Runtime:
             )
             for r in c.remotes
         ]
-        views = self._views(hits, exclude)
+        prefill, decode, local_wait = self._views(hits, exclude)
         plan = route(
             RouteTick(
                 self.model_now(),
@@ -384,12 +387,12 @@ class Runtime:
                 snap.links,
                 self._ledgers,
                 remotes,
-                local_wait_s=self.local_wait_s(),
+                local_wait_s=local_wait,
                 breakers=self._breakers,
                 breaker_now_s=self.clock(),
                 breaker_params=c.breaker,
-                prefill=[views(e) for e in c.prefill] if c.prefill else None,
-                decode=[views(e) for e in (c.decode or c.both)],
+                prefill=prefill,
+                decode=decode,
                 cache_moves=False,  # the engines' connectors move KV only from a request's prefill to its decode
             ),
             self.policy,
@@ -406,7 +409,7 @@ class Runtime:
     def remote_gateway(self, plan: RoutePlan) -> RemoteGateway | None:
         if plan.remote is None:
             return None
-        return next(r for r in self.compiled.remotes if r.name == plan.remote.name)
+        return self.compiled.remote_by_name[plan.remote.name]
 
     def standing(self) -> dict[str, tuple[float, float, bool, bool]]:
         """Each instance's load as it stands until the next refresh (built once per snapshot and configuration)."""
@@ -420,20 +423,34 @@ class Runtime:
 
     def _views(
         self, hits: dict[str, int], exclude: frozenset[str] = frozenset()
-    ) -> Callable[[RouterEndpoint], InstanceView]:
-        """Per request only what moves: the books (this router's, its peers'), the active decodes, the hits."""
-        standing, slots, active, now = self.standing(), self.compiled.decode_slots, self._active_decodes, self.clock()
-        work_s = self._work_s
+    ) -> tuple[list[InstanceView] | None, list[InstanceView], float | None]:
+        """The prefill instances' views (None: no prefill tier), the decode instances' and the local wait
+        (:meth:`local_wait_s`) in one pass over the books. Per request only what moves: the books (this router's,
+        its peers'), the active decodes, the hits."""
+        c = self.compiled
+        standing, slots, active, now = self.standing(), c.decode_slots, self._active_decodes, self.clock()
+        booked, peers, mean_s = self._queued_prefill_s.get, self.peer_books.seconds, self._mean_prefill_s
+        waits = []
 
-        def view(e: RouterEndpoint) -> InstanceView:
+        def view(e: RouterEndpoint, prefill: bool) -> InstanceView:
             name = e.name
             others, slow_s, healthy, draining = standing[name]
-            queued = work_s(name, others, now) + slow_s
+            work = booked(name, 0.0) + peers(name, now) + others * mean_s  # (:meth:`_work_s`, inline)
+            if prefill and healthy and not draining:
+                waits.append(work)
             return InstanceView(
-                name, queued, hits.get(name, 0), active.get(name, 0), slots, healthy and name not in exclude, draining
+                name,
+                work + slow_s,
+                hits.get(name, 0),
+                active.get(name, 0),
+                slots,
+                healthy and name not in exclude,
+                draining,
             )
 
-        return view
+        prefill = [view(e, True) for e in c.prefill] if c.prefill else None
+        decode = [view(e, False) for e in (c.decode or c.both)]
+        return prefill, decode, min(waits) if waits else None
 
     def local_wait_s(self) -> float | None:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance (the local
