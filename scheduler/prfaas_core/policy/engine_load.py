@@ -4,8 +4,10 @@ scrapes (:func:`standing`): built once per refresh, so that a routing decision a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from .routing import InstanceView
 
 
 @dataclass(frozen=True)
@@ -30,18 +32,50 @@ IDLE = EngineLoad()
 """An engine the last scrape did not cover."""
 
 
+Row = tuple[str, float, float, bool, bool]
+"""An instance as it stands: (name, requests no book shows, its slowness penalty in model seconds, healthy,
+draining)."""
+
+
 def standing(
     engines: Mapping[str, EngineLoad],
-    names: Iterable[str],
-    draining: Iterable[str],
+    tier: Iterable[str],
+    draining: frozenset[str],
     slow_probe_s: float,
     time_scale: float,
-) -> dict[str, tuple[float, float, bool, bool]]:
-    """Instance -> (requests no book shows, its slowness penalty in model seconds, healthy, draining): a slow
-    engine's penalty is how much its last probe exceeded ``slow_probe_s`` (wall), in model time."""
-    gone = frozenset(draining)
-    out = {}
-    for name in names:
+) -> tuple[Row, ...]:
+    """The rows of one tier's instances, in order: a slow engine's penalty is how much its last probe exceeded
+    ``slow_probe_s`` (wall), in model time."""
+    out = []
+    for name in tier:
         load = engines.get(name, IDLE)
-        out[name] = (load.others, max(0.0, load.probe_s - slow_probe_s) * time_scale, load.healthy, name in gone)
+        out.append(
+            (name, load.others, max(0.0, load.probe_s - slow_probe_s) * time_scale, load.healthy, name in draining)
+        )
+    return tuple(out)
+
+
+def instance_views(
+    rows: Sequence[Row],
+    work_s: Callable[[str, float], float],
+    hits: Mapping[str, int],
+    active: Mapping[str, int],
+    slots: int,
+    exclude: frozenset[str],
+    waits: list[float] | None = None,
+) -> list[InstanceView]:
+    """Per request only what moves, over the standing rows: an instance's queued work (``work_s(name, others)``:
+    the books, its peers', the requests no book shows) plus its slowness penalty, the request's prefix hit on it,
+    its active decodes. ``waits`` collects the queued work of the healthy, non-draining ones."""
+    out = []
+    for name, others, slow_s, healthy, draining in rows:
+        work = work_s(name, others)
+        if waits is not None and healthy and not draining:
+            waits.append(work)
+        excluded = name in exclude
+        out.append(
+            InstanceView(
+                name, work + slow_s, hits.get(name, 0), active.get(name, 0), slots, healthy and not excluded, draining
+            )
+        )
     return out

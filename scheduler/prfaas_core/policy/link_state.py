@@ -72,6 +72,10 @@ class LinkState:
         return self.mode == "scarce"
 
 
+NO_TRAFFIC = LinkState()
+"""A link's state before any (shared: a frozen value)."""
+
+
 def next_link_state(prev: LinkState, egress_gbps: float, params: LinkParams, now_s: float) -> LinkState:
     """Hysteresis: abundant -> scarce at ``>= scarce_gbps``; scarce -> abundant only at ``< abundant_gbps``."""
     if prev.mode == "abundant" and egress_gbps >= params.scarce_gbps:
@@ -325,8 +329,10 @@ class EgressLedger:
         return others + overrun + sum(heaviest)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Admission:
+    """One verdict, made per request (slotted, as the request's other values; never mutated)."""
+
     admitted: bool
     projected_gbps: float
     reason: str
@@ -334,9 +340,7 @@ class Admission:
 
 def admit(estimate_gbps: float, request_gbps: float, params: LinkParams) -> Admission:
     """Admit a remote prefill only while projected egress stays under the cap."""
-    projected = estimate_gbps + request_gbps
-    if projected <= params.cap_gbps:
-        return Admission(True, projected, f"projected egress {projected:.2f} <= cap {params.cap_gbps:.2f} Gbps")
-    return Admission(
-        False, projected, f"projected egress {projected:.2f} Gbps would exceed the cap {params.cap_gbps:.2f} Gbps"
-    )
+    projected, cap = estimate_gbps + request_gbps, params.cap_gbps
+    if projected <= cap:
+        return Admission(True, projected, f"projected egress {projected:.2f} <= cap {cap:.2f} Gbps")
+    return Admission(False, projected, f"projected egress {projected:.2f} Gbps would exceed the cap {cap:.2f} Gbps")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from ..capacity.kv import KvModel
 from .breaker import BreakerBoard, BreakerParams
 from .fleet import fastest, predicted_ttft_s
-from .link_state import EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
+from .link_state import NO_TRAFFIC, EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
 from .routing import (
     InstancePick,
     InstanceView,
@@ -145,7 +145,7 @@ def refresh(tick: RefreshTick, policy: ShortTermPolicy = PRODUCTION) -> Refreshe
         ledger = tick.ledgers[name]
         if tick.measured_gbps is not None and name in tick.measured_gbps:
             ledger.record_measurement(tick.measured_gbps[name], now)
-        prev = tick.previous.get(name, LinkState())
+        prev = tick.previous.get(name) or NO_TRAFFIC
         estimate = ledger.estimate_gbps(now, params)
         if name in tick.scheduled and tick.measured_gbps is not None and name in tick.measured_gbps:
             estimate = tick.measured_gbps[name]
@@ -297,7 +297,7 @@ def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) 
     else:
         params = tick.links[remote.link]
         ledger = tick.ledgers[remote.link]
-        state = tick.link_states.get(remote.link, LinkState())
+        state = tick.link_states.get(remote.link) or NO_TRAFFIC
         wait = ledger.queue_wait_s(tick.now_s) if tick.wait_from_ledger else tick.remote_wait_s
         view = RoutingView(
             tick.threshold_tokens,

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from prfaas_core.api import RemoteGateway, RouterEndpoint
+from prfaas_core.api import RemoteGateway
 from prfaas_core.policy.breaker import Breaker, BreakerBoard, Transition
 from prfaas_core.policy.decode_prefix import DecodeHoldings
-from prfaas_core.policy.engine_load import EngineLoad, standing
+from prfaas_core.policy.engine_load import EngineLoad, Row, instance_views, standing
 from prfaas_core.policy.kv_index import KvEventIndex
 from prfaas_core.policy.link_estimate import Available, LinkEstimator, Pull, StreamSample
 from prfaas_core.policy.link_state import EgressLedger, LinkParams, LinkState
@@ -101,7 +101,7 @@ class Runtime:
     """KV pulls across a link in flight: key -> (link, pull), timed for the link's estimator."""
     available: dict[str, Available] = field(default_factory=dict)
     """Each link's available bandwidth as last estimated (:mod:`prfaas_core.policy.link_estimate`)."""
-    _standing: tuple[Snapshot | None, Compiled | None, dict[str, tuple[float, float, bool, bool]]] = (None, None, {})
+    _stood: tuple[Snapshot | None, Compiled | None, tuple[tuple[Row, ...], ...]] = (None, None, ((), ()))
     """:func:`~prfaas_core.policy.engine_load.standing` of the snapshot and configuration it was built for."""
 
     def __post_init__(self) -> None:
@@ -275,12 +275,16 @@ class Runtime:
         engine reported at the last scrape beyond those books then (replicas not heard from, each request at the
         mean prefill time). A booked request that the scrape saw and that has finished since is not counted twice:
         a stale scrape once sent a short follow-up turn remote as a 'queue surge' on an idle engine."""
-        return self._work_s(instance, load.others, self.clock())
+        return self._work_at(self.clock())(instance, load.others)
 
-    def _work_s(self, instance: str, others: float, now: float) -> float:
-        """:meth:`queued_work_s` given the requests no book shows (``others``) and the time."""
-        booked = self._queued_prefill_s.get(instance, 0.0) + self.peer_books.seconds(instance, now)
-        return booked + others * self._mean_prefill_s
+    def _work_at(self, now: float) -> Callable[[str, float], float]:
+        """:meth:`queued_work_s` at ``now`` of an instance given the requests no book shows (``others``)."""
+        booked, peers, mean_s = self._queued_prefill_s.get, self.peer_books.seconds, self._mean_prefill_s
+
+        def work_s(instance: str, others: float) -> float:
+            return booked(instance, 0.0) + peers(instance, now) + others * mean_s
+
+        return work_s
 
     def active_decodes(self, instance: str) -> int:
         return self._active_decodes.get(instance, 0)
@@ -411,52 +415,34 @@ class Runtime:
             return None
         return self.compiled.remote_by_name[plan.remote.name]
 
-    def standing(self) -> dict[str, tuple[float, float, bool, bool]]:
-        """Each instance's load as it stands until the next refresh (built once per snapshot and configuration)."""
-        snap, c, built = self._standing
+    def _standing(self) -> tuple[tuple[Row, ...], ...]:
+        """The prefill tier's and the decode side's instances as they stand until the next refresh (built once per
+        snapshot and configuration)."""
+        snap, c, rows = self._stood
         if snap is not self.snapshot or c is not self.compiled:
             c, snap = self.compiled, self.snapshot
             ts = c.scale.time_scale
-            built = standing(snap.engines, c.by_name, c.draining, SLOW_PROBE_S, ts)
-            self._standing = (snap, c, built)
-        return built
+            rows = tuple(
+                standing(snap.engines, (e.name for e in tier), c.draining, SLOW_PROBE_S, ts)
+                for tier in (c.prefill, c.decode or c.both)
+            )
+            self._stood = (snap, c, rows)
+        return rows
 
     def _views(
         self, hits: dict[str, int], exclude: frozenset[str] = frozenset()
     ) -> tuple[list[InstanceView] | None, list[InstanceView], float | None]:
         """The prefill instances' views (None: no prefill tier), the decode instances' and the local wait
-        (:meth:`local_wait_s`) in one pass over the books. Per request only what moves: the books (this router's,
-        its peers'), the active decodes, the hits."""
-        c = self.compiled
-        standing, slots, active, now = self.standing(), c.decode_slots, self._active_decodes, self.clock()
-        booked, peers, mean_s = self._queued_prefill_s.get, self.peer_books.seconds, self._mean_prefill_s
-        waits = []
-
-        def view(e: RouterEndpoint, prefill: bool) -> InstanceView:
-            name = e.name
-            others, slow_s, healthy, draining = standing[name]
-            work = booked(name, 0.0) + peers(name, now) + others * mean_s  # (:meth:`_work_s`, inline)
-            if prefill and healthy and not draining:
-                waits.append(work)
-            return InstanceView(
-                name,
-                work + slow_s,
-                hits.get(name, 0),
-                active.get(name, 0),
-                slots,
-                healthy and name not in exclude,
-                draining,
-            )
-
-        prefill = [view(e, True) for e in c.prefill] if c.prefill else None
-        decode = [view(e, False) for e in (c.decode or c.both)]
+        (:meth:`local_wait_s`) in one pass over the books."""
+        prefill_rows, decode_rows = self._standing()
+        c, active, work_s, waits = self.compiled, self._active_decodes, self._work_at(self.clock()), list[float]()
+        prefill = (
+            instance_views(prefill_rows, work_s, hits, active, c.decode_slots, exclude, waits) if prefill_rows else None
+        )
+        decode = instance_views(decode_rows, work_s, hits, active, c.decode_slots, exclude)
         return prefill, decode, min(waits) if waits else None
 
     def local_wait_s(self) -> float | None:
         """Predicted prefill work queued on the least-loaded healthy, non-draining PD prefill instance (the local
         alternative's queue)."""
-        standing, now = self.standing(), self.clock()
-        waits = [
-            self._work_s(e.name, s[0], now) for e in self.compiled.prefill if (s := standing[e.name])[2] and not s[3]
-        ]
-        return min(waits) if waits else None
+        return self._views({})[2]  # (once per remote request: its local alternative)
