@@ -86,6 +86,8 @@ def test_fleet_routing(tmp_path: Path) -> None:
 def test_router_decision() -> None:
     out = json.loads(run("router_decision.py", "--smoke"))
     assert out["policy_call_us"]["p50"] > 0
+    long_case = out["decision_incl_prefix_lookups_27k_tokens_us"]
+    assert len(long_case["p99_runs"]) == 2 and long_case["p99"] in long_case["p99_runs"]
     assert out["decode_holdings_learn_27k_tokens_at_capacity_ms"]["p50"] > 0
     costs = out["tokenize"]
     assert set(costs) == {"chars4", "bpe-32000"}
