@@ -29,7 +29,7 @@ from prfaas_core.api import GatewayStatus
 from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.names import GBPS_BITS
 from prfaas_core.policy.decode_prefix import decode_cached_header
-from prfaas_core.policy.engine_load import EngineLoad
+from prfaas_core.policy.engine_load import IDLE
 from prfaas_core.policy.link_admission import verify_decode_cached
 from prfaas_core.policy.routing import InstanceView
 from prfaas_core.request.slo import ttft_objective_s
@@ -347,9 +347,9 @@ class Gateway:
         return [
             InstanceView(
                 e.name,
-                queued_prefill_s=rt.queued_work_s(e.name, rt.snapshot.engines.get(e.name, EngineLoad())),
+                queued_prefill_s=rt.queued_work_s(e.name, rt.snapshot.engines.get(e.name, IDLE)),
                 cached_prefix_tokens=hits.get(e.name, 0),
-                healthy=rt.snapshot.engines.get(e.name, EngineLoad()).healthy and e.name not in tried,
+                healthy=rt.snapshot.engines.get(e.name, IDLE).healthy and e.name not in tried,
                 draining=e.name in c.draining,
                 egress_wait_s=sum(p.egress_wait_s(e.name, now) for p in pulls),
             )
@@ -379,9 +379,9 @@ class Gateway:
         ready = sum(
             1
             for e in rt.compiled.prefill
-            if engines.get(e.name, EngineLoad()).healthy and e.name not in rt.compiled.draining
+            if engines.get(e.name, IDLE).healthy and e.name not in rt.compiled.draining
         )
-        queue = sum(engines.get(e.name, EngineLoad()).waiting for e in rt.compiled.prefill)
+        queue = sum(engines.get(e.name, IDLE).waiting for e in rt.compiled.prefill)
         gw = rt.compiled.config.gateway
         return GatewayStatus(
             prefill_cluster=gw.prefill_cluster if gw else rt.compiled.config.pd_cluster,

@@ -22,7 +22,7 @@ from aiohttp import web
 from prfaas_core import names
 from prfaas_core.api import RemoteGateway
 from prfaas_core.api.common import SloSpec
-from prfaas_core.policy.engine_load import EngineLoad
+from prfaas_core.policy.engine_load import IDLE
 from prfaas_core.policy.short_term import RoutePlan
 
 from ..state.metrics import FAILURE_KINDS, RouterMetrics, judge_ttft
@@ -187,7 +187,7 @@ release_body = ENGINE.release_body
 def consumers(proxy: LegHost, failed: str) -> list[str]:
     """Healthy instances that can decode (and so can notify a producer), the failed decode last."""
     c, engines = proxy.rt.compiled, proxy.rt.snapshot.engines
-    healthy = [e.name for e in (*c.decode, *c.both) if engines.get(e.name, EngineLoad()).healthy]
+    healthy = [e.name for e in (*c.decode, *c.both) if engines.get(e.name, IDLE).healthy]
     return sorted(healthy, key=lambda name: name == failed)
 
 
