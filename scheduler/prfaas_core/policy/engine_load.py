@@ -1,6 +1,7 @@
 """An engine's load as the router's last scrape saw it, and what of an instance's routing view stands between two
-scrapes (:func:`standing`): built once per refresh, so that a routing decision adds only what moves per request
-(the router's own books, its peers' and the request's prefix hits) instead of recomputing every instance's load."""
+scrapes (:func:`standing`, a row per instance): built once per refresh, so that a routing decision adds only what
+moves per request (:func:`instance_views`: the router's own books, its peers' and the request's prefix hits) instead
+of recomputing every instance's load."""
 
 from __future__ import annotations
 
