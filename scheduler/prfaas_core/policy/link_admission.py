@@ -158,7 +158,7 @@ def admit(ledger: EgressLedger, deadlines: Mapping[str, Deadline], tick: AdmitTi
         tick.params,
         tick.timing,
         due_s=due,
-        deadlines=dict(deadlines),
+        deadlines=deadlines,
         pull_gbps=tick.pull_gbps,
         site=tick.site,
     )

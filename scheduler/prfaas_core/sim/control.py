@@ -17,7 +17,8 @@ with the decision becomes the threshold policy's lower bound.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from operator import itemgetter
 
 from ..capacity.workload import EmpiricalDistribution
 from ..policy.long_term import LoopDecision
@@ -43,12 +44,16 @@ class SimControl:
 
     def __init__(self, sim: SimState) -> None:
         self.sim = sim
-        self.lengths: deque[tuple[float, int]] = deque()
-        """``(arrival, incremental length)`` of recent requests."""
+        self.lengths: deque[tuple[float, float]] = deque()
+        """``(arrival, the histogram bucket of its incremental length)`` of recent requests (:meth:`record`)."""
         self._sums = [0.0] * 6
         self._n = 0
         self.last_queues = (0, 0, 0)
         self.n_prefill = self.n_decode = 0
+
+    def record(self, now: float, uncached: int) -> None:
+        """A request's incremental length, as the observer's histogram will count it (bucketed once, here)."""
+        self.lengths.append((now, _bucket(uncached)))
 
     def sample(self, now: float) -> None:
         """One per-second sample of queues and utilisation (also feeds the run's utilisation)."""
@@ -97,12 +102,10 @@ class SimControl:
         window = min(sim.cfg.observe_window_s, max(now_s, 1.0))
         while self.lengths and self.lengths[0][0] < now_s - window:
             self.lengths.popleft()
-        counts: dict[float, float] = {}
-        for _, length in self.lengths:
-            b = _bucket(length)
-            counts[b] = counts.get(b, 0.0) + 1.0
         n_seen = len(self.lengths)
-        dist = EmpiricalDistribution.from_histogram(counts.items()) if n_seen >= MIN_LENGTH_SAMPLES else None
+        dist = None
+        if n_seen >= MIN_LENGTH_SAMPLES:  # (whole counts: the same weights as summing 1.0 per request)
+            dist = EmpiricalDistribution.from_histogram(Counter(map(itemgetter(1), self.lengths)).items())
         instances = tuple(InstanceState(i.name, i.role, i.in_flight(), i.draining) for i in sim.pd)
         return RoleObservation(
             instances,

@@ -79,8 +79,10 @@ class Simulation(DecodeSide):
         self.duration_s = duration_s
         inputs = config.inputs
         self.kv = inputs.kv
-        self.prfaas_seconds = inputs.prfaas_hardware.prefill_seconds
-        self.pd_seconds = inputs.pd_hardware.prefill_seconds
+        # ``T_prefill`` of each side: the profiles' curves themselves (``HardwareProfile.prefill_seconds`` calls its
+        # curve; called per request, per instance and per booked stream, the curve is one call less)
+        self.prfaas_seconds = inputs.prfaas_hardware.prefill_curve
+        self.pd_seconds = inputs.pd_hardware.prefill_curve
         decode = inputs.pd_hardware.decode
         assert decode is not None  # PlanInputs guarantees a decode capacity
         self.step_s = decode.step_time_s
@@ -241,7 +243,7 @@ class Simulation(DecodeSide):
         if self.cfg.live_threshold:
             self.window.add(now, uncached)
         if self.loop_state is not None:
-            self.control.lengths.append((now, uncached))
+            self.control.record(now, uncached)
 
     def redispatch_prefill(self, req: Req) -> None:
         """A queued PD prefill whose instance was flipped before it started (forced flip)."""
