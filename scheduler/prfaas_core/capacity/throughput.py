@@ -59,23 +59,31 @@ def split_lengths(inputs: PlanInputs, threshold_tokens: float) -> LengthSplit:
 
     At the ends, where a side is empty, its mean is the limit (the support's bound).
     """
-    dist, t = inputs.lengths, threshold_tokens
+    return LengthSplit(threshold_tokens, *_split(inputs, threshold_tokens))
+
+
+def _split(inputs: PlanInputs, t: float, kv: bool = True) -> tuple[float, float, float, float]:
+    """:func:`split_lengths`' ``(p, l_long, l_short, S̄_kv)``; without ``kv``, ``S̄_kv`` is not computed (nan)."""
+    dist = inputs.lengths
     lo, hi = dist.support()
     if type(dist) is EmpiricalDistribution:  # the long-term loop's observed lengths: one call, the same values
-        cdf, pe, mean_l, kv_tail = dist.tail(t, inputs.kv.curve)
-        p = 1.0 - cdf
-        p = 0.0 if p < 1e-12 else 1.0 if p > 1.0 - 1e-12 else p  # rounding at the ends of the support
-        l_long = pe / p if p > 0 else hi
+        cdf, pe, mean_l, kv_tail = dist.tail(t, inputs.kv.curve if kv else None)
+        p = _clamp(1.0 - cdf)
         l_short = (mean_l - pe) / (1.0 - p) if p < 1 else lo
-        kv_long = kv_tail / p if p > 0 else inputs.kv.kv_bytes(hi)
-        return LengthSplit(t, p, l_long, l_short, kv_long)
-    p = 1.0 - dist.cdf(t)
-    p = 0.0 if p < 1e-12 else 1.0 if p > 1.0 - 1e-12 else p
-    pe = dist.partial_moment(1, t, math.inf)
+    else:
+        p = _clamp(1.0 - dist.cdf(t))
+        pe = dist.partial_moment(1, t, math.inf)
+        l_short = (mean(dist) - pe) / (1.0 - p) if p < 1 else lo
+        kv_tail = expect(dist, inputs.kv.curve, t, math.inf) if kv and p > 0 else math.nan
     l_long = pe / p if p > 0 else hi
-    l_short = (mean(dist) - pe) / (1.0 - p) if p < 1 else lo
-    kv_long = expect(dist, inputs.kv.curve, t, math.inf) / p if p > 0 else inputs.kv.kv_bytes(hi)
-    return LengthSplit(t, p, l_long, l_short, kv_long)
+    if not kv:
+        return p, l_long, l_short, math.nan
+    return p, l_long, l_short, kv_tail / p if p > 0 else inputs.kv.kv_bytes(hi)
+
+
+def _clamp(p: float) -> float:
+    """``p`` rounded at the ends of the support."""
+    return 0.0 if p < 1e-12 else 1.0 if p > 1.0 - 1e-12 else p
 
 
 @dataclass(frozen=True)
@@ -171,14 +179,20 @@ def compute_balanced_threshold(inputs: PlanInputs, n_prefill: int, step_tokens: 
             value = by_step[k] = balance_gap(t)
         return value
 
+    n_prfaas, prf_seconds, pd_seconds = (
+        inputs.n_prfaas,
+        inputs.prfaas_hardware.prefill_curve,
+        inputs.pd_hardware.prefill_curve,
+    )
+
     def balance_gap(t: float) -> float:
-        s = split_lengths(inputs, t)
-        if s.offload_fraction <= 0:
+        p, l_long, l_short, _ = _split(inputs, t, kv=False)  # (split_lengths' p and means; S̄_kv is not read)
+        if p <= 0:
             return math.inf
-        if s.offload_fraction >= 1:
+        if p >= 1:
             return -math.inf
-        prf = inputs.n_prfaas / (s.offload_fraction * inputs.prfaas_hardware.prefill_seconds(s.l_long_tokens))
-        pdp = n_prefill / ((1 - s.offload_fraction) * inputs.pd_hardware.prefill_seconds(s.l_short_tokens))
+        prf = n_prfaas / (p * prf_seconds(l_long))  # (prefill_seconds is its curve)
+        pdp = n_prefill / ((1 - p) * pd_seconds(l_short))
         return prf - pdp
 
     if inputs.n_prfaas == 0 or n_prefill == 0:

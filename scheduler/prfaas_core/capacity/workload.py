@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -150,21 +151,19 @@ class EmpiricalDistribution:
         lengths, weights = self.lengths, self.weights
         if not lengths or len(lengths) != len(weights):
             raise ValueError("need at least one length, and one weight per length")
-        if any(b <= a for a, b in itertools.pairwise(lengths)):
+        if any(map(operator.le, lengths[1:], lengths)):  # (``b <= a`` for each neighbouring ``a, b``)
             raise ValueError("lengths must be strictly increasing (use from_lengths / from_histogram)")
         total = sum(weights)
-        if any(w < 0 for w in weights) or total <= 0:
+        if any(map(operator.lt, weights, itertools.repeat(0))) or total <= 0:  # (``w < 0`` for each)
             raise ValueError("weights must be non-negative with a positive sum")
-        # the running sums of weight·length^k from 0.0, each over the total (the CDF ends at exactly 1.0)
-        cum = tuple(
-            tuple([run / total for run in itertools.accumulate(terms, initial=0.0)])
-            for terms in (
-                [weight * length**0 for length, weight in zip(lengths, weights, strict=True)],
-                [weight * length**1 for length, weight in zip(lengths, weights, strict=True)],
-                [weight * length**2 for length, weight in zip(lengths, weights, strict=True)],
-            )
-        )
-        object.__setattr__(self, "_cum", cum)
+        # 0.0, then the running sums of weight·length^k from 0.0, each over the total (the CDF ends at exactly 1.0)
+        cum: list[tuple[float, ...]] = []
+        for k in range(3):
+            terms = [weight * length**k for length, weight in zip(lengths, weights, strict=True)]
+            runs = itertools.accumulate(terms, initial=0.0)
+            next(runs)  # (the initial 0.0: the first entry is 0.0 itself)
+            cum.append((0.0, *[run / total for run in runs]))
+        object.__setattr__(self, "_cum", tuple(cum))
 
     @classmethod
     def from_histogram(cls, pairs: Iterable[tuple[float, float]]) -> EmpiricalDistribution:
@@ -202,10 +201,10 @@ class EmpiricalDistribution:
         i, j = self._index_le(lo), self._index_le(hi)
         return self._cum[k][j] - self._cum[k][i] if j > i else 0.0
 
-    def tail(self, t: float, f: PiecewisePolynomial) -> tuple[float, float, float, float]:
+    def tail(self, t: float, f: PiecewisePolynomial | None) -> tuple[float, float, float, float]:
         """``(cdf(t), partial_moment(1, t, inf), E[L], expect(self, f, t, inf))`` in one call: the same values
         (the same operations) as those four calls, which :func:`~.throughput.split_lengths` makes for every ``t``
-        the long-term loop's Eq. 7 tries."""
+        the long-term loop's Eq. 7 tries (without ``f``: the last is nan, not computed)."""
         lengths, cum = self.lengths, self._cum
         n = len(lengths)
         i = bisect.bisect_right(lengths, t)
@@ -213,6 +212,8 @@ class EmpiricalDistribution:
         pe = 0.0 if t >= math.inf else cum1[n] - cum1[i] if n > i else 0.0
         i0 = bisect.bisect_right(lengths, -math.inf)
         mean_l = cum1[n] - cum1[i0] if n > i0 else 0.0
+        if f is None:
+            return cum[0][i], pe, mean_l, math.nan
         total = 0.0
         for piece in f.pieces:
             a, b = max(t, piece.lo), min(math.inf, piece.hi)

@@ -296,13 +296,17 @@ def _ttft_end(t: Transfer) -> float:
     return max(t.stream_end_s, t.end_s)
 
 
-def _fits(placed: dict[str, Transfer], changed: Sequence[str], ceiling: float, site: SiteCap | None = None) -> bool:
-    """Every stream in ``changed`` fits under ``ceiling`` next to all the others in ``placed`` (with ``site``: next
-    to its link's others, and under the site cap next to all)."""
-    spans = {k: (o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items()}
+def _fits(
+    spans: dict[str, tuple[float, float, float]],
+    changed: dict[str, Transfer],
+    ceiling: float,
+    site: SiteCap | None = None,
+) -> bool:
+    """Every stream in ``changed`` fits under ``ceiling`` next to all the others placed (``spans``: every booking's
+    ``(stream start, stream end, rate)`` by key, ``changed`` among them; with ``site``: next to its link's others,
+    and under the site cap next to all)."""
     limit = ceiling + _EPS
-    for key in changed:
-        t = placed[key]
+    for key, t in changed.items():
         if t.rate_gbps <= _EPS or t.bytes <= 0:
             continue
         start, end, rate = spans[key]
@@ -316,6 +320,10 @@ def _fits(placed: dict[str, Transfer], changed: Sequence[str], ceiling: float, s
         if peak_gbps(others, start, end) + rate > limit:
             return False
     return True
+
+
+def _span(t: Transfer) -> tuple[float, float, float]:
+    return t.stream_start_s, t.stream_end_s, t.rate_gbps
 
 
 def _start_s(kt: tuple[str, Transfer]) -> float:
@@ -352,8 +360,9 @@ def window_by_deadline(
         return None if base is None else Placement(base, {})
     prefill_s = base.prefill_s
     best: Placement | None = None
-    base_ttft, best_ttft = base.ttft_s, math.inf  # (best_ttft: the best placement's, read per candidate)
+    base_ttft, best_ttft = base.ttft_s, math.inf  # (best_ttft: the best placement's)
     horizon = now_s + _EPS
+    booked_spans: dict[str, tuple[float, float, float]] | None = None  # (made for the first placement checked)
     lanes: dict[int, list[tuple[str, Transfer]]] = {}
     last: dict[int, tuple[str, Transfer]] = {}
     """Each lane's last booking pending (not started by ``horizon``): the latest start, the last booked of equals
@@ -369,6 +378,9 @@ def window_by_deadline(
             held = last.get(t.lane)
             if held is None or t.start_s >= held[1].start_s:
                 last[t.lane] = kt
+    # (``base``'s times and the bounds each candidate is held to, read once: the same values as inline)
+    b_start, b_end, b_now = base.start_s, base.stream_end_s, base.now_s
+    due_limit, base_limit, best_limit = due_s + _EPS, base_ttft - _EPS, best_ttft - _EPS
     for lane in range(ledger.lanes):
         held = last.get(lane)
         due_last = None if held is None else deadlines.get(held[0])
@@ -376,26 +388,33 @@ def window_by_deadline(
             continue  # the loop below would stop at its first step (earliest deadline first)
         on_lane = lanes[lane]
         on_lane.sort(key=_start_s)
-        pending = [kt for kt in on_lane if kt[1].start_s > horizon]
-        free_at = max([now_s, *[kt[1].end_s for kt in on_lane if kt[1].start_s <= horizon]])
+        pending: list[tuple[str, Transfer]] = []
+        free_at = now_s  # (the latest end of those started, at least now)
+        for kt in on_lane:
+            t = kt[1]
+            if t.start_s > horizon:
+                pending.append(kt)
+            elif t.end_s > free_at:
+                free_at = t.end_s
         for i in range(len(pending) - 1, -1, -1):
             k = pending[i][0]  # the later ones in ``jumped`` passed this test in the earlier rounds
-            if k not in deadlines or deadlines[k].due_s <= due_s:
+            due_k = deadlines.get(k)
+            if due_k is None or due_k.due_s <= due_s:
                 break  # earliest deadline first: never ahead of one whose deadline is as early (or unknown)
             jumped = pending[i:]
             if site is not None and any(k not in site.link_keys for k, _ in jumped):
                 break  # another link's booking: its own link's ceiling is not this one's
             start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
-            shift = start - base.start_s
+            shift = start - b_start
             # ``base.moved(shift, lane).ttft_s`` without building the window (most candidates stop here)
-            ttft = max(base.stream_end_s + shift, base.start_s + shift + prefill_s) - base.now_s
-            if now_s + ttft > due_s + _EPS:
+            ttft = max(b_end + shift, b_start + shift + prefill_s) - b_now
+            if now_s + ttft > due_limit:
                 continue  # a request that misses its own due time even so moves nobody
-            if ttft >= base_ttft - _EPS or ttft >= best_ttft - _EPS:
+            if ttft >= base_limit or ttft >= best_limit:
                 continue
-            mine = base.moved(shift, lane)
             moved: dict[str, Transfer] = {}
             prev_end = start + prefill_s
+            late = False
             for k, t in jumped:
                 if t.start_s >= prev_end - _EPS:
                     break  # a gap took the shift up: this one and the rest stay where they are
@@ -403,12 +422,21 @@ def window_by_deadline(
                     t.bytes, prev_end, t.duration_s, t.lane, t.stream_offset_s, t.stream_duration_s
                 )
                 prev_end = shifted.end_s
-            if any(_ttft_end(t) > deadlines[k].limit_s + _EPS for k, t in moved.items()):
+                if _ttft_end(shifted) > deadlines[k].limit_s + _EPS:
+                    late = True  # moved back past what its caller accepts: no placement
+                    break
+            if late:
                 continue
-            placed = {**booked, **moved, _NEW: mine.transfer()}
-            if _fits(placed, [_NEW, *moved], base.ceiling_gbps, site):
+            mine = base.moved(shift, lane)
+            if booked_spans is None:
+                booked_spans = {k: _span(t) for k, t in booked.items()}
+            new = mine.transfer()
+            # every stream as placed: the calendar's, those moved back at their new times, and the new one (in the
+            # order ``{**booked, **moved, _NEW: new}`` gives them), each checked next to the others
+            spans = {**booked_spans, **{k: _span(t) for k, t in moved.items()}, _NEW: _span(new)}
+            if _fits(spans, {_NEW: new, **moved}, base.ceiling_gbps, site):
                 best = Placement(mine, moved)
-                best_ttft = ttft
+                best_limit = ttft - _EPS
     return best or Placement(base, {})
 
 
@@ -423,7 +451,23 @@ class WaitChoice:
     remote_ttft_s: float
     local_ttft_s: float
     wait_s: float
-    reason: str
+    why: str
+    """The reason's head (:attr:`reason` adds the figures)."""
+    window_wait_s: float | None = None
+    """The window's wait (None: there was no window)."""
+    slo_ttft_s: float | None = None
+
+    @property
+    def reason(self) -> str:
+        """Why, with the predicted TTFTs (formatted when read: the simulator asks per request and reads none)."""
+        if self.window_wait_s is None:
+            return self.why
+        fit = (
+            f"{self.remote_ttft_s:.2f} s via a window at +{self.window_wait_s:.2f} s vs local {self.local_ttft_s:.2f} s"
+        )
+        if self.slo_ttft_s is not None:
+            fit += f" (SLO {self.slo_ttft_s:.2f} s)"
+        return f"{self.why}: predicted TTFT {fit}"
 
 
 def choose_window(
@@ -447,15 +491,12 @@ def choose_window(
     if window is None:
         return WaitChoice("local", float("inf"), local_ttft_s, 0.0, "no link window (ceiling 0): local prefill")
     remote, wait = window.ttft_s, window.wait_s
-    fit = f"{remote:.2f} s via a window at +{wait:.2f} s vs local {local_ttft_s:.2f} s"
-    if slo_ttft_s is not None:
-        fit += f" (SLO {slo_ttft_s:.2f} s)"
     if wait <= 1e-6:
-        return WaitChoice("remote", remote, local_ttft_s, 0.0, f"link window now: predicted TTFT {fit}")
+        return WaitChoice("remote", remote, local_ttft_s, 0.0, "link window now", wait, slo_ttft_s)
     if not prefer_local(remote, local_ttft_s, slo_ttft_s, local_wait_s, spill):
         what = "spill waits for the link" if spill else "wait for the link"
-        return WaitChoice("wait_for_link", remote, local_ttft_s, wait, f"{what}: predicted TTFT {fit}")
-    return WaitChoice("local", remote, local_ttft_s, wait, f"local prefill: predicted TTFT {fit}")
+        return WaitChoice("wait_for_link", remote, local_ttft_s, wait, what, wait, slo_ttft_s)
+    return WaitChoice("local", remote, local_ttft_s, wait, "local prefill", wait, slo_ttft_s)
 
 
 def prefer_local(

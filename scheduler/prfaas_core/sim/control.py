@@ -18,7 +18,6 @@ with the decision becomes the threshold policy's lower bound.
 from __future__ import annotations
 
 from collections import Counter, deque
-from operator import itemgetter
 
 from ..capacity.workload import EmpiricalDistribution
 from ..policy.long_term import LoopDecision
@@ -46,6 +45,8 @@ class SimControl:
         self.sim = sim
         self.lengths: deque[tuple[float, float]] = deque()
         """``(arrival, the histogram bucket of its incremental length)`` of recent requests (:meth:`record`)."""
+        self._counts: Counter[float] = Counter()
+        """How many of :attr:`lengths` are in each bucket (kept as they come and go)."""
         self._sums = [0.0] * 6
         self._n = 0
         self.last_queues = (0, 0, 0)
@@ -53,7 +54,9 @@ class SimControl:
 
     def record(self, now: float, uncached: int) -> None:
         """A request's incremental length, as the observer's histogram will count it (bucketed once, here)."""
-        self.lengths.append((now, _bucket(uncached)))
+        b = _bucket(uncached)
+        self.lengths.append((now, b))
+        self._counts[b] += 1
 
     def sample(self, now: float) -> None:
         """One per-second sample of queues and utilisation (also feeds the run's utilisation)."""
@@ -100,12 +103,20 @@ class SimControl:
         self._sums = [0.0] * 6
         self._n = 0
         window = min(sim.cfg.observe_window_s, max(now_s, 1.0))
-        while self.lengths and self.lengths[0][0] < now_s - window:
-            self.lengths.popleft()
-        n_seen = len(self.lengths)
+        lengths, counts = self.lengths, self._counts
+        while lengths and lengths[0][0] < now_s - window:
+            b = lengths.popleft()[1]
+            if counts[b] == 1:
+                del counts[b]
+            else:
+                counts[b] -= 1
+        n_seen = len(lengths)
         dist = None
-        if n_seen >= MIN_LENGTH_SAMPLES:  # (whole counts: the same weights as summing 1.0 per request)
-            dist = EmpiricalDistribution.from_histogram(Counter(map(itemgetter(1), self.lengths)).items())
+        if n_seen >= MIN_LENGTH_SAMPLES:
+            # ``from_histogram(counts.items())`` without its merging: the buckets are distinct positive floats, and
+            # a whole count as a float is the same weight as 1.0 summed once per request
+            keys = sorted(counts)
+            dist = EmpiricalDistribution(tuple(keys), tuple([float(counts[b]) for b in keys]))
         instances = tuple(InstanceState(i.name, i.role, i.in_flight(), i.draining) for i in sim.pd)
         return RoleObservation(
             instances,

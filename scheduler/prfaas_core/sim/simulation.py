@@ -132,6 +132,10 @@ class Simulation(DecodeSide):
         self._stop_s = math.inf
         self._progress: ProgressFn | None = None
         self.views, self.route_maps = PickerViews(), RouteMaps(LINK, self.ledgers)
+        self._links_map = {LINK: self.link_params}
+        self._ledger_maps = [{LINK: ledger} for ledger in self.ledgers]
+        self._bounds = ThresholdBounds(self.t_min)
+        self._threshold_held = ThresholdDecision(self.t, 0, self.threshold_reason)
 
     # --- running -----------------------------------------------------------------------------------------
 
@@ -197,9 +201,10 @@ class Simulation(DecodeSide):
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
         links, states, ledgers, remotes = self.route_maps.get(k, self.link_params, self.link_states[k], l_prf)
         local_wait = self.least_wait(self.pd, now)  # routing changes no queue: the gateway's ask reads it too
+        slo = ttft_objective_s(self.cfg.slo, total)
         tick = RouteTick(
             now,
-            RouteRequest(total, l_pd, l_prf, ttft_objective_s(self.cfg.slo, total), held),
+            RouteRequest(total, l_pd, l_prf, slo, held),
             self.t,
             self.kv,
             self.prfaas_seconds,
@@ -218,7 +223,7 @@ class Simulation(DecodeSide):
         if self.gateway is not None:
             ask = windows.remote_candidate(decision, self.kv, total, l_pd, l_prf, self.link_states[k].scarce, held)
             if ask is not None:
-                if windows.dispatch(self, req, ask, k, total - l_pd, local_wait):
+                if windows.dispatch(self, req, ask, k, total - l_pd, local_wait, slo):
                     return
                 self._to_pd_prefill(req, total - l_pd)
                 return
@@ -390,19 +395,28 @@ class Simulation(DecodeSide):
         live = self.cfg.live_threshold and now <= self.duration_s  # after the last arrival nothing reads t
         window_s = self.cfg.threshold_window_s
         lengths = self.window.within(now, window_s) if live else ()
-        for k, ledger in enumerate(self.ledgers):  # replica 0's t is the one in force (one t for the routers)
+        # the tick's maps and values made again only when what they hold changed (the refresh reads them)
+        if self._links_map[LINK] is not params:
+            self._links_map = {LINK: params}
+        if self._bounds.min_tokens is not self.t_min:
+            self._bounds = ThresholdBounds(self.t_min)
+        measured = {LINK: egress}
+        for k in range(len(self.ledgers)):  # replica 0's t is the one in force (one t for the routers)
+            held = self._threshold_held
+            if held.tokens is not self.t or held.reason is not self.threshold_reason:
+                held = self._threshold_held = ThresholdDecision(self.t, 0, self.threshold_reason)
             done = refresh(
                 RefreshTick(
                     now,
-                    {LINK: params},
-                    {LINK: ledger},
+                    self._links_map,
+                    self._ledger_maps[k],
                     {LINK: self.link_states[k]},
-                    ThresholdBounds(self.t_min),
+                    self._bounds,
                     self.kv,
                     lengths,
                     min(window_s, now),
-                    ThresholdDecision(self.t, 0, self.threshold_reason),
-                    {LINK: egress},
+                    held,
+                    measured,
                     decide_threshold=live and k == 0,
                 ),
                 self.policy,
