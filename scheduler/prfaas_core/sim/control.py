@@ -17,7 +17,7 @@ with the decision becomes the threshold policy's lower bound.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 
 from ..capacity.workload import EmpiricalDistribution
 from ..policy.long_term import LoopDecision
@@ -45,7 +45,7 @@ class SimControl:
         self.sim = sim
         self.lengths: deque[tuple[float, float]] = deque()
         """``(arrival, the histogram bucket of its incremental length)`` of recent requests (:meth:`record`)."""
-        self._counts: Counter[float] = Counter()
+        self._counts: dict[float, int] = {}
         """How many of :attr:`lengths` are in each bucket (kept as they come and go)."""
         self._sums = [0.0] * 6
         self._n = 0
@@ -56,7 +56,8 @@ class SimControl:
         """A request's incremental length, as the observer's histogram will count it (bucketed once, here)."""
         b = _bucket(uncached)
         self.lengths.append((now, b))
-        self._counts[b] += 1
+        counts = self._counts
+        counts[b] = counts.get(b, 0) + 1
 
     def sample(self, now: float) -> None:
         """One per-second sample of queues and utilisation (also feeds the run's utilisation)."""

@@ -142,7 +142,8 @@ class Simulation(DecodeSide):
     def run(self, until_s: float | None = None, progress: ProgressFn | None = None) -> RunResult:
         """Run to ``until_s`` (default: until every request has finished, at most ``3 × duration + 600`` s)."""
         ev = self.events
-        ev.at_all([(spec.arrival_s, self._arrive, Req(spec)) for spec in self.requests])
+        arrive = self._arrive_spec  # (a request's state is made when it arrives: nothing held before, for GC)
+        ev.at_all([(spec.arrival_s, arrive, spec) for spec in self.requests])
         for step in self.cfg.link.schedule:
             ev.at(step.at_seconds, self._set_capacity, step.capacity_gbps)
         ev.at(1.0, self._tick, None)
@@ -170,6 +171,9 @@ class Simulation(DecodeSide):
         return r
 
     # --- arrival and routing -------------------------------------------------------------------------------
+
+    def _arrive_spec(self, spec: SimRequest) -> None:
+        self._arrive(Req(spec))
 
     def _arrive(self, req: Req) -> None:
         now = self.events.now_s
