@@ -85,8 +85,13 @@ class SimControl:
         u_prf = busy_prf / len(sim.prfaas) if sim.prfaas else 0.0
         u_dec = active / slots if slots else 0.0
         self.n_prefill, self.n_decode = n_pdp, len(sim.pd) - n_pdp
-        for k, v in enumerate((q_pdp, q_prf, q_dec, u_pdp, u_prf, u_dec)):
-            self._sums[k] += v
+        sums = self._sums  # (each its own running sum, as in a loop over the six)
+        sums[0] += q_pdp
+        sums[1] += q_prf
+        sums[2] += q_dec
+        sums[3] += u_pdp
+        sums[4] += u_prf
+        sums[5] += u_dec
         self._n += 1
         if now <= sim.duration_s:
             r = sim.result
