@@ -22,7 +22,8 @@ layer-wise pipelining. Pure functions over frozen inputs; no clock, no I/O.
 
 from __future__ import annotations
 
-import itertools
+import bisect
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,15 +59,31 @@ def split_lengths(inputs: PlanInputs, threshold_tokens: float) -> LengthSplit:
 
     At the ends, where a side is empty, its mean is the limit (the support's bound).
     """
-    dist, t = inputs.lengths, threshold_tokens
+    return LengthSplit(threshold_tokens, *_split(inputs, threshold_tokens))
+
+
+def _split(inputs: PlanInputs, t: float, kv: bool = True) -> tuple[float, float, float, float]:
+    """:func:`split_lengths`' ``(p, l_long, l_short, S̄_kv)``; without ``kv``, ``S̄_kv`` is not computed (nan)."""
+    dist = inputs.lengths
     lo, hi = dist.support()
-    p = 1.0 - dist.cdf(t)
-    p = 0.0 if p < 1e-12 else 1.0 if p > 1.0 - 1e-12 else p  # rounding at the ends of the support
-    pe = dist.partial_moment(1, t, math.inf)
+    if type(dist) is EmpiricalDistribution:  # the long-term loop's observed lengths: one call, the same values
+        cdf, pe, mean_l, kv_tail = dist.tail(t, inputs.kv.curve if kv else None)
+        p = _clamp(1.0 - cdf)
+        l_short = (mean_l - pe) / (1.0 - p) if p < 1 else lo
+    else:
+        p = _clamp(1.0 - dist.cdf(t))
+        pe = dist.partial_moment(1, t, math.inf)
+        l_short = (mean(dist) - pe) / (1.0 - p) if p < 1 else lo
+        kv_tail = expect(dist, inputs.kv.curve, t, math.inf) if kv and p > 0 else math.nan
     l_long = pe / p if p > 0 else hi
-    l_short = (mean(dist) - pe) / (1.0 - p) if p < 1 else lo
-    kv_long = expect(dist, inputs.kv.curve, t, math.inf) / p if p > 0 else inputs.kv.kv_bytes(hi)
-    return LengthSplit(t, p, l_long, l_short, kv_long)
+    if not kv:
+        return p, l_long, l_short, math.nan
+    return p, l_long, l_short, kv_tail / p if p > 0 else inputs.kv.kv_bytes(hi)
+
+
+def _clamp(p: float) -> float:
+    """``p`` rounded at the ends of the support."""
+    return 0.0 if p < 1e-12 else 1.0 if p > 1.0 - 1e-12 else p
 
 
 @dataclass(frozen=True)
@@ -130,9 +147,14 @@ def evaluate(inputs: PlanInputs, split: LengthSplit, n_prfaas: int, n_prefill: i
 def threshold_grid(dist: LengthDistribution, step_tokens: int = 100, max_points: int = 20_000) -> list[float]:
     """Candidate thresholds: 0 (offload everything), every ``step_tokens`` (coarser when the support is long,
     at most ``max_points``), and the top of the support (offload nothing)."""
-    hi = dist.support()[1]
+    return list(_grid(dist.support()[1], step_tokens, max_points))
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _grid(hi: float, step_tokens: int, max_points: int) -> tuple[float, ...]:
+    """:func:`threshold_grid` of a support ending at ``hi`` (the long-term loop asks for the same one every cycle)."""
     step = max(step_tokens, math.ceil(hi / max_points))
-    return [0.0, *(float(k * step) for k in range(1, math.ceil(hi / step))), hi]
+    return (0.0, *(float(k * step) for k in range(1, math.ceil(hi / step))), hi)
 
 
 def compute_balanced_threshold(inputs: PlanInputs, n_prefill: int, step_tokens: int = 100) -> int | None:
@@ -157,26 +179,44 @@ def compute_balanced_threshold(inputs: PlanInputs, n_prefill: int, step_tokens: 
             value = by_step[k] = balance_gap(t)
         return value
 
+    n_prfaas, prf_seconds, pd_seconds = (
+        inputs.n_prfaas,
+        inputs.prfaas_hardware.prefill_curve,
+        inputs.pd_hardware.prefill_curve,
+    )
+
     def balance_gap(t: float) -> float:
-        s = split_lengths(inputs, t)
-        if s.offload_fraction <= 0:
+        p, l_long, l_short, _ = _split(inputs, t, kv=False)  # (split_lengths' p and means; S̄_kv is not read)
+        if p <= 0:
             return math.inf
-        if s.offload_fraction >= 1:
+        if p >= 1:
             return -math.inf
-        prf = inputs.n_prfaas / (s.offload_fraction * inputs.prfaas_hardware.prefill_seconds(s.l_long_tokens))
-        pdp = n_prefill / ((1 - s.offload_fraction) * inputs.pd_hardware.prefill_seconds(s.l_short_tokens))
+        prf = n_prfaas / (p * prf_seconds(l_long))  # (prefill_seconds is its curve)
+        pdp = n_prefill / ((1 - p) * pd_seconds(l_short))
         return prf - pdp
 
     if inputs.n_prfaas == 0 or n_prefill == 0:
         return None
-    grid = threshold_grid(inputs.lengths, step_tokens)  # gap(0) < 0: everything offloaded
-    for prev, t in itertools.pairwise(grid):
+    grid = _grid(inputs.lengths.support()[1], step_tokens, 20_000)  # gap(0) < 0: everything offloaded
+    # the first grid point (after 0) whose gap is >= 0; over observed lengths, the grid points on a step already
+    # seen are skipped (their gap is the step's: the first point on it, the one computed)
+    ends = inputs.lengths.lengths if isinstance(inputs.lengths, EmpiricalDistribution) else None
+    i, n = 1, len(grid)
+    while i < n:
+        t = grid[i]
         if gap(t) >= 0:
-            below, above = math.floor(prev), math.ceil(t)
+            below, above = math.floor(grid[i - 1]), math.ceil(t)
             while above - below > 1:
                 mid = (below + above) // 2
                 below, above = (below, mid) if gap(mid) >= 0 else (mid, above)
             return above
+        if ends is None:
+            i += 1
+            continue
+        k = bisect.bisect_right(ends, t)  # t's step: lengths[k - 1] <= t < lengths[k]
+        if k >= len(ends):
+            return None  # every later point is on the last step
+        i = bisect.bisect_left(grid, ends[k], i + 1)  # the first point past the step
     return None
 
 

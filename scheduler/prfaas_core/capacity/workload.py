@@ -13,7 +13,9 @@ trace). :class:`WorkloadSpec` is the user-facing description (YAML, camelCase).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -146,20 +148,21 @@ class EmpiricalDistribution:
     _cum: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.lengths or len(self.lengths) != len(self.weights):
+        lengths, weights = self.lengths, self.weights
+        if not lengths or len(lengths) != len(weights):
             raise ValueError("need at least one length, and one weight per length")
-        if any(b <= a for a, b in zip(self.lengths, self.lengths[1:], strict=False)):
+        if any(map(operator.le, lengths[1:], lengths)):  # (``b <= a`` for each neighbouring ``a, b``)
             raise ValueError("lengths must be strictly increasing (use from_lengths / from_histogram)")
-        if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+        total = sum(weights)
+        if any(map(operator.lt, weights, itertools.repeat(0))) or total <= 0:  # (``w < 0`` for each)
             raise ValueError("weights must be non-negative with a positive sum")
-        total = sum(self.weights)
+        # 0.0, then the running sums of weight·length^k from 0.0, each over the total (the CDF ends at exactly 1.0)
         cum: list[tuple[float, ...]] = []
         for k in range(3):
-            run, acc = 0.0, [0.0]
-            for length, weight in zip(self.lengths, self.weights, strict=True):
-                run += weight * length**k
-                acc.append(run / total)  # the CDF ends at exactly 1.0
-            cum.append(tuple(acc))
+            terms = [weight * length**k for length, weight in zip(lengths, weights, strict=True)]
+            runs = itertools.accumulate(terms, initial=0.0)
+            next(runs)  # (the initial 0.0: the first entry is 0.0 itself)
+            cum.append((0.0, *[run / total for run in runs]))
         object.__setattr__(self, "_cum", tuple(cum))
 
     @classmethod
@@ -168,9 +171,10 @@ class EmpiricalDistribution:
         for length, weight in pairs:
             if length <= 0:
                 raise ValueError(f"lengths must be positive, got {length}")
-            merged[float(length)] = merged.get(float(length), 0.0) + float(weight)
+            key = float(length)
+            merged[key] = merged.get(key, 0.0) + float(weight)
         keys = sorted(merged)
-        return cls(tuple(keys), tuple(merged[k] for k in keys))
+        return cls(tuple(keys), tuple([merged[k] for k in keys]))
 
     @classmethod
     def from_lengths(cls, lengths: Iterable[float]) -> EmpiricalDistribution:
@@ -196,6 +200,36 @@ class EmpiricalDistribution:
             return 0.0
         i, j = self._index_le(lo), self._index_le(hi)
         return self._cum[k][j] - self._cum[k][i] if j > i else 0.0
+
+    def tail(self, t: float, f: PiecewisePolynomial | None) -> tuple[float, float, float, float]:
+        """``(cdf(t), partial_moment(1, t, inf), E[L], expect(self, f, t, inf))`` in one call: the same values
+        (the same operations) as those four calls, which :func:`~.throughput.split_lengths` makes for every ``t``
+        the long-term loop's Eq. 7 tries (without ``f``: the last is nan, not computed)."""
+        lengths, cum = self.lengths, self._cum
+        n = len(lengths)
+        i = bisect.bisect_right(lengths, t)
+        cum1 = cum[1]
+        pe = 0.0 if t >= math.inf else cum1[n] - cum1[i] if n > i else 0.0
+        i0 = bisect.bisect_right(lengths, -math.inf)
+        mean_l = cum1[n] - cum1[i0] if n > i0 else 0.0
+        if f is None:
+            return cum[0][i], pe, mean_l, math.nan
+        total = 0.0
+        for piece in f.pieces:
+            a, b = max(t, piece.lo), min(math.inf, piece.hi)
+            if a >= b:
+                continue
+            c0, c1, c2 = piece.coeffs
+            ia, jb = bisect.bisect_right(lengths, a), bisect.bisect_right(lengths, b)
+            if jb > ia:
+                total += c0 * (cum[0][jb] - cum[0][ia]) + c1 * (cum1[jb] - cum1[ia])
+                if c2:
+                    total += c2 * (cum[2][jb] - cum[2][ia])
+            else:
+                total += c0 * 0.0 + c1 * 0.0
+                if c2:
+                    total += c2 * 0.0
+        return cum[0][i], pe, mean_l, total
 
     def quantile(self, q: float) -> float:
         """The smallest length whose CDF reaches ``q``."""

@@ -158,25 +158,27 @@ def admit(ledger: EgressLedger, deadlines: Mapping[str, Deadline], tick: AdmitTi
         tick.params,
         tick.timing,
         due_s=due,
-        deadlines=dict(deadlines),
+        deadlines=deadlines,
         pull_gbps=tick.pull_gbps,
         site=tick.site,
     )
     if placement is None:
         return Decline("overloaded", None, "the link's ceiling is 0")
     window = placement.window
-    if window.wait_s > tick.max_wait_s:
-        return Decline("link_window", window, f"earliest window in {window.wait_s:.3f} s")
-    if window.wait_s > 0 and window.ttft_s > tick.max_ttft_s:
-        why = f"earliest window in {window.wait_s:.3f} s gives a predicted TTFT of {window.ttft_s:.3f} s"
+    wait, ttft = window.wait_s, window.ttft_s  # (read once: properties)
+    if wait > tick.max_wait_s:
+        return Decline("link_window", window, f"earliest window in {wait:.3f} s")
+    if wait > 0 and ttft > tick.max_ttft_s:
+        why = f"earliest window in {wait:.3f} s gives a predicted TTFT of {ttft:.3f} s"
         return Decline("link_window", window, f"{why} > {tick.max_ttft_s:.3f} s accepted")
     late = window if tick.ready_s is None else through_instances(window, tick.ready_s)
-    if late.ttft_s > window.ttft_s + _EPS and late.ttft_s > tick.max_ttft_s:
-        why = f"the PrFaaS instances' queues and egress give a predicted TTFT of {late.ttft_s:.3f} s"
+    late_ttft = ttft if late is window else late.ttft_s
+    if late_ttft > ttft + _EPS and late_ttft > tick.max_ttft_s:
+        why = f"the PrFaaS instances' queues and egress give a predicted TTFT of {late_ttft:.3f} s"
         return Decline("link_window", late, f"{why} > {tick.max_ttft_s:.3f} s accepted")
-    if window.wait_s > 0 and tick.waiting >= tick.max_waiting:
+    if wait > 0 and tick.waiting >= tick.max_waiting:
         return Decline("overloaded", window, f"{tick.waiting} prefills already wait for a window")
-    predicted = max(window.ttft_s, late.ttft_s)
+    predicted = max(ttft, late_ttft)
     deadline = None
     if math.isfinite(due):
         limit = tick.max_ttft_s if tick.accepted_ttft_s is None else tick.accepted_ttft_s

@@ -34,7 +34,7 @@ Without it (one link per site, the single pair) nothing changes.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -140,31 +140,35 @@ def ceiling_gbps(ledger: EgressLedger, now_s: float, params: LinkParams, availab
     return max(0.0, cap - ledger.others_gbps(now_s, params))
 
 
-def _spans(transfers: Sequence[Transfer], now_s: float) -> list[tuple[float, float, float]]:
+def _spans(transfers: Iterable[Transfer], now_s: float) -> list[tuple[float, float, float]]:
     """``(start, end, rate)`` of each booked stream; an overrunning one is extended past ``now``."""
-    out = []
+    out: list[tuple[float, float, float]] = []
+    append = out.append
+    grace = now_s + OVERRUN_GRACE_S
     for t in transfers:
         end = t.stream_end_s
-        if end <= now_s + OVERRUN_GRACE_S and t.stream_start_s <= now_s:
-            end = max(end, now_s + OVERRUN_GRACE_S)
-        out.append((t.stream_start_s, end, t.rate_gbps))
+        start = t.stream_start_s
+        if end <= grace and start <= now_s:
+            end = grace  # (``max(end, grace)``: the same value, since ``end <= grace``)
+        append((start, end, t.rate_gbps))
     return out
 
 
 def peak_gbps(spans: Sequence[tuple[float, float, float]], a: float, b: float) -> float:
     """The largest booked egress at any instant of ``[a, b)``."""
     lo, hi = a + _EPS, b - _EPS
-    inside = [(s, e, r) for s, e, r in spans if s < hi and e > lo]
+    inside = [x for x in spans if x[0] < hi and x[1] > lo]
     if not inside:
         return 0.0
-    points = [a] + [s for s, _, _ in inside if s > a]
-    peak = None
-    for p in points:
-        at = p + _EPS
-        booked = sum(r for s, e, r in inside if s <= at and e > at)
-        if peak is None or booked > peak:
-            peak = booked
-    return peak  # type: ignore[return-value]  # points holds a at least
+    # the booked egress just after ``a`` and after each start inside, the first largest (sums in span order)
+    peak = sum([r for s, e, r in inside if s <= a + _EPS < e])
+    for p, _, _ in inside:
+        if p > a:
+            at = p + _EPS
+            booked = sum([r for s, e, r in inside if s <= at < e])
+            if booked > peak:
+                peak = booked
+    return peak
 
 
 def booked_gbps(transfers: Sequence[Transfer], at_s: float) -> float:
@@ -186,50 +190,81 @@ def earliest_window(
 ) -> Window | None:
     """The window that fits and ends first (see the module docstring); None when the ceiling is 0. With ``site``
     the ledger is the site's and the stream fits under both the link's and the site's ceilings."""
+    _check(timing, nbytes, prefill_s)
+    return _earliest(ledger, now_s, nbytes, prefill_s, params, timing, pull_gbps, available_gbps, site)[0]
+
+
+def _check(timing: StreamTiming, nbytes: float, prefill_s: float) -> None:
     if timing not in STREAM_TIMINGS:
         raise ValueError(f"timing: {timing!r} is not one of {', '.join(STREAM_TIMINGS)}")
     if nbytes < 0 or prefill_s < 0:
         raise ValueError("nbytes and prefill_s must be >= 0")
+
+
+def _earliest(
+    ledger: EgressLedger,
+    now_s: float,
+    nbytes: float,
+    prefill_s: float,
+    params: LinkParams,
+    timing: StreamTiming,
+    pull_gbps: float | None,
+    available_gbps: float | None,
+    site: SiteCap | None,
+) -> tuple[Window | None, dict[str, Transfer]]:
+    """:func:`earliest_window` (its arguments checked) and the calendar it read (``ledger.booked(now_s)``; empty
+    when the ceiling is 0: then the ledger is not read)."""
     ceiling = ceiling_gbps(ledger, now_s, params, available_gbps)
     if site is not None:
         ceiling = min(ceiling, site.share_gbps, site.cap_gbps)
     if ceiling <= _EPS:
-        return None
+        return None, {}
     prefill_s = max(prefill_s, 1e-6)
     gbits = nbytes * 8.0 / GBPS_BITS
-    spans = _spans(ledger.transfers(now_s), now_s)
+    booked = ledger.booked(now_s)
+    spans = _spans(booked.values(), now_s)
     link_spans = spans
     if site is not None:
-        link_spans = _spans([t for k, t in ledger.booked(now_s).items() if k in site.link_keys], now_s)
+        link_spans = _spans([t for k, t in booked.items() if k in site.link_keys], now_s)
     lane_ends = ledger.lane_ends(now_s) or [now_s]
     first_free = min(lane_ends)
-    offset = prefill_s if timing == "pull-after-prefill" else 0.0
-    candidates = sorted({first_free, *(e - offset for _, e, _ in spans if e - offset > first_free)})
-    if timing == "layer-wise":
-        rates = {min(gbits / prefill_s, ceiling) * f for f in RATE_FRACTIONS}
-    else:  # nothing paces a pull below what it achieves: booked at that rate, or later
-        rates = {min(pull_gbps or ceiling, ceiling)}
+    layer_wise = timing == "layer-wise"
+    offset = 0.0 if layer_wise else prefill_s
+    if layer_wise:  # (``e - 0.0`` is ``e``)
+        candidates = sorted({first_free, *[e for _, e, _ in spans if e > first_free]})
+    else:
+        candidates = sorted({first_free, *[e - offset for _, e, _ in spans if e - offset > first_free]})
     if gbits <= _EPS:
-        rates = {0.0}
+        rates = [0.0]
+    elif layer_wise:
+        rates = sorted({min(gbits / prefill_s, ceiling) * f for f in RATE_FRACTIONS}, reverse=True)
+    else:  # nothing paces a pull below what it achieves: booked at that rate, or later
+        rates = [min(pull_gbps or ceiling, ceiling)]
+    limit = ceiling + _EPS
+    site_limit = math.inf if site is None else site.cap_gbps + _EPS
     best: Window | None = None
-    for rate in sorted(rates, reverse=True):
+    best_end = 0.0  # ``best.stream_end_s - _EPS`` once there is a best
+    for rate in rates:
         span = gbits / rate if rate > 0 else 0.0
-        if timing == "layer-wise":
-            span = max(span, prefill_s)
+        if layer_wise and span < prefill_s:
+            span = prefill_s  # (``max(span, prefill_s)``)
         for s in candidates:
-            a, b = s + offset, s + offset + span
-            if best is not None and b >= best.stream_end_s - _EPS:
+            a = s + offset
+            b = a + span  # (``s + offset + span``: the same sum, left to right)
+            if best is not None and b >= best_end:
                 break  # later starts only end later
-            fits_site = site is None or peak_gbps(spans, a, b) + rate <= site.cap_gbps + _EPS
-            if fits_site and peak_gbps(link_spans, a, b) + rate <= ceiling + _EPS:
-                lane = max(
-                    (i for i, e in enumerate(lane_ends) if e <= s + _EPS),
-                    key=lane_ends.__getitem__,
-                    default=0,
-                )
+            if site is not None and not peak_gbps(spans, a, b) + rate <= site_limit:
+                continue
+            if peak_gbps(link_spans, a, b) + rate <= limit:
+                # the lane that frees last by ``s`` (the first of equals; lane 0 when none has)
+                lane, top, free_by = 0, None, s + _EPS
+                for i, e in enumerate(lane_ends):
+                    if e <= free_by and (top is None or e > top):
+                        lane, top = i, e
                 best = Window(s, a, b, rate, lane if ledger.lanes > 0 else -1, now_s, prefill_s, nbytes, ceiling)
+                best_end = b - _EPS
                 break
-    return best
+    return best, booked
 
 
 @dataclass(frozen=True)
@@ -261,25 +296,38 @@ def _ttft_end(t: Transfer) -> float:
     return max(t.stream_end_s, t.end_s)
 
 
-def _fits(placed: dict[str, Transfer], changed: Sequence[str], ceiling: float, site: SiteCap | None = None) -> bool:
-    """Every stream in ``changed`` fits under ``ceiling`` next to all the others in ``placed`` (with ``site``: next
-    to its link's others, and under the site cap next to all)."""
-    for key in changed:
-        t = placed[key]
+def _fits(
+    spans: dict[str, tuple[float, float, float]],
+    changed: dict[str, Transfer],
+    ceiling: float,
+    site: SiteCap | None = None,
+) -> bool:
+    """Every stream in ``changed`` fits under ``ceiling`` next to all the others placed (``spans``: every booking's
+    ``(stream start, stream end, rate)`` by key, ``changed`` among them; with ``site``: next to its link's others,
+    and under the site cap next to all)."""
+    limit = ceiling + _EPS
+    for key, t in changed.items():
         if t.rate_gbps <= _EPS or t.bytes <= 0:
             continue
-        others = [(o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items() if k != key]
+        start, end, rate = spans[key]
+        others = [span for k, span in spans.items() if k != key]
         if site is not None:
             mine = site.link_keys | {_NEW}
-            link = [
-                (o.stream_start_s, o.stream_end_s, o.rate_gbps) for k, o in placed.items() if k != key and k in mine
-            ]
-            if peak_gbps(others, t.stream_start_s, t.stream_end_s) + t.rate_gbps > site.cap_gbps + _EPS:
+            link = [span for k, span in spans.items() if k != key and k in mine]
+            if peak_gbps(others, start, end) + rate > site.cap_gbps + _EPS:
                 return False
             others = link
-        if peak_gbps(others, t.stream_start_s, t.stream_end_s) + t.rate_gbps > ceiling + _EPS:
+        if peak_gbps(others, start, end) + rate > limit:
             return False
     return True
+
+
+def _span(t: Transfer) -> tuple[float, float, float]:
+    return t.stream_start_s, t.stream_end_s, t.rate_gbps
+
+
+def _start_s(kt: tuple[str, Transfer]) -> float:
+    return kt[1].start_s
 
 
 def window_by_deadline(
@@ -291,7 +339,7 @@ def window_by_deadline(
     timing: StreamTiming = "layer-wise",
     *,
     due_s: float,
-    deadlines: dict[str, Deadline],
+    deadlines: Mapping[str, Deadline],
     pull_gbps: float | None = None,
     available_gbps: float | None = None,
     site: SiteCap | None = None,
@@ -306,46 +354,67 @@ def window_by_deadline(
     without a deadline never moves, nor one that has started (its start not after ``now_s``); a request that would
     miss its own due time even ahead of them moves nobody. With ``site`` (a site's calendar) it goes ahead only of
     its own link's bookings, and every moved stream fits under the site cap too."""
-    base = earliest_window(
-        ledger, now_s, nbytes, prefill_s, params, timing, pull_gbps=pull_gbps, available_gbps=available_gbps, site=site
-    )
+    _check(timing, nbytes, prefill_s)
+    base, booked = _earliest(ledger, now_s, nbytes, prefill_s, params, timing, pull_gbps, available_gbps, site)
     if base is None or base.wait_s <= _EPS or ledger.lanes <= 0 or not due_s < float("inf"):
         return None if base is None else Placement(base, {})
     prefill_s = base.prefill_s
-    booked = ledger.booked(now_s)
     best: Placement | None = None
-    base_ttft, best_ttft = base.ttft_s, math.inf  # (best_ttft: the best placement's, read per candidate)
+    base_ttft, best_ttft = base.ttft_s, math.inf  # (best_ttft: the best placement's)
+    horizon = now_s + _EPS
+    booked_spans: dict[str, tuple[float, float, float]] | None = None  # (made for the first placement checked)
     lanes: dict[int, list[tuple[str, Transfer]]] = {}
+    last: dict[int, tuple[str, Transfer]] = {}
+    """Each lane's last booking pending (not started by ``horizon``): the latest start, the last booked of equals
+    (the last pending once the lane is sorted, stably, by start)."""
     for kt in booked.items():  # one pass (in booking order, as the stable sort below expects)
-        lanes.setdefault(kt[1].lane, []).append(kt)
+        t = kt[1]
+        on_lane = lanes.get(t.lane)
+        if on_lane is None:
+            lanes[t.lane] = [kt]
+        else:
+            on_lane.append(kt)
+        if t.start_s > horizon:
+            held = last.get(t.lane)
+            if held is None or t.start_s >= held[1].start_s:
+                last[t.lane] = kt
+    # (``base``'s times and the bounds each candidate is held to, read once: the same values as inline)
+    b_start, b_end, b_now = base.start_s, base.stream_end_s, base.now_s
+    due_limit, base_limit, best_limit = due_s + _EPS, base_ttft - _EPS, best_ttft - _EPS
     for lane in range(ledger.lanes):
-        on_lane = lanes.get(lane)
-        if not on_lane:
-            continue
-        on_lane.sort(key=lambda kt: kt[1].start_s)
-        pending = [(k, t) for k, t in on_lane if t.start_s > now_s + _EPS]
-        last = deadlines.get(pending[-1][0]) if pending else None
-        if last is None or last.due_s <= due_s:
+        held = last.get(lane)
+        due_last = None if held is None else deadlines.get(held[0])
+        if due_last is None or due_last.due_s <= due_s:
             continue  # the loop below would stop at its first step (earliest deadline first)
-        free_at = max([now_s, *(t.end_s for _, t in on_lane if t.start_s <= now_s + _EPS)])
+        on_lane = lanes[lane]
+        on_lane.sort(key=_start_s)
+        pending: list[tuple[str, Transfer]] = []
+        free_at = now_s  # (the latest end of those started, at least now)
+        for kt in on_lane:
+            t = kt[1]
+            if t.start_s > horizon:
+                pending.append(kt)
+            elif t.end_s > free_at:
+                free_at = t.end_s
         for i in range(len(pending) - 1, -1, -1):
-            jumped = pending[i:]
             k = pending[i][0]  # the later ones in ``jumped`` passed this test in the earlier rounds
-            if k not in deadlines or deadlines[k].due_s <= due_s:
+            due_k = deadlines.get(k)
+            if due_k is None or due_k.due_s <= due_s:
                 break  # earliest deadline first: never ahead of one whose deadline is as early (or unknown)
+            jumped = pending[i:]
             if site is not None and any(k not in site.link_keys for k, _ in jumped):
                 break  # another link's booking: its own link's ceiling is not this one's
             start = max(free_at, pending[i - 1][1].end_s) if i > 0 else free_at
-            shift = start - base.start_s
+            shift = start - b_start
             # ``base.moved(shift, lane).ttft_s`` without building the window (most candidates stop here)
-            ttft = max(base.stream_end_s + shift, base.start_s + shift + prefill_s) - base.now_s
-            if now_s + ttft > due_s + _EPS:
+            ttft = max(b_end + shift, b_start + shift + prefill_s) - b_now
+            if now_s + ttft > due_limit:
                 continue  # a request that misses its own due time even so moves nobody
-            if ttft >= base_ttft - _EPS or ttft >= best_ttft - _EPS:
+            if ttft >= base_limit or ttft >= best_limit:
                 continue
-            mine = base.moved(shift, lane)
             moved: dict[str, Transfer] = {}
             prev_end = start + prefill_s
+            late = False
             for k, t in jumped:
                 if t.start_s >= prev_end - _EPS:
                     break  # a gap took the shift up: this one and the rest stay where they are
@@ -353,12 +422,21 @@ def window_by_deadline(
                     t.bytes, prev_end, t.duration_s, t.lane, t.stream_offset_s, t.stream_duration_s
                 )
                 prev_end = shifted.end_s
-            if any(_ttft_end(t) > deadlines[k].limit_s + _EPS for k, t in moved.items()):
+                if _ttft_end(shifted) > deadlines[k].limit_s + _EPS:
+                    late = True  # moved back past what its caller accepts: no placement
+                    break
+            if late:
                 continue
-            placed = {**booked, **moved, _NEW: mine.transfer()}
-            if _fits(placed, [_NEW, *moved], base.ceiling_gbps, site):
+            mine = base.moved(shift, lane)
+            if booked_spans is None:
+                booked_spans = {k: _span(t) for k, t in booked.items()}
+            new = mine.transfer()
+            # every stream as placed: the calendar's, those moved back at their new times, and the new one (in the
+            # order ``{**booked, **moved, _NEW: new}`` gives them), each checked next to the others
+            spans = {**booked_spans, **{k: _span(t) for k, t in moved.items()}, _NEW: _span(new)}
+            if _fits(spans, {_NEW: new, **moved}, base.ceiling_gbps, site):
                 best = Placement(mine, moved)
-                best_ttft = ttft
+                best_limit = ttft - _EPS
     return best or Placement(base, {})
 
 
@@ -373,7 +451,23 @@ class WaitChoice:
     remote_ttft_s: float
     local_ttft_s: float
     wait_s: float
-    reason: str
+    why: str
+    """The reason's head (:attr:`reason` adds the figures)."""
+    window_wait_s: float | None = None
+    """The window's wait (None: there was no window)."""
+    slo_ttft_s: float | None = None
+
+    @property
+    def reason(self) -> str:
+        """Why, with the predicted TTFTs (formatted when read: the simulator asks per request and reads none)."""
+        if self.window_wait_s is None:
+            return self.why
+        fit = (
+            f"{self.remote_ttft_s:.2f} s via a window at +{self.window_wait_s:.2f} s vs local {self.local_ttft_s:.2f} s"
+        )
+        if self.slo_ttft_s is not None:
+            fit += f" (SLO {self.slo_ttft_s:.2f} s)"
+        return f"{self.why}: predicted TTFT {fit}"
 
 
 def choose_window(
@@ -397,15 +491,12 @@ def choose_window(
     if window is None:
         return WaitChoice("local", float("inf"), local_ttft_s, 0.0, "no link window (ceiling 0): local prefill")
     remote, wait = window.ttft_s, window.wait_s
-    fit = f"{remote:.2f} s via a window at +{wait:.2f} s vs local {local_ttft_s:.2f} s"
-    if slo_ttft_s is not None:
-        fit += f" (SLO {slo_ttft_s:.2f} s)"
     if wait <= 1e-6:
-        return WaitChoice("remote", remote, local_ttft_s, 0.0, f"link window now: predicted TTFT {fit}")
+        return WaitChoice("remote", remote, local_ttft_s, 0.0, "link window now", wait, slo_ttft_s)
     if not prefer_local(remote, local_ttft_s, slo_ttft_s, local_wait_s, spill):
         what = "spill waits for the link" if spill else "wait for the link"
-        return WaitChoice("wait_for_link", remote, local_ttft_s, wait, f"{what}: predicted TTFT {fit}")
-    return WaitChoice("local", remote, local_ttft_s, wait, f"local prefill: predicted TTFT {fit}")
+        return WaitChoice("wait_for_link", remote, local_ttft_s, wait, what, wait, slo_ttft_s)
+    return WaitChoice("local", remote, local_ttft_s, wait, "local prefill", wait, slo_ttft_s)
 
 
 def prefer_local(

@@ -118,6 +118,9 @@ class Available:
         return self.bound(params).capacity_gbps
 
 
+_CONFIGURED = Available()
+
+
 def busy_gbps(samples: Sequence[StreamSample]) -> float:
     """The samples' bytes over the union of their transfer intervals (what the link carried while busy)."""
     spans = sorted((s.start_s, s.end_s) for s in samples)
@@ -178,17 +181,19 @@ class LinkEstimator:
         p = self.params
         dt = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)
         self._last_s = now_s
-        while self._samples and self._samples[0].end_s < now_s - p.window_s:
-            self._samples.popleft()
-        recent = list(self._samples)
+        samples = self._samples
+        while samples and samples[0].end_s < now_s - p.window_s:
+            samples.popleft()
         best = self.best_stream_gbps(now_s)
         rate_now = self._bound if self._bound is not None else capacity_gbps
         in_flight = sum([x.bytes for x in pulls]) * 8.0 / GBPS_BITS  # (lists: summed faster than generators)
         ts = self.time_scale
         expected_s = in_flight / max(rate_now, MIN_CAPACITY_GBPS) / ts
-        oldest = max((now_s - x.start_s for x in pulls), default=0.0)
         overdue = any(now_s - x.start_s > 2.0 * max(expected_s, x.least_s) + p.stall_s for x in pulls)
-        finished_lately = any(s.end_s >= now_s - p.stall_s for s in recent)
+        # (``oldest`` and ``finished_lately`` are read only for an overdue pull: computed then, once a second being
+        # the common case without one)
+        oldest = max((now_s - x.start_s for x in pulls), default=0.0) if overdue else 0.0
+        finished_lately = overdue and any(s.end_s >= now_s - p.stall_s for s in samples)
         delivered_nothing = measured_gbps is None or measured_gbps <= 0.01 * capacity_gbps
         if overdue and not finished_lately and delivered_nothing:
             self._bound = 0.0
@@ -196,12 +201,13 @@ class LinkEstimator:
             self.current = Available(0.0, "stalled", f"link stalled: {why}")
             return self.current
         slowed = False
+        recent = list(samples)
         if recent:
             # a stream's expected time: its own floor (production, pacing), or its bytes at the best per-stream
             # rate seen, bounded by the bound in force (streams at the bound are on time: no ratchet down)
             rate = min(best or math.inf, rate_now)
             expected = sum([max(s.expected_s or 0.0, s.bytes * 8.0 / GBPS_BITS / rate / ts) for s in recent])
-            actual = sum([s.seconds for s in recent])
+            actual = sum([max(s.end_s - s.start_s, 1e-9) for s in recent])  # (each sample's ``seconds``)
             slowed = expected < p.slowdown * actual and actual - expected > p.min_excess_s * len(recent)
         if slowed or overdue:
             # overdue: the pulls in flight have moved at most their bytes in the oldest one's age
@@ -216,7 +222,7 @@ class LinkEstimator:
                 )
                 return self.current
         if self._bound is None:
-            self.current = Available()
+            self.current = _CONFIGURED  # (unbounded: one value, not a new one every second)
             return self.current
         grown = max(self._bound, p.probe_floor * capacity_gbps) * (1.0 + p.probe_per_s) ** dt
         if grown >= capacity_gbps:

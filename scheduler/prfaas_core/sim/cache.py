@@ -104,7 +104,7 @@ class HybridPrefixPool:
                     snaps = tuple(sorted(merged))
                 blocks = old.blocks_tokens
             else:
-                kept = tuple(s for s in old.snapshots if s <= valid_upto_tokens and s < blocks)
+                kept = tuple([s for s in old.snapshots if s <= valid_upto_tokens and s < blocks])
                 snaps = kept + snaps
         snaps = snaps[-self.max_snapshots :]
         if not snaps:

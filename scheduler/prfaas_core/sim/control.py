@@ -43,12 +43,21 @@ class SimControl:
 
     def __init__(self, sim: SimState) -> None:
         self.sim = sim
-        self.lengths: deque[tuple[float, int]] = deque()
-        """``(arrival, incremental length)`` of recent requests."""
+        self.lengths: deque[tuple[float, float]] = deque()
+        """``(arrival, the histogram bucket of its incremental length)`` of recent requests (:meth:`record`)."""
+        self._counts: dict[float, int] = {}
+        """How many of :attr:`lengths` are in each bucket (kept as they come and go)."""
         self._sums = [0.0] * 6
         self._n = 0
         self.last_queues = (0, 0, 0)
         self.n_prefill = self.n_decode = 0
+
+    def record(self, now: float, uncached: int) -> None:
+        """A request's incremental length, as the observer's histogram will count it (bucketed once, here)."""
+        b = _bucket(uncached)
+        self.lengths.append((now, b))
+        counts = self._counts
+        counts[b] = counts.get(b, 0) + 1
 
     def sample(self, now: float) -> None:
         """One per-second sample of queues and utilisation (also feeds the run's utilisation)."""
@@ -76,8 +85,13 @@ class SimControl:
         u_prf = busy_prf / len(sim.prfaas) if sim.prfaas else 0.0
         u_dec = active / slots if slots else 0.0
         self.n_prefill, self.n_decode = n_pdp, len(sim.pd) - n_pdp
-        for k, v in enumerate((q_pdp, q_prf, q_dec, u_pdp, u_prf, u_dec)):
-            self._sums[k] += v
+        sums = self._sums  # (each its own running sum, as in a loop over the six)
+        sums[0] += q_pdp
+        sums[1] += q_prf
+        sums[2] += q_dec
+        sums[3] += u_pdp
+        sums[4] += u_prf
+        sums[5] += u_dec
         self._n += 1
         if now <= sim.duration_s:
             r = sim.result
@@ -95,14 +109,20 @@ class SimControl:
         self._sums = [0.0] * 6
         self._n = 0
         window = min(sim.cfg.observe_window_s, max(now_s, 1.0))
-        while self.lengths and self.lengths[0][0] < now_s - window:
-            self.lengths.popleft()
-        counts: dict[float, float] = {}
-        for _, length in self.lengths:
-            b = _bucket(length)
-            counts[b] = counts.get(b, 0.0) + 1.0
-        n_seen = len(self.lengths)
-        dist = EmpiricalDistribution.from_histogram(counts.items()) if n_seen >= MIN_LENGTH_SAMPLES else None
+        lengths, counts = self.lengths, self._counts
+        while lengths and lengths[0][0] < now_s - window:
+            b = lengths.popleft()[1]
+            if counts[b] == 1:
+                del counts[b]
+            else:
+                counts[b] -= 1
+        n_seen = len(lengths)
+        dist = None
+        if n_seen >= MIN_LENGTH_SAMPLES:
+            # ``from_histogram(counts.items())`` without its merging: the buckets are distinct positive floats, and
+            # a whole count as a float is the same weight as 1.0 summed once per request
+            keys = sorted(counts)
+            dist = EmpiricalDistribution(tuple(keys), tuple([float(counts[b]) for b in keys]))
         instances = tuple(InstanceState(i.name, i.role, i.in_flight(), i.draining) for i in sim.pd)
         return RoleObservation(
             instances,

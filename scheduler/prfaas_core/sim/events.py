@@ -35,8 +35,9 @@ class EventQueue:
 
     def at(self, time_s: float, callback: Callback, arg: Any = None) -> None:
         """Run ``callback(arg)`` at ``time_s`` (never before now: a past time runs at once, in order)."""
-        self._seq += 1
-        heapq.heappush(self._heap, (time_s if time_s > self.now_s else self.now_s, self._seq, callback, arg))
+        seq = self._seq = self._seq + 1
+        now = self.now_s
+        heapq.heappush(self._heap, (time_s if time_s > now else now, seq, callback, arg))
 
     def at_all(self, events: Iterable[tuple[float, Callback, Any]]) -> None:
         """:meth:`at` for each ``(time_s, callback, arg)`` in turn (the same order), kept beside the heap."""

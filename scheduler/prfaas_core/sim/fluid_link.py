@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from .events import EventQueue
@@ -137,7 +138,8 @@ class FluidLink:
             for s in self._streams.values():
                 if s.rate:
                     sent = s.sent + s.rate * dt
-                    cap = s.produced(now_s)
+                    # (``s.produced(now_s)`` inline, here and below: the link's hot path)
+                    cap = s.size if now_s >= s.prod_end_s else s.prod_rate * (now_s - s.prod_start_s)
                     s.sent = sent if sent < cap else cap
             self._sent_before += self._agg_rate * dt
             self._last_s = now_s
@@ -157,13 +159,13 @@ class FluidLink:
         capped: list[tuple[float, Stream]] = []
         free: list[Stream] = []
         for s in streams.values():
-            if now_s < s.prod_end_s and s.sent >= s.produced(now_s) - _EPS_BYTES:
+            if now_s < s.prod_end_s and s.sent >= s.prod_rate * (now_s - s.prod_start_s) - _EPS_BYTES:
                 capped.append((min(s.prod_rate, s.pace), s))
             elif s.pace < math.inf:
                 capped.append((s.pace, s))
             else:
                 free.append(s)
-        capped.sort(key=lambda cs: cs[0])
+        capped.sort(key=itemgetter(0))
         left = self.capacity
         n_left = len(capped) + len(free)
         for i, (cap, s) in enumerate(capped):
@@ -194,7 +196,7 @@ class FluidLink:
             if t_end < s.prod_end_s:
                 t_end = s.prod_end_s
             if now_s < s.prod_end_s and rate > s.prod_rate:
-                backlog = s.produced(now_s) - s.sent
+                backlog = s.prod_rate * (now_s - s.prod_start_s) - s.sent
                 t_catch = now_s + backlog / (rate - s.prod_rate)
                 if t_catch < t_end:
                     t_end = t_catch

@@ -173,10 +173,11 @@ def dispatch(
     replica: int,
     local_tokens: int,
     local_wait_s: float | None = None,
+    slo_ttft_s: float | None = None,
 ) -> bool:
     """Ask the gateway for a window for this remote candidate; book it and schedule the prefill at its start
-    (True), or leave the request to the local side (False). ``local_wait_s``: PD's least prefill wait now, when
-    the caller has it (else read here)."""
+    (True), or leave the request to the local side (False). ``local_wait_s``: PD's least prefill wait now, and
+    ``slo_ttft_s``: the request's TTFT objective, when the caller has them (else read here)."""
     assert sim.gateway is not None
     uncached, nbytes, spill = ask
     now = sim.events.now_s
@@ -184,7 +185,7 @@ def dispatch(
     prefill_s = sim.prfaas_seconds(float(max(uncached, 1)))
     local_wait = (sim.least_wait(sim.pd, now) if local_wait_s is None else local_wait_s) or 0.0
     local_ttft = local_wait + sim.pd_seconds(float(max(local_tokens, 1)))
-    slo = ttft_objective_s(sim.cfg.slo, spec.input_tokens)
+    slo = ttft_objective_s(sim.cfg.slo, spec.input_tokens) if slo_ttft_s is None else slo_ttft_s
     choice, booking = sim.gateway.ask(now, nbytes, prefill_s, sim.link_params, local_ttft, slo, spill, local_wait)
     if booking is None:
         return False

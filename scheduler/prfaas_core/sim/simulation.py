@@ -79,8 +79,10 @@ class Simulation(DecodeSide):
         self.duration_s = duration_s
         inputs = config.inputs
         self.kv = inputs.kv
-        self.prfaas_seconds = inputs.prfaas_hardware.prefill_seconds
-        self.pd_seconds = inputs.pd_hardware.prefill_seconds
+        # ``T_prefill`` of each side: the profiles' curves themselves (``HardwareProfile.prefill_seconds`` calls its
+        # curve; called per request, per instance and per booked stream, the curve is one call less)
+        self.prfaas_seconds = inputs.prfaas_hardware.prefill_curve
+        self.pd_seconds = inputs.pd_hardware.prefill_curve
         decode = inputs.pd_hardware.decode
         assert decode is not None  # PlanInputs guarantees a decode capacity
         self.step_s = decode.step_time_s
@@ -130,13 +132,18 @@ class Simulation(DecodeSide):
         self._stop_s = math.inf
         self._progress: ProgressFn | None = None
         self.views, self.route_maps = PickerViews(), RouteMaps(LINK, self.ledgers)
+        self._links_map = {LINK: self.link_params}
+        self._ledger_maps = [{LINK: ledger} for ledger in self.ledgers]
+        self._bounds = ThresholdBounds(self.t_min)
+        self._threshold_held = ThresholdDecision(self.t, 0, self.threshold_reason)
 
     # --- running -----------------------------------------------------------------------------------------
 
     def run(self, until_s: float | None = None, progress: ProgressFn | None = None) -> RunResult:
         """Run to ``until_s`` (default: until every request has finished, at most ``3 × duration + 600`` s)."""
         ev = self.events
-        ev.at_all([(spec.arrival_s, self._arrive, Req(spec)) for spec in self.requests])
+        arrive = self._arrive_spec  # (a request's state is made when it arrives: nothing held before, for GC)
+        ev.at_all([(spec.arrival_s, arrive, spec) for spec in self.requests])
         for step in self.cfg.link.schedule:
             ev.at(step.at_seconds, self._set_capacity, step.capacity_gbps)
         ev.at(1.0, self._tick, None)
@@ -164,6 +171,9 @@ class Simulation(DecodeSide):
         return r
 
     # --- arrival and routing -------------------------------------------------------------------------------
+
+    def _arrive_spec(self, spec: SimRequest) -> None:
+        self._arrive(Req(spec))
 
     def _arrive(self, req: Req) -> None:
         now = self.events.now_s
@@ -195,9 +205,10 @@ class Simulation(DecodeSide):
         k = req.replica = (self.arrived - 1) % len(self.ledgers)
         links, states, ledgers, remotes = self.route_maps.get(k, self.link_params, self.link_states[k], l_prf)
         local_wait = self.least_wait(self.pd, now)  # routing changes no queue: the gateway's ask reads it too
+        slo = ttft_objective_s(self.cfg.slo, total)
         tick = RouteTick(
             now,
-            RouteRequest(total, l_pd, l_prf, ttft_objective_s(self.cfg.slo, total), held),
+            RouteRequest(total, l_pd, l_prf, slo, held),
             self.t,
             self.kv,
             self.prfaas_seconds,
@@ -216,7 +227,7 @@ class Simulation(DecodeSide):
         if self.gateway is not None:
             ask = windows.remote_candidate(decision, self.kv, total, l_pd, l_prf, self.link_states[k].scarce, held)
             if ask is not None:
-                if windows.dispatch(self, req, ask, k, total - l_pd, local_wait):
+                if windows.dispatch(self, req, ask, k, total - l_pd, local_wait, slo):
                     return
                 self._to_pd_prefill(req, total - l_pd)
                 return
@@ -241,7 +252,7 @@ class Simulation(DecodeSide):
         if self.cfg.live_threshold:
             self.window.add(now, uncached)
         if self.loop_state is not None:
-            self.control.lengths.append((now, uncached))
+            self.control.record(now, uncached)
 
     def redispatch_prefill(self, req: Req) -> None:
         """A queued PD prefill whose instance was flipped before it started (forced flip)."""
@@ -388,19 +399,28 @@ class Simulation(DecodeSide):
         live = self.cfg.live_threshold and now <= self.duration_s  # after the last arrival nothing reads t
         window_s = self.cfg.threshold_window_s
         lengths = self.window.within(now, window_s) if live else ()
-        for k, ledger in enumerate(self.ledgers):  # replica 0's t is the one in force (one t for the routers)
+        # the tick's maps and values made again only when what they hold changed (the refresh reads them)
+        if self._links_map[LINK] is not params:
+            self._links_map = {LINK: params}
+        if self._bounds.min_tokens is not self.t_min:
+            self._bounds = ThresholdBounds(self.t_min)
+        measured = {LINK: egress}
+        for k in range(len(self.ledgers)):  # replica 0's t is the one in force (one t for the routers)
+            held = self._threshold_held
+            if held.tokens is not self.t or held.reason is not self.threshold_reason:
+                held = self._threshold_held = ThresholdDecision(self.t, 0, self.threshold_reason)
             done = refresh(
                 RefreshTick(
                     now,
-                    {LINK: params},
-                    {LINK: ledger},
+                    self._links_map,
+                    self._ledger_maps[k],
                     {LINK: self.link_states[k]},
-                    ThresholdBounds(self.t_min),
+                    self._bounds,
                     self.kv,
                     lengths,
                     min(window_s, now),
-                    ThresholdDecision(self.t, 0, self.threshold_reason),
-                    {LINK: egress},
+                    held,
+                    measured,
                     decide_threshold=live and k == 0,
                 ),
                 self.policy,

@@ -1,6 +1,6 @@
-"""What the simulation hands the policies per event, made once per value: immutable views, so one is shared by every
-call that would have built an equal one (a view per instance per request, and a link map per arrival, were the
-simulator's hot-path allocations)."""
+"""What the simulation hands the policies per event, made once per value where values repeat: views the policies
+only read, so one is shared by every call that would have built an equal one (a decode view per instance per
+request, and a link map per arrival, were the simulator's hot-path allocations)."""
 
 from __future__ import annotations
 
@@ -11,33 +11,37 @@ from .instances import Instance
 
 
 class PickerViews:
-    """The instance pickers' views of each instance, made again only when what one shows changed."""
+    """The instance pickers' views of each instance: a decode view made again only when what it shows changed."""
 
     def __init__(self) -> None:
-        self._decode: dict[str, tuple[tuple[int, int, bool, bool], InstanceView]] = {}
-        self._prefill: dict[str, tuple[tuple[float, int, bool, bool], InstanceView]] = {}
+        self._decode: dict[str, InstanceView] = {}
 
     def decode(self, i: Instance, now: float) -> InstanceView:
         """The decode picker's view of ``i``: its load and slots, health and draining."""
-        key = (i.decode_load, i.decode_slots, now >= i.available_at_s, i.draining)
         held = self._decode.get(i.name)
-        if held is not None and held[0] == key:
-            return held[1]
-        load, slots, healthy, draining = key
-        view = InstanceView(i.name, active_decodes=load, decode_slots=slots, healthy=healthy, draining=draining)
-        self._decode[i.name] = (key, view)
+        load = i.active + len(i.waiting)  # (``decode_load``)
+        healthy = now >= i.available_at_s
+        if (
+            held is not None
+            and held.active_decodes == load
+            and held.decode_slots == i.decode_slots
+            and held.healthy == healthy
+            and held.draining == i.draining
+        ):
+            return held
+        view = InstanceView(
+            i.name, active_decodes=load, decode_slots=i.decode_slots, healthy=healthy, draining=i.draining
+        )
+        self._decode[i.name] = view
         return view
 
-    def prefill(self, i: Instance, now: float, cached: int) -> InstanceView:
-        """The prefill picker's view of ``i`` for a request of which it holds ``cached`` tokens."""
-        key = (i.queued_prefill_s(now), cached, now >= i.available_at_s, i.draining)
-        held = self._prefill.get(i.name)
-        if held is not None and held[0] == key:
-            return held[1]
-        queued, _, healthy, draining = key
-        view = InstanceView(i.name, queued, cached, healthy=healthy, draining=draining)
-        self._prefill[i.name] = (key, view)
-        return view
+    @staticmethod
+    def prefill(i: Instance, now: float, cached: int) -> InstanceView:
+        """The prefill picker's view of ``i`` for a request of which it holds ``cached`` tokens (made every time:
+        its queued work moves with the clock, so a view held from an earlier request seldom still matched)."""
+        return InstanceView(
+            i.name, i.queued_prefill_s(now), cached, healthy=now >= i.available_at_s, draining=i.draining
+        )
 
 
 class RouteMaps:
