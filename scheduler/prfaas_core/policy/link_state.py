@@ -174,19 +174,28 @@ class EgressLedger:
     _own_at_measurement_gbps: float = 0.0
     _oldest_start_s: float = field(default=math.inf, repr=False, compare=False)
     """At most the earliest ``start_s`` booked (may lag low after a finish): nothing younger can expire."""
+    _ends: tuple[float, int, int, list[float]] = field(default=(math.nan, 0, 0, []), repr=False, compare=False)
+    """The last :meth:`_lane_ends` (its time, lanes and :attr:`_changes` then): a request reads them twice
+    (its queue wait, its admission) and the calendar once more."""
+    _changes: int = field(default=0, repr=False, compare=False)
+    """Bumped by every change of the booked streams."""
 
     def set_lanes(self, lanes: int) -> None:
         """The number of PrFaaS instances that prefill in parallel (0: unknown, count from dispatch)."""
         self.lanes = max(0, lanes)
 
     def _lane_ends(self, now_s: float) -> list[float]:
-        """When each lane frees up: the end of its last scheduled stream, never before ``now_s``."""
+        """When each lane frees up: the end of its last scheduled stream, never before ``now_s`` (read only)."""
         lanes = self.lanes
+        at, at_lanes, changes, ends = self._ends
+        if at == now_s and at_lanes == lanes and changes == self._changes:
+            return ends
         ends = [now_s] * lanes
         for t in self._active.values():
             lane = t.lane
             if 0 <= lane < lanes and t.end_s > ends[lane]:
                 ends[lane] = t.end_s
+        self._ends = (now_s, lanes, self._changes, ends)
         return ends
 
     def start(
@@ -212,12 +221,14 @@ class EgressLedger:
             lane = min(range(self.lanes), key=ends.__getitem__)
             transfer = Transfer(bytes_, ends[lane], duration_s, lane, stream_duration_s=stream_s)
         self._active[key] = transfer
+        self._changes += 1
         self._oldest_start_s = min(self._oldest_start_s, transfer.start_s)
         return transfer
 
     def reserve(self, key: str, transfer: Transfer) -> Transfer:
         """Book a planned stream (a window from :func:`~.link_calendar.earliest_window`) in the calendar."""
         self._active[key] = transfer
+        self._changes += 1
         self._oldest_start_s = min(self._oldest_start_s, transfer.start_s)
         return transfer
 
@@ -228,7 +239,7 @@ class EgressLedger:
 
     def lane_ends(self, now_s: float) -> list[float]:
         """When each lane frees up (empty without lanes)."""
-        return self._lane_ends(now_s)
+        return list(self._lane_ends(now_s))
 
     def others_gbps(self, now_s: float, params: LinkParams) -> float:
         """Other replicas' measured egress (0 without a fresh measurement, or when this ledger sees them all)."""
@@ -241,7 +252,8 @@ class EgressLedger:
         return min(self._lane_ends(now_s)) - now_s
 
     def finish(self, key: str) -> None:
-        self._active.pop(key, None)
+        if self._active.pop(key, None) is not None:
+            self._changes += 1
 
     def keys(self, now_s: float) -> list[str]:
         """The keys of every stream booked or in flight (expired ones dropped)."""
@@ -270,6 +282,7 @@ class EgressLedger:
         ]
         for k in stale:
             del self._active[k]
+        self._changes += len(stale)
         self._oldest_start_s = min((t.start_s for t in self._active.values()), default=math.inf)
 
     def own_gbps(self, now_s: float) -> float:
