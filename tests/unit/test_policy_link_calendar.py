@@ -15,8 +15,8 @@ from prfaas_core.policy.link_calendar import (
     choose_window,
     earliest_window,
     max_wait_s,
-    window_by_deadline,
 )
+from prfaas_core.policy.link_deadline import window_by_deadline
 from prfaas_core.policy.link_state import EgressLedger, LinkParams
 
 LINK = LinkParams("l", capacity_gbps=10.0, max_utilization=0.8)  # cap 8 Gbps

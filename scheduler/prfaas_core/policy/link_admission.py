@@ -5,7 +5,7 @@ The real gateway (``prfaas_router``'s admission: headers in, holds, timers, leas
 simulator's gateway (:mod:`prfaas_core.sim.gateway`) both call :func:`admit` and apply its :class:`Booking` with
 :func:`book`; nobody composes the calendar's calls again. The rules, in order:
 
-1. the calendar's window (:func:`~.link_calendar.window_by_deadline` with the lane order ``deadline``: a request
+1. the calendar's window (:func:`~.link_deadline.window_by_deadline` with the lane order ``deadline``: a request
    due sooner may go ahead of held bookings due later; ``arrival``: :func:`~.link_calendar.earliest_window`'s
    order, first booked first served); none when the ceiling is 0 (``overloaded``);
 2. a window that starts later than the caller's ``max_wait_s`` (``link_window``, with the earliest start);
@@ -28,7 +28,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .link_calendar import Deadline, SiteCap, StreamTiming, Window, window_by_deadline
+from .link_calendar import Deadline, SiteCap, StreamTiming, Window
+from .link_deadline import window_by_deadline
 from .link_state import EgressLedger, LinkParams, Transfer
 
 LaneOrder = Literal["deadline", "arrival"]

@@ -37,7 +37,6 @@ from ..policy.short_term import (
     refresh,
     route,
 )
-from ..policy.threshold import ThresholdBounds, ThresholdDecision
 from ..request.slo import ttft_objective_s
 from . import gateway as windows
 from .arrivals import SimRequest
@@ -132,10 +131,6 @@ class Simulation(DecodeSide):
         self._stop_s = math.inf
         self._progress: ProgressFn | None = None
         self.views, self.route_maps = PickerViews(), RouteMaps(LINK, self.ledgers)
-        self._links_map = {LINK: self.link_params}
-        self._ledger_maps = [{LINK: ledger} for ledger in self.ledgers]
-        self._bounds = ThresholdBounds(self.t_min)
-        self._threshold_held = ThresholdDecision(self.t, 0, self.threshold_reason)
 
     # --- running -----------------------------------------------------------------------------------------
 
@@ -399,32 +394,14 @@ class Simulation(DecodeSide):
         live = self.cfg.live_threshold and now <= self.duration_s  # after the last arrival nothing reads t
         window_s = self.cfg.threshold_window_s
         lengths = self.window.within(now, window_s) if live else ()
-        # the tick's maps and values made again only when what they hold changed (the refresh reads them)
-        if self._links_map[LINK] is not params:
-            self._links_map = {LINK: params}
-        if self._bounds.min_tokens is not self.t_min:
-            self._bounds = ThresholdBounds(self.t_min)
         measured = {LINK: egress}
         for k in range(len(self.ledgers)):  # replica 0's t is the one in force (one t for the routers)
-            held = self._threshold_held
-            if held.tokens is not self.t or held.reason is not self.threshold_reason:
-                held = self._threshold_held = ThresholdDecision(self.t, 0, self.threshold_reason)
-            done = refresh(
-                RefreshTick(
-                    now,
-                    self._links_map,
-                    self._ledger_maps[k],
-                    {LINK: self.link_states[k]},
-                    self._bounds,
-                    self.kv,
-                    lengths,
-                    min(window_s, now),
-                    held,
-                    measured,
-                    decide_threshold=live and k == 0,
-                ),
-                self.policy,
+            links, ledgers, bounds, held = self.route_maps.refresh_values(
+                k, params, self.t_min, self.t, self.threshold_reason
             )
+            state, window, decide = {LINK: self.link_states[k]}, min(window_s, now), live and k == 0
+            tick = RefreshTick(now, links, ledgers, state, bounds, self.kv, lengths, window, held, measured, decide)
+            done = refresh(tick, self.policy)
             self.link_states[k] = done.links[LINK]
             if k == 0:
                 self.t, self.threshold_reason = done.threshold.tokens, done.threshold.reason

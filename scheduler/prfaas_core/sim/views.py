@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..policy.link_state import EgressLedger, LinkParams, LinkState
 from ..policy.routing import InstanceView
 from ..policy.short_term import RemoteSide
+from ..policy.threshold import ThresholdBounds, ThresholdDecision
 from .instances import Instance
 
 
@@ -55,6 +56,8 @@ class RouteMaps:
         self._params: dict[str, LinkParams] = {}
         self._states: list[dict[str, LinkState]] = [{} for _ in ledgers]
         self._remotes: dict[int, tuple[RemoteSide, ...]] = {}
+        self._bounds: ThresholdBounds | None = None
+        self._held: ThresholdDecision | None = None
 
     def get(
         self, replica: int, params: LinkParams, state: LinkState, prfaas_cached: int
@@ -68,3 +71,19 @@ class RouteMaps:
         if remotes is None:
             remotes = self._remotes[prfaas_cached] = (RemoteSide("prfaas", link, None, prfaas_cached),)
         return self._params, self._states[replica], self._ledgers[replica], remotes
+
+    def refresh_values(
+        self, replica: int, params: LinkParams, t_min: int, t: int, reason: str
+    ) -> tuple[dict[str, LinkParams], dict[str, EgressLedger], ThresholdBounds, ThresholdDecision]:
+        """What a replica's :class:`~prfaas_core.policy.short_term.RefreshTick` reads besides its state: the
+        link's parameters and ledger (the route's maps), the bounds of ``t`` and the ``t`` held (new ones when
+        they change)."""
+        link = self.link
+        if self._params.get(link) is not params:
+            self._params = {link: params}
+        if self._bounds is None or self._bounds.min_tokens is not t_min:
+            self._bounds = ThresholdBounds(t_min)
+        held = self._held
+        if held is None or held.tokens is not t or held.reason is not reason:
+            held = self._held = ThresholdDecision(t, 0, reason)
+        return self._params, self._ledgers[replica], self._bounds, held

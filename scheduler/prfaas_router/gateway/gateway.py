@@ -377,9 +377,7 @@ class Gateway:
         window = [(t, n, b) for t, n, b in self.served if now - t <= WINDOW_S]
         engines = rt.snapshot.engines
         ready = sum(
-            1
-            for e in rt.compiled.prefill
-            if engines.get(e.name, IDLE).healthy and e.name not in rt.compiled.draining
+            1 for e in rt.compiled.prefill if engines.get(e.name, IDLE).healthy and e.name not in rt.compiled.draining
         )
         queue = sum(engines.get(e.name, IDLE).waiting for e in rt.compiled.prefill)
         gw = rt.compiled.config.gateway
