@@ -66,15 +66,10 @@ def _split(inputs: PlanInputs, t: float, kv: bool = True) -> tuple[float, float,
     """:func:`split_lengths`' ``(p, l_long, l_short, S̄_kv)``; without ``kv``, ``S̄_kv`` is not computed (nan)."""
     dist = inputs.lengths
     lo, hi = dist.support()
-    if type(dist) is EmpiricalDistribution:  # the long-term loop's observed lengths: one call, the same values
-        cdf, pe, mean_l, kv_tail = dist.tail(t, inputs.kv.curve if kv else None)
-        p = _clamp(1.0 - cdf)
-        l_short = (mean_l - pe) / (1.0 - p) if p < 1 else lo
-    else:
-        p = _clamp(1.0 - dist.cdf(t))
-        pe = dist.partial_moment(1, t, math.inf)
-        l_short = (mean(dist) - pe) / (1.0 - p) if p < 1 else lo
-        kv_tail = expect(dist, inputs.kv.curve, t, math.inf) if kv and p > 0 else math.nan
+    p = _clamp(1.0 - dist.cdf(t))
+    pe = dist.partial_moment(1, t, math.inf)
+    l_short = (mean(dist) - pe) / (1.0 - p) if p < 1 else lo
+    kv_tail = expect(dist, inputs.kv.curve, t, math.inf) if kv and p > 0 else math.nan
     l_long = pe / p if p > 0 else hi
     if not kv:
         return p, l_long, l_short, math.nan

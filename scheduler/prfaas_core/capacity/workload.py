@@ -201,36 +201,6 @@ class EmpiricalDistribution:
         i, j = self._index_le(lo), self._index_le(hi)
         return self._cum[k][j] - self._cum[k][i] if j > i else 0.0
 
-    def tail(self, t: float, f: PiecewisePolynomial | None) -> tuple[float, float, float, float]:
-        """``(cdf(t), partial_moment(1, t, inf), E[L], expect(self, f, t, inf))`` in one call: the same values
-        (the same operations) as those four calls, which :func:`~.throughput.split_lengths` makes for every ``t``
-        the long-term loop's Eq. 7 tries (without ``f``: the last is nan, not computed)."""
-        lengths, cum = self.lengths, self._cum
-        n = len(lengths)
-        i = bisect.bisect_right(lengths, t)
-        cum1 = cum[1]
-        pe = 0.0 if t >= math.inf else cum1[n] - cum1[i] if n > i else 0.0
-        i0 = bisect.bisect_right(lengths, -math.inf)
-        mean_l = cum1[n] - cum1[i0] if n > i0 else 0.0
-        if f is None:
-            return cum[0][i], pe, mean_l, math.nan
-        total = 0.0
-        for piece in f.pieces:
-            a, b = max(t, piece.lo), min(math.inf, piece.hi)
-            if a >= b:
-                continue
-            c0, c1, c2 = piece.coeffs
-            ia, jb = bisect.bisect_right(lengths, a), bisect.bisect_right(lengths, b)
-            if jb > ia:
-                total += c0 * (cum[0][jb] - cum[0][ia]) + c1 * (cum1[jb] - cum1[ia])
-                if c2:
-                    total += c2 * (cum[2][jb] - cum[2][ia])
-            else:
-                total += c0 * 0.0 + c1 * 0.0
-                if c2:
-                    total += c2 * 0.0
-        return cum[0][i], pe, mean_l, total
-
     def quantile(self, q: float) -> float:
         """The smallest length whose CDF reaches ``q``."""
         cum = self._cum[0]

@@ -207,7 +207,7 @@ class LinkEstimator:
             # rate seen, bounded by the bound in force (streams at the bound are on time: no ratchet down)
             rate = min(best or math.inf, rate_now)
             expected = sum([max(s.expected_s or 0.0, s.bytes * 8.0 / GBPS_BITS / rate / ts) for s in recent])
-            actual = sum([max(s.end_s - s.start_s, 1e-9) for s in recent])  # (each sample's ``seconds``)
+            actual = sum([s.seconds for s in recent])
             slowed = expected < p.slowdown * actual and actual - expected > p.min_excess_s * len(recent)
         if slowed or overdue:
             # overdue: the pulls in flight have moved at most their bytes in the oldest one's age

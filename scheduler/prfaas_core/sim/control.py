@@ -117,12 +117,8 @@ class SimControl:
             else:
                 counts[b] -= 1
         n_seen = len(lengths)
-        dist = None
-        if n_seen >= MIN_LENGTH_SAMPLES:
-            # ``from_histogram(counts.items())`` without its merging: the buckets are distinct positive floats, and
-            # a whole count as a float is the same weight as 1.0 summed once per request
-            keys = sorted(counts)
-            dist = EmpiricalDistribution(tuple(keys), tuple([float(counts[b]) for b in keys]))
+        # (a whole count as a float is the same weight as 1.0 summed once per request)
+        dist = EmpiricalDistribution.from_histogram(counts.items()) if n_seen >= MIN_LENGTH_SAMPLES else None
         instances = tuple(InstanceState(i.name, i.role, i.in_flight(), i.draining) for i in sim.pd)
         return RoleObservation(
             instances,

@@ -138,8 +138,7 @@ class FluidLink:
             for s in self._streams.values():
                 if s.rate:
                     sent = s.sent + s.rate * dt
-                    # (``s.produced(now_s)`` inline, here and below: the link's hot path)
-                    cap = s.size if now_s >= s.prod_end_s else s.prod_rate * (now_s - s.prod_start_s)
+                    cap = s.produced(now_s)
                     s.sent = sent if sent < cap else cap
             self._sent_before += self._agg_rate * dt
             self._last_s = now_s
@@ -159,7 +158,7 @@ class FluidLink:
         capped: list[tuple[float, Stream]] = []
         free: list[Stream] = []
         for s in streams.values():
-            if now_s < s.prod_end_s and s.sent >= s.prod_rate * (now_s - s.prod_start_s) - _EPS_BYTES:
+            if now_s < s.prod_end_s and s.sent >= s.produced(now_s) - _EPS_BYTES:
                 capped.append((min(s.prod_rate, s.pace), s))
             elif s.pace < math.inf:
                 capped.append((s.pace, s))
@@ -196,7 +195,7 @@ class FluidLink:
             if t_end < s.prod_end_s:
                 t_end = s.prod_end_s
             if now_s < s.prod_end_s and rate > s.prod_rate:
-                backlog = s.prod_rate * (now_s - s.prod_start_s) - s.sent
+                backlog = s.produced(now_s) - s.sent
                 t_catch = now_s + backlog / (rate - s.prod_rate)
                 if t_catch < t_end:
                     t_end = t_catch

@@ -126,9 +126,7 @@ class Instance:
 
 def least_wait(pool: list[Instance], now: float) -> float | None:
     """The queued prefill work on the least-loaded available prefill instance (what a router predicts)."""
-    waits = [  # (each one's ``queued_prefill_s(now)``)
-        i.busy_until_s - now if i.busy_until_s > now else 0.0
-        for i in pool
-        if i.role == "prefill" and not i.draining and now >= i.available_at_s
+    waits = [
+        i.queued_prefill_s(now) for i in pool if i.role == "prefill" and not i.draining and now >= i.available_at_s
     ]
     return min(waits) if waits else None

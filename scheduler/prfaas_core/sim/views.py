@@ -20,7 +20,7 @@ class PickerViews:
     def decode(self, i: Instance, now: float) -> InstanceView:
         """The decode picker's view of ``i``: its load and slots, health and draining."""
         held = self._decode.get(i.name)
-        load = i.active + len(i.waiting)  # (``decode_load``)
+        load = i.decode_load
         healthy = now >= i.available_at_s
         if (
             held is not None
