@@ -109,11 +109,21 @@ def register(sub: Any) -> None:
         "books and required on the peers' (401 without it); re-read when it changes. Required with --peers or "
         "--peers-dns (a router without peers serves no books path)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="router processes serving --port (SO_REUSEPORT), sharing their books and their /metrics, so one "
+        "router uses N cores (default 1; router mode only: a gateway is one process). Stopping the parent stops "
+        "them; a worker that exits stops the others",
+    )
+    p.add_argument("--worker-port", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from prfaas_router.edge.app import check_secure
+    from prfaas_router.edge.app import WORKERS_GATEWAY, check_secure
     from prfaas_router.edge.app import run as run_router
     from prfaas_router.state.config import ConfigError, load_config
     from prfaas_router.state.peers import ReplicaPeers, parse_peers_dns
@@ -122,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     peers = [u.strip() for arg in args.peers for u in arg.split(",") if u.strip()]
     try:
+        if args.workers < 1:
+            raise UsageError(f"--workers wants a count of 1 or more, got {args.workers}")
         if not args.wait_for_config:  # else the router judges the file itself, and waits until it is usable
             try:
                 config, _ = load_config(args.config, args.settings)
@@ -146,8 +158,14 @@ def run(args: argparse.Namespace) -> int:
                 "--peers / --peers-dns need --peers-token-file: the replicas' books steer routing and share the "
                 "clients' port (chart: router.replicaSync.tokenSecret, generated when empty)"
             )
+        if args.workers > 1 and not args.wait_for_config and config.mode == "gateway":
+            raise UsageError(WORKERS_GATEWAY)
     except (ValueError, UsageError) as exc:  # InsecureGatewayError, an unreadable token file, a malformed peer
         return fail(exc)
+    if args.workers > 1:
+        from .router_workers import supervise
+
+        return supervise(args, peers)
     try:
         settings = Path(args.settings) if args.settings else None
         models = frozenset(args.model) if args.model else None
@@ -161,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             models,
             replicas,
             args.wait_for_config,
+            args.worker_port,
         )
     except KeyboardInterrupt:
         return EXIT_OK

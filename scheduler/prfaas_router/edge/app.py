@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge
 
 from prfaas_core import names
 from prfaas_core.api import RouterConfig
@@ -21,7 +21,7 @@ from prfaas_core.api import RouterConfig
 from ..gateway.gateway import Gateway
 from ..path.proxy import Proxy
 from ..state.config import ConfigWatcher, compile_config, load_config
-from ..state.metrics import RouterMetrics
+from ..state.metrics import RouterMetrics, exposition
 from ..state.peers import NO_PEERS, ReplicaPeers, ReplicaSync
 from ..state.runtime import Runtime
 from ..state.security import (
@@ -58,6 +58,10 @@ def check_secure(config: RouterConfig, allow_insecure_gateway: bool) -> None:
 
 
 WATCHER = web.AppKey("watcher", ConfigWatcher)
+WORKERS_GATEWAY = (
+    "a gateway (mode: gateway) runs as one process: its link admission is one process's state (run gateway replicas, "
+    "which lend each other their link share, instead of --workers)"
+)
 
 
 def create_app(
@@ -252,7 +256,7 @@ async def _ready(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    data = generate_latest(request.app[METRICS].registry)
+    data = exposition(request.app[METRICS].registry)
     return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -278,9 +282,13 @@ def run(
     models: frozenset[str] | None = None,
     peers: ReplicaPeers = NO_PEERS,
     wait_for_config: bool = False,
+    worker_port: int | None = None,
 ) -> None:
-    """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies)."""
-    main = serve(config_path, host, port, settings_path, allow_insecure_gateway, models, peers, wait_for_config)
+    """Serve until interrupted, on uvloop when it is installed (it roughly doubles what one core proxies).
+    ``worker_port``: this process is one of several workers sharing ``port`` (:func:`serve`)."""
+    main = serve(
+        config_path, host, port, settings_path, allow_insecure_gateway, models, peers, wait_for_config, worker_port
+    )
     try:
         import uvloop
     except ImportError:  # optional speedup
@@ -299,12 +307,18 @@ async def serve(
     models: frozenset[str] | None = None,
     peers: ReplicaPeers = NO_PEERS,
     wait_for_config: bool = False,
+    worker_port: int | None = None,
 ) -> None:
-    """Run until cancelled (the CLI's ``prfaas router``); with ``wait_for_config``, first :func:`await_config`."""
+    """Run until cancelled (the CLI's ``prfaas router``); with ``wait_for_config``, first :func:`await_config`.
+    ``worker_port``: one of ``prfaas router --workers N``'s processes, which share ``port`` (SO_REUSEPORT) and each
+    serve on 127.0.0.1:``worker_port`` too, where their siblings send their books."""
+    shared = worker_port is not None
     if wait_for_config:
-        config = await await_config(config_path, settings_path, allow_insecure_gateway, host, port)
+        config = await await_config(config_path, settings_path, allow_insecure_gateway, host, port, shared=shared)
     else:
         config, _ = load_config(config_path, settings_path)
+    if shared and config.mode == "gateway":
+        raise ValueError(WORKERS_GATEWAY)
     app = create_app(
         config,
         config_path,
@@ -313,7 +327,7 @@ async def serve(
         models=models,
         peers=peers,
     )
-    runner, _ = await start_listener(app, app[HYGIENE], host, port, server_ssl_context(app))
+    runner, _ = await start_listener(app, app[HYGIENE], host, port, server_ssl_context(app), shared, worker_port)
     gc.freeze()  # what startup allocated (config, profiles, modules) stays out of every later collection
     log.info("router listening", host=host, port=port, mode=config.mode, config=str(config_path))
     try:
@@ -354,6 +368,7 @@ async def await_config(
     host: str,
     port: int,
     poll_s: float = CONFIG_WAIT_POLL_S,
+    shared: bool = False,
 ) -> RouterConfig:
     """The first usable configuration (:func:`usable_config`, polled every ``poll_s``); until then a listener on
     ``host:port`` answers as the section above says, in plain HTTP (the TLS files are named by the config)."""
@@ -361,14 +376,16 @@ async def await_config(
     if config is not None:
         return config
     registry = CollectorRegistry()
-    Gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=registry).set(0)
+    Gauge(
+        names.METRIC_ROUTER_READY, "1 while the router can serve.", multiprocess_mode="livemin", registry=registry
+    ).set(0)
     reason = [why]
 
     async def waiting(request: web.Request) -> web.Response:
         if request.path == "/health":
             return web.json_response({"status": "ok", "config": "waiting"})
         if request.path == "/metrics":
-            return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+            return web.Response(body=exposition(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
         message = f"not ready: no usable configuration yet: {reason[0]}"
         return web.json_response({**error_body(503, message, "service_unavailable"), "config_digest": None}, status=503)
 
@@ -376,7 +393,7 @@ async def await_config(
     app.router.add_route("*", "/{tail:.*}", waiting)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=shared or None).start()
     log.warning("no usable configuration yet: waiting for it (/ready answers 503)", config=str(config_path), error=why)
     try:
         while config is None:

@@ -137,7 +137,12 @@ class Hygiene:
         """``authenticating``: a gateway with a token (:class:`ConnBudget`)."""
         self.settings = settings
         self.budget = ConnBudget(authenticating)
-        self.open = Gauge(names.METRIC_ROUTER_OPEN_CONNECTIONS, "Client connections open.", registry=registry)
+        self.open = Gauge(
+            names.METRIC_ROUTER_OPEN_CONNECTIONS,
+            "Client connections open.",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
         self.closed = Counter(
             names.METRIC_ROUTER_CONNECTIONS_CLOSED.removesuffix("_total"),
             "Client connections the listener closed on its own, by reason.",
@@ -272,13 +277,23 @@ class GuardedSite(web.TCPSite):
 
 
 async def start_listener(
-    app: web.Application, hygiene: Hygiene, host: str, port: int, tls: ssl.SSLContext | None
+    app: web.Application,
+    hygiene: Hygiene,
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None,
+    reuse_port: bool = False,
+    side_port: int | None = None,
 ) -> tuple[web.AppRunner, GuardedSite]:
-    """The runner and site of one listener, with the guard installed."""
+    """The runner and site of one listener, with the guard installed. ``reuse_port``: the port is shared with other
+    worker processes (SO_REUSEPORT: the kernel spreads the connections); ``side_port``: the same app also on
+    127.0.0.1 there, this worker's own address for its siblings."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **hygiene.runner_kwargs())
     await runner.setup()
     assert runner.server is not None
     hygiene.install(runner.server)
-    site = GuardedSite(runner, host, port, hygiene, ssl_context=tls, backlog=4096)
+    site = GuardedSite(runner, host, port, hygiene, ssl_context=tls, backlog=4096, reuse_port=reuse_port or None)
     await site.start()
+    if side_port is not None:
+        await GuardedSite(runner, "127.0.0.1", side_port, hygiene, ssl_context=tls).start()
     return runner, site

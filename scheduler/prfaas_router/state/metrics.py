@@ -4,10 +4,13 @@ Prometheus text exposition that every scraper of ours goes through."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_core import names
@@ -61,7 +64,30 @@ def sample_sum(text: str, name: str, labels: Mapping[str, str] | None = None) ->
     return sample_sums(text, (name,), labels).get(name)
 
 
-# --- The router's Prometheus metrics, in a registry of its own (no process-global state)
+# --- The router's Prometheus metrics, in a registry of its own (no process-global state). With ``prfaas router
+# --workers N`` each worker writes its series into the folder named by PROMETHEUS_MULTIPROC_DIR (prometheus_client's
+# multiprocess mode) and a scrape, whichever worker it reaches, reads them all: counters and histograms summed, a
+# gauge by its mode (in flight, open connections, workers: the live workers' sum; health, readiness: their minimum;
+# the rest, each worker's view of one shared thing — t, a breaker, a link — their maximum).
+GaugeMode = Literal["livemax", "livemin", "livesum"]
+
+
+def gauge(
+    name: str, doc: str, labels: Collection[str] = (), *, registry: CollectorRegistry, mode: GaugeMode = "livemax"
+) -> Gauge:
+    """A gauge and how the workers' values combine (:func:`exposition`)."""
+    return Gauge(name, doc, labels, registry=registry, multiprocess_mode=mode)
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """What a scrape of this process answers: every worker's series when they share a multiprocess folder, else
+    ``registry``'s own."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)
+    return generate_latest(registry)
+
 
 FAILURE_KINDS: tuple[tuple[str, str], ...] = (
     ("Timeout", "timeout"),
@@ -100,8 +126,8 @@ class RouterMetrics:
             ["route", "reason"],
             registry=r,
         )
-        self.threshold = Gauge(names.METRIC_ROUTER_THRESHOLD_TOKENS, "Routing threshold t in force.", registry=r)
-        self.threshold_min = Gauge(
+        self.threshold = gauge(names.METRIC_ROUTER_THRESHOLD_TOKENS, "Routing threshold t in force.", registry=r)
+        self.threshold_min = gauge(
             names.METRIC_ROUTER_THRESHOLD_MIN_TOKENS, "t_min: the floor of the routing threshold.", registry=r
         )
         self.uncached_tokens = Histogram(
@@ -136,7 +162,7 @@ class RouterMetrics:
         )
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(reason)
-        self.breaker_open = Gauge(
+        self.breaker_open = gauge(
             names.METRIC_ROUTER_BREAKER_OPEN, "1 while a remote's circuit breaker is open.", ["remote"], registry=r
         )
         self.breaker_transitions = Counter(
@@ -151,8 +177,12 @@ class RouterMetrics:
             ["to", "outcome"],
             registry=r,
         )
-        self.engine_healthy = Gauge(
-            names.METRIC_ROUTER_ENGINE_HEALTHY, "1 while an engine counts as healthy.", ["engine"], registry=r
+        self.engine_healthy = gauge(
+            names.METRIC_ROUTER_ENGINE_HEALTHY,
+            "1 while an engine counts as healthy.",
+            ["engine"],
+            registry=r,
+            mode="livemin",
         )
         self.probe_failures = Counter(
             names.METRIC_ROUTER_HEALTH_PROBE_FAILURES.removesuffix("_total"),
@@ -190,7 +220,7 @@ class RouterMetrics:
             ["engine", "event"],
             registry=r,
         )
-        self.kv_index_blocks = Gauge(
+        self.kv_index_blocks = gauge(
             names.METRIC_ROUTER_KV_INDEX_BLOCKS,
             "Blocks the exact prefix index holds for an engine from its KV events.",
             ["engine"],
@@ -208,24 +238,28 @@ class RouterMetrics:
             ["cluster"],
             registry=r,
         )
-        self.ready = Gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=r)
+        self.ready = gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=r, mode="livemin")
         self.decision_seconds = Histogram(
             names.METRIC_ROUTER_DECISION_SECONDS,
             "Time of the routing decision (policy call).",
             buckets=_DECISION,
             registry=r,
         )
-        self.in_flight = Gauge(names.METRIC_ROUTER_IN_FLIGHT, "Requests in flight.", registry=r)
-        self.link_egress = Gauge(
+        self.in_flight = gauge(names.METRIC_ROUTER_IN_FLIGHT, "Requests in flight.", registry=r, mode="livesum")
+        self.workers = gauge(
+            names.METRIC_ROUTER_WORKERS, "Worker processes serving the port.", registry=r, mode="livesum"
+        )
+        self.workers.set(1)
+        self.link_egress = gauge(
             names.METRIC_ROUTER_LINK_EGRESS_GBPS, "Estimated link egress (model Gbps).", ["link"], registry=r
         )
-        self.link_cap = Gauge(
+        self.link_cap = gauge(
             names.METRIC_ROUTER_LINK_CAP_GBPS,
             "The link's cap: capacity (bounded by the available bandwidth measured) x maxUtilization (model Gbps).",
             ["link"],
             registry=r,
         )
-        self.link_scarce = Gauge(names.METRIC_ROUTER_LINK_SCARCE, "1 while the link is scarce.", ["link"], registry=r)
+        self.link_scarce = gauge(names.METRIC_ROUTER_LINK_SCARCE, "1 while the link is scarce.", ["link"], registry=r)
         self.link_waits = Counter(
             names.METRIC_ROUTER_LINK_WAITS.removesuffix("_total"),
             "Gateway link-window declines, by link and what the router did (waited, local).",
@@ -239,19 +273,19 @@ class RouterMetrics:
             buckets=_WAIT,
             registry=r,
         )
-        self.link_available = Gauge(
+        self.link_available = gauge(
             names.METRIC_ROUTER_LINK_AVAILABLE_GBPS,
             "The link's available bandwidth, estimated from its KV pulls' timing (model Gbps), by link.",
             ["link"],
             registry=r,
         )
-        self.link_available_source = Gauge(
+        self.link_available_source = gauge(
             names.METRIC_ROUTER_LINK_AVAILABLE_SOURCE,
             "1 for the available-bandwidth estimate's current source (configured, streams, stalled), by link.",
             ["link", "source"],
             registry=r,
         )
-        self.replica_peers = Gauge(
+        self.replica_peers = gauge(
             names.METRIC_ROUTER_REPLICA_PEERS,
             "Other router replicas whose PD prefill books this one heard within the expiry.",
             registry=r,
@@ -272,7 +306,7 @@ class RouterMetrics:
         )
         for reason in names.BOOK_REJECTIONS:
             self.replica_books_rejected.labels(reason)
-        self.replica_peer_prefill = Gauge(
+        self.replica_peer_prefill = gauge(
             names.METRIC_ROUTER_REPLICA_PEER_PREFILL_SECONDS,
             "The other replicas' local prefills in flight on each PD prefill instance, as last heard (predicted model "
             "seconds).",
@@ -299,7 +333,7 @@ class RouterMetrics:
             ["link"],
             registry=r,
         )
-        self.gateway_link_available = Gauge(
+        self.gateway_link_available = gauge(
             names.METRIC_GATEWAY_LINK_AVAILABLE_GBPS,
             "Gateway mode: the available bandwidth the link calendar books under (model Gbps), by link and source.",
             ["link", "source"],
@@ -319,7 +353,7 @@ class RouterMetrics:
             buckets=_WAIT,
             registry=r,
         )
-        self.gateway_link_share = Gauge(
+        self.gateway_link_share = gauge(
             names.METRIC_GATEWAY_LINK_SHARE,
             "Gateway mode: this replica's share of the link's ceiling now (base 1 / replicas, less lent, plus "
             "borrowed), by link.",
@@ -339,20 +373,20 @@ class RouterMetrics:
             ["link", "result"],
             registry=r,
         )
-        self.gateway_site_cap = Gauge(
+        self.gateway_site_cap = gauge(
             names.METRIC_GATEWAY_SITE_CAP_GBPS,
             "Gateway mode, fleet: the site's egress cap as this replica books it (model Gbps), by site.",
             ["site"],
             registry=r,
         )
-        self.gateway_site_demand = Gauge(
+        self.gateway_site_demand = gauge(
             names.METRIC_GATEWAY_SITE_DEMAND_GBPS,
             "Gateway mode, fleet: each link's demand on its site (KV offered over the last 10 model s, Gbps), by "
             "site and link.",
             ["site", "link"],
             registry=r,
         )
-        self.gateway_site_share = Gauge(
+        self.gateway_site_share = gauge(
             names.METRIC_GATEWAY_SITE_SHARE_GBPS,
             "Gateway mode, fleet: each link's share of its site's egress cap now (the whole cap while the demands "
             "fit under it, else max-min fair; model Gbps), by site and link.",
@@ -372,7 +406,7 @@ class RouterMetrics:
             ["route", "result"],
             registry=r,
         )
-        self.ttft_slo_objective = Gauge(
+        self.ttft_slo_objective = gauge(
             names.METRIC_ROUTER_TTFT_SLO_OBJECTIVE,
             "The SLO's objective ratio (fraction of requests that must meet their TTFT objective).",
             registry=r,

@@ -164,7 +164,12 @@ class SecurityMetrics:
             ["reason"],
             registry=r,
         )
-        self.insecure = Gauge(names.METRIC_GATEWAY_INSECURE, "1 while the gateway serves without a token.", registry=r)
+        self.insecure = Gauge(
+            names.METRIC_GATEWAY_INSECURE,
+            "1 while the gateway serves without a token.",
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         self.reloads = Counter(
             names.METRIC_ROUTER_CREDENTIAL_RELOADS.removesuffix("_total"),
             "Credential file changes seen, by credential and result.",

@@ -182,6 +182,7 @@ class KvEventFeed:
             if want.get(name) != url or task.done():  # gone, moved, or its subscription failed (started again)
                 task.cancel()
                 del self._subs[name]
+                self.metrics.kv_index_blocks.labels(name).set(0)  # a worker's series stays in a multiprocess folder
                 with contextlib.suppress(KeyError):
                     self.metrics.kv_index_blocks.remove(name)
         for name, url in want.items():
