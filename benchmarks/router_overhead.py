@@ -3,8 +3,10 @@ both vs a direct connection to it.
 
 * backend: a minimal aiohttp server answering ``POST /v1/completions`` with a fixed one-token completion (and
   ``/health``, ``/metrics`` with the two vLLM queue gauges, which both routers poll);
-* ours: ``prfaas router`` with a RouterConfig of one ``both`` endpoint and no remote — the plain-proxy path
-  (no disaggregation: ``prfaas_router.path.call.plan_local`` returns no prefill instance, one leg goes to the backend);
+* ours: ``prfaas router --workers N`` (``--workers``, default the machine's cores, as vllm-router's threads use
+  them all; with more than one, a one-worker router runs beside it) with a RouterConfig of one ``both`` endpoint and
+  no remote — the plain-proxy path (no disaggregation: ``prfaas_router.path.call.plan_local`` returns no prefill
+  instance, one leg goes to the backend);
 * vllm-router 0.1.17: ``--worker-urls BACKEND`` (regular mode), with its default policy (``cache_aware``,
   which matches every prompt against a prefix tree) and with ``--policy round_robin`` (the bare proxy);
 * direct: the client talks to the backend itself.
@@ -25,8 +27,8 @@ The routing decision's own time comes from ``benchmarks/router_decision.py`` (in
 tokenisation and prefix hashing apart). Every process shares this machine's cores with wrk, so the absolute figures
 are the machine's; the ratios are the point.
 
-    .venv/bin/python benchmarks/router_overhead.py [--runs 3] [--seconds 5] [--connections 32] [--rate 500]
-        [--long-tokens 32000,100000] [--long-rate 10] [--long-seconds 10] [--smoke]
+    .venv/bin/python benchmarks/router_overhead.py [--runs 3] [--workers N] [--seconds 5]
+        [--connections 32] [--rate 500] [--long-tokens 32000,100000] [--long-rate 10] [--long-seconds 10] [--smoke]
 
 Prints JSON and writes it to out/bench/overhead.json. Not a test: it asserts nothing.
 """
@@ -220,6 +222,13 @@ def main() -> int:
     ap.add_argument(
         "--runs", type=int, default=1, help="rounds over every target (figures: the medians, with their ranges)"
     )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="our router's --workers (default: the machine's cores, as vllm-router's threads); more than 1 also "
+        "runs a one-worker router beside it",
+    )
     ap.add_argument("--out", default="out/bench/overhead.json")
     ap.add_argument(
         "--smoke",
@@ -247,14 +256,14 @@ def main() -> int:
         procs.append(spawn_process([sys.executable, "-c", BACKEND, str(port)], work / "backend.log"))
         backend = f"http://127.0.0.1:{port}"
         targets = {"direct": backend}
-        ours = free_port()
         our_config(backend, work / "router.json")
-        procs.append(
-            spawn_process(
-                [*PRFAAS, "router", "--config", str(work / "router.json"), "--port", str(ours)], work / "ours.log"
-            )
-        )
-        targets["prfaas_router"] = f"http://127.0.0.1:{ours}"
+        for name, workers in (("prfaas_router", args.workers), ("prfaas_router_1_worker", 1)):
+            if name != "prfaas_router" and args.workers == 1:
+                continue
+            ours = free_port()
+            argv = [*PRFAAS, "router", "--config", str(work / "router.json"), "--port", str(ours)]
+            procs.append(spawn_process([*argv, "--workers", str(workers)], work / f"{name}.log"))
+            targets[name] = f"http://127.0.0.1:{ours}"
         for name, policy in (("vllm_router", []), ("vllm_router_round_robin", ["--policy", "round_robin"])):
             vllm = free_port()
             procs.append(
@@ -308,7 +317,8 @@ def main() -> int:
     long_results = {t: {name: median_of(rs) for name, rs in by.items()} for t, by in long_runs.items()}
     added = {
         name: added_ms([r["fixed_rate"] for r in runs[name]], [d["fixed_rate"] for d in runs["direct"]])
-        for name in ("prfaas_router", "vllm_router", "vllm_router_round_robin")
+        for name in runs
+        if name != "direct"
     }
     decision = decision_time(200 if args.smoke else 20_000)
 
@@ -324,7 +334,8 @@ def main() -> int:
             f"makes one request per {cycle_ms:g} ms (pause calibrated per target)",
             "seconds_per_run": args.seconds,
             "runs": args.runs,
-            "ours": "prfaas router, one 'both' endpoint, no remote (plain proxy)",
+            "ours": f"prfaas router --workers {args.workers} (prfaas_router; and one worker, prfaas_router_1_worker, "
+            "when that is more than 1), one 'both' endpoint, no remote (plain proxy)",
             "vllm_router": "0.1.17, --worker-urls (regular mode): its default policy (cache_aware: a prefix tree "
             "over the prompt text per request) and --policy round_robin (no routing work: the bare proxy)",
             "cpus": os.cpu_count(),

@@ -116,8 +116,9 @@ def test_soak_floods_full(tmp_path: Path) -> None:
 
 
 def test_router_overhead(tmp_path: Path) -> None:
-    out = json.loads(run("router_overhead.py", "--smoke", "--out", str(tmp_path / "overhead.json")))
-    assert out["max_rps"]["prfaas_router"] > 0
+    out = json.loads(run("router_overhead.py", "--smoke", "--workers", "2", "--out", str(tmp_path / "overhead.json")))
+    assert out["max_rps"]["prfaas_router"] > 0 and out["max_rps"]["prfaas_router_1_worker"] > 0
+    assert out["ours_plain_proxy_path"]["backend_requests_per_client_request"] > 0.9  # two workers, one leg each
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed (scripts/system-deps.sh)")
