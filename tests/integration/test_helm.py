@@ -239,6 +239,7 @@ def test_objects_rendered_per_region(helm: str) -> None:
         "operator.bogus=1",
         "router.pdCluster=Not_A_Name",
         "router.logLevel=verbose",
+        "router.workers=0",
         "gateway.endpoints[0].name=x,gateway.endpoints[0].url=http://x",  # the operator's now, not a value
         "gateway.modelProfile.servedModelName=m",
         "gateway.hardware.accelerator=H200",
@@ -523,6 +524,37 @@ def test_router_replicas_find_each_other_to_share_their_books(helm: str) -> None
     assert find(off_gen, "ConfigMap", "-router-settings")["data"]["PRFAAS_ROUTER_PEERS_TOKEN_FILE"] == ""
     off_policy = find(off, "NetworkPolicy", "-router")
     assert all("podSelector" not in str(r.get("from", "")) for r in off_policy["spec"]["ingress"])
+
+
+def test_router_workers_are_one_value_the_router_and_the_sidecar_pass(helm: str) -> None:
+    """router.workers reaches ``prfaas router --workers`` through the settings ConfigMap (the standalone router and
+    the sidecar alike), and with more than one the pod gets a writable /tmp (the root filesystem is read-only) for
+    the workers' shared metrics folder and token; one worker renders no such volume."""
+    from prfaas_cli.main import build_parser
+
+    values = REPO / "examples/03-helm/region-b/values.yaml"
+    docs = render(helm, CHART, values, "--set", "router.workers=3")
+    assert find(docs, "ConfigMap", "-router-settings")["data"]["PRFAAS_ROUTER_WORKERS"] == "3"
+    deploy = find(docs, "Deployment", "-router")
+    router = containers(deploy)[0]
+    args = router["args"]
+    assert args[args.index("--workers") + 1] == "$(PRFAAS_ROUTER_WORKERS)"
+    settings = find(docs, "ConfigMap", "-router-settings")["data"]
+    parsed = build_parser().parse_args([re.sub(r"\$\((\w+)\)", lambda m: settings[m[1]], a) for a in args])
+    assert parsed.workers == 3
+    tmp = next(m for m in router["volumeMounts"] if m["mountPath"] == "/tmp")
+    volume = next(v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == tmp["name"])
+    assert volume["emptyDir"]["medium"] == "Memory"
+    assert router["securityContext"]["readOnlyRootFilesystem"] is True
+    demo = render(helm, CHART, REPO / "tests/data/helm/values-sidecar-demo.yaml", "--set", "router.workers=3")
+    engines = find(demo, "Deployment", "pd-engines")
+    sidecar = next(c for c in containers(engines) if c["name"] == "prfaas-router")
+    assert sidecar["args"][sidecar["args"].index("--workers") + 1] == "$(PRFAAS_ROUTER_WORKERS)"
+    assert find(demo, "ConfigMap", "-router-settings")["data"]["PRFAAS_ROUTER_WORKERS"] == "3"
+    side_tmp = next(m for m in sidecar["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert side_tmp["name"] in {v["name"] for v in engines["spec"]["template"]["spec"]["volumes"]}
+    one = find(render(helm, CHART, values), "Deployment", "-router")
+    assert all(m["mountPath"] != "/tmp" for m in containers(one)[0]["volumeMounts"])
 
 
 def test_router_mounts_the_operators_configmap_and_the_chart_never_renders_it(helm: str) -> None:

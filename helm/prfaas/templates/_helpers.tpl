@@ -145,6 +145,11 @@ Router (standalone and sidecar)
   mountPath: {{ dir (include "prfaas.router.peersTokenFile" .) }}
   readOnly: true
 {{- end }}
+{{- if gt (int .Values.router.workers) 1 }}
+{{- /* the workers' shared metrics folder and token (the root filesystem is read-only) */}}
+- name: prfaas-router-tmp
+  mountPath: /tmp
+{{- end }}
 {{- end }}
 
 {{/* Where the router replicas' shared books token is mounted (router.replicaSync.tokenSecret). */}}
@@ -206,6 +211,12 @@ later changes are hot-reloaded by the router).
       - key: token
         path: token
 {{- end }}
+{{- if gt (int .Values.router.workers) 1 }}
+- name: prfaas-router-tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 64Mi
+{{- end }}
 {{- end }}
 
 {{/*
@@ -237,6 +248,8 @@ Clients then call port `router` (sidecar.port) of any engine pod. The engine's o
     - $(PRFAAS_ROUTER_PORT)
     - --log-level
     - $(PRFAAS_ROUTER_LOG_LEVEL)
+    - --workers
+    - $(PRFAAS_ROUTER_WORKERS)
     # the other sidecars in front of the same PD cluster, which share their PD prefill books (empty: none)
     - --peers-dns
     - $(PRFAAS_ROUTER_PEERS_DNS)
