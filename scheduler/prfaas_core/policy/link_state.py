@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..names import GBPS_BITS
+from .reasons import Why, text
 
 LinkMode = Literal["abundant", "scarce"]
 
@@ -348,12 +349,19 @@ class Admission:
 
     admitted: bool
     projected_gbps: float
-    reason: str
+    why: Why
+    """Its reason as held (formatted when read: :attr:`reason`)."""
+
+    @property
+    def reason(self) -> str:
+        return text(self.why)
 
 
 def admit(estimate_gbps: float, request_gbps: float, params: LinkParams) -> Admission:
     """Admit a remote prefill only while projected egress stays under the cap."""
     projected, cap = estimate_gbps + request_gbps, params.cap_gbps
     if projected <= cap:
-        return Admission(True, projected, f"projected egress {projected:.2f} <= cap {cap:.2f} Gbps")
-    return Admission(False, projected, f"projected egress {projected:.2f} Gbps would exceed the cap {cap:.2f} Gbps")
+        return Admission(True, projected, ("projected egress {:.2f} <= cap {:.2f} Gbps", projected, cap))
+    return Admission(
+        False, projected, ("projected egress {:.2f} Gbps would exceed the cap {:.2f} Gbps", projected, cap)
+    )
