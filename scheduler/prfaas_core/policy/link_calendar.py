@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..names import GBPS_BITS
+from .frozen import quick_init
 from .link_state import EgressLedger, LinkParams, Transfer
 
 StreamTiming = Literal["layer-wise", "pull-after-prefill"]
@@ -67,6 +68,7 @@ class SiteCap:
             raise ValueError("site cap_gbps and share_gbps must be >= 0")
 
 
+@quick_init
 @dataclass(frozen=True)
 class Window:
     """A window the calendar offers one request (times are absolute, seconds)."""
@@ -267,6 +269,7 @@ def _earliest(
     return best, booked
 
 
+@quick_init
 @dataclass(frozen=True)
 class Deadline:
     """A booking's place in :func:`~.link_deadline.window_by_deadline`'s order (absolute model seconds):
@@ -287,6 +290,7 @@ class Deadline:
 WaitAction = Literal["remote", "wait_for_link", "local"]
 
 
+@quick_init
 @dataclass(frozen=True)
 class WaitChoice:
     """Take the window (``remote`` when it starts now, ``wait_for_link`` when it starts later) or go local."""

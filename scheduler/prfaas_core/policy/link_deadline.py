@@ -8,11 +8,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .frozen import quick_init
+
 # the calendar's own tolerance, key of the new stream, checks and earliest window: one rule, read from there
 from .link_calendar import _EPS, _NEW, Deadline, SiteCap, StreamTiming, Window, _check, _earliest, peak_gbps
 from .link_state import EgressLedger, LinkParams, Transfer
 
 
+@quick_init
 @dataclass(frozen=True)
 class Placement:
     """A window for one request and the bookings moved back to make room for it (key -> their new times)."""

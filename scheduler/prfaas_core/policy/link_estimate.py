@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..names import GBPS_BITS
+from .frozen import quick_init
 from .link_state import LinkParams
 
 EstimateSource = Literal["configured", "streams", "stalled"]
@@ -72,6 +73,7 @@ class EstimateParams:
             raise ValueError("probe_per_s must be positive and probe_floor in (0, 1]")
 
 
+@quick_init
 @dataclass(frozen=True)
 class StreamSample:
     start_s: float
@@ -90,6 +92,7 @@ class StreamSample:
         return self.bytes * 8.0 / self.seconds / GBPS_BITS
 
 
+@quick_init
 @dataclass(frozen=True)
 class Pull:
     """A KV stream in flight: when it started, its bytes and the least time it takes (its production, when it

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..names import GBPS_BITS
+from .frozen import quick_init
 from .reasons import Why, text
 
 LinkMode = Literal["abundant", "scarce"]
@@ -59,6 +60,7 @@ class LinkParams:
         return self.cap_gbps * self.abundant_watermark
 
 
+@quick_init
 @dataclass(frozen=True)
 class LinkState:
     """Where the link stands now, and why."""
@@ -111,6 +113,7 @@ class _once:
         return value
 
 
+@quick_init
 @dataclass(frozen=True)
 class Transfer:
     """One KV stream this replica dispatched: ``bytes`` over ``[start_s, start_s + duration_s]``.

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from ..capacity.kv import KvModel
 from .breaker import BreakerBoard, BreakerParams
 from .fleet import fastest, predicted_ttft_s
+from .frozen import quick_init
 from .link_state import NO_TRAFFIC, EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
 from .routing import (
     InstancePick,
@@ -94,6 +95,7 @@ class RecentLengths:
 # --- entry point 1: link states and t -----------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class RefreshTick:
     """One refresh's input."""
@@ -121,6 +123,7 @@ class RefreshTick:
     gateway may hold its prefill for a later window (a router read 9.6 Gbps on a 4-Gbps cap carrying 2)."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Refreshed:
     links: dict[str, LinkState]
