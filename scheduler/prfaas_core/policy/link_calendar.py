@@ -148,11 +148,10 @@ def _spans(transfers: Iterable[Transfer], now_s: float) -> list[tuple[float, flo
     append = out.append
     grace = now_s + OVERRUN_GRACE_S
     for t in transfers:
-        end = t.stream_end_s
-        start = t.stream_start_s
-        if end <= grace and start <= now_s:
-            end = grace  # (``max(end, grace)``: the same value, since ``end <= grace``)
-        append((start, end, t.rate_gbps))
+        span = t.span
+        if span[1] <= grace and span[0] <= now_s:
+            span = (span[0], grace, span[2])  # (``max(end, grace)``: the same value, since ``end <= grace``)
+        append(span)
     return out
 
 

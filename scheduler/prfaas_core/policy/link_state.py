@@ -17,13 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from ..names import GBPS_BITS
 from .frozen import quick_init
 from .reasons import Why, text
 
 LinkMode = Literal["abundant", "scarce"]
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -96,17 +97,17 @@ def next_link_state(prev: LinkState, egress_gbps: float, params: LinkParams, now
     return LinkState(prev.mode, egress_gbps, prev.changed_at_s, prev.reason)  # (replace() is slow once a second)
 
 
-class _once:
-    """A float property of a frozen value computed on first read and then kept in the instance's ``__dict__`` (a
+class _once(Generic[V]):
+    """A property of a frozen value computed on first read and then kept in the instance's ``__dict__`` (a
     non-data descriptor, so later reads are plain attribute reads): ``functools.cached_property`` without its
     lock (Python 3.11 takes one on every first read)."""
 
-    def __init__(self, fn: Callable[[Any], float]) -> None:
+    def __init__(self, fn: Callable[[Any], V]) -> None:
         self.fn = fn
         self.name = fn.__name__
         self.__doc__ = fn.__doc__
 
-    def __get__(self, obj: object, owner: type | None = None) -> float:
+    def __get__(self, obj: object, owner: type | None = None) -> V:
         if obj is None:
             return self  # type: ignore[return-value]  # the class attribute: the descriptor itself
         value = obj.__dict__[self.name] = self.fn(obj)
@@ -153,6 +154,11 @@ class Transfer:
     def rate_gbps(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.bytes * 8.0 / max(span, 1e-9) / GBPS_BITS
+
+    @_once
+    def span(self) -> tuple[float, float, float]:
+        """``(stream_start_s, stream_end_s, rate_gbps)``: the stream as the calendar's peak sums read it."""
+        return self.stream_start_s, self.stream_end_s, self.rate_gbps
 
 
 @dataclass
