@@ -12,9 +12,11 @@ before.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 
 def quick_init(cls: type[T]) -> type[T]:
@@ -60,3 +62,21 @@ class _NoneGiven:
 
 
 _NONE = _NoneGiven()
+
+
+class once(Generic[V]):
+    """A property of a frozen value computed on first read and then kept in the instance's ``__dict__`` (a
+    non-data descriptor, so later reads are plain attribute reads): ``functools.cached_property`` without its
+    lock (Python 3.11 takes one on every first read). For values read again and again (a booked stream's times
+    for every request the calendar places, a timed stream's seconds every second of the estimate's window)."""
+
+    def __init__(self, fn: Callable[[Any], V]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj: object, owner: type | None = None) -> V:
+        if obj is None:
+            return self  # type: ignore[return-value]  # the class attribute: the descriptor itself
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value

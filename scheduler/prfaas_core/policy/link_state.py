@@ -15,16 +15,14 @@ streams on the PrFaaS instances ("lanes") and admits a new one against the egres
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Literal
 
 from ..names import GBPS_BITS
-from .frozen import quick_init
+from .frozen import once, quick_init
 from .reasons import Why, text
 
 LinkMode = Literal["abundant", "scarce"]
-V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -97,23 +95,6 @@ def next_link_state(prev: LinkState, egress_gbps: float, params: LinkParams, now
     return LinkState(prev.mode, egress_gbps, prev.changed_at_s, prev.reason)  # (replace() is slow once a second)
 
 
-class _once(Generic[V]):
-    """A property of a frozen value computed on first read and then kept in the instance's ``__dict__`` (a
-    non-data descriptor, so later reads are plain attribute reads): ``functools.cached_property`` without its
-    lock (Python 3.11 takes one on every first read)."""
-
-    def __init__(self, fn: Callable[[Any], V]) -> None:
-        self.fn = fn
-        self.name = fn.__name__
-        self.__doc__ = fn.__doc__
-
-    def __get__(self, obj: object, owner: type | None = None) -> V:
-        if obj is None:
-            return self  # type: ignore[return-value]  # the class attribute: the descriptor itself
-        value = obj.__dict__[self.name] = self.fn(obj)
-        return value
-
-
 @quick_init
 @dataclass(frozen=True)
 class Transfer:
@@ -134,28 +115,28 @@ class Transfer:
     """How long the stream lasts (None: ``duration_s``, layer-wise at the prefill's production rate)."""
 
     # derived once per transfer (a frozen value): the calendar and the ledger read them for every booked stream
-    # on every request, so each is computed on first use and then read from the instance (:class:`_once`)
+    # on every request, so each is computed on first use and then read from the instance (:func:`~.frozen.once`)
 
-    @_once
+    @once
     def end_s(self) -> float:
         """When the lane (the PrFaaS instance) frees up."""
         return self.start_s + self.duration_s
 
-    @_once
+    @once
     def stream_start_s(self) -> float:
         return self.start_s + self.stream_offset_s
 
-    @_once
+    @once
     def stream_end_s(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.stream_start_s + span
 
-    @_once
+    @once
     def rate_gbps(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.bytes * 8.0 / max(span, 1e-9) / GBPS_BITS
 
-    @_once
+    @once
     def span(self) -> tuple[float, float, float]:
         """``(stream_start_s, stream_end_s, rate_gbps)``: the stream as the calendar's peak sums read it."""
         return self.stream_start_s, self.stream_end_s, self.rate_gbps
