@@ -325,11 +325,15 @@ def pick_prefill_instance(
     later of the two counts (the pull's own time is the same on every instance)."""
     best: InstanceView | None = None
     best_ttft = 0.0
+    last: int | None = None  # (instances holding the same prefix, often all of them: one prefill time for them)
+    seconds = 0.0
     for inst in instances:
         if not inst.healthy or inst.draining:
             continue
         uncached = total_tokens - inst.cached_prefix_tokens
-        ttft = inst.queued_prefill_s + prefill_seconds(float(uncached if uncached > 0 else 0))
+        if uncached != last:
+            last, seconds = uncached, prefill_seconds(float(uncached if uncached > 0 else 0))
+        ttft = inst.queued_prefill_s + seconds
         if inst.egress_wait_s > ttft:
             ttft = inst.egress_wait_s
         if best is None or ttft < best_ttft or (ttft == best_ttft and inst.name < best.name):
