@@ -28,6 +28,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .frozen import quick_init
 from .link_calendar import Deadline, SiteCap, StreamTiming, Window
 from .link_deadline import window_by_deadline
 from .link_state import EgressLedger, LinkParams, Transfer
@@ -38,6 +39,7 @@ DeclineReason = Literal["link_window", "overloaded"]
 _EPS = 1e-9
 
 
+@quick_init
 @dataclass(frozen=True)
 class AdmitTick:
     """One remote prefill asking for a window (times in model seconds; limits relative to ``now_s``)."""
@@ -71,6 +73,7 @@ class AdmitTick:
     under the link's ceiling, bounded by its share of the site cap, and under the site cap (:mod:`.fleet`)."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Booking:
     """Book ``window`` (with :func:`book`); ``predicted_ttft_s`` is its window's, or later through the instances."""

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..names import GBPS_BITS
+from .frozen import quick_init
 from .link_state import EgressLedger, LinkParams, Transfer
 
 StreamTiming = Literal["layer-wise", "pull-after-prefill"]
@@ -67,6 +68,7 @@ class SiteCap:
             raise ValueError("site cap_gbps and share_gbps must be >= 0")
 
 
+@quick_init
 @dataclass(frozen=True)
 class Window:
     """A window the calendar offers one request (times are absolute, seconds)."""
@@ -146,11 +148,10 @@ def _spans(transfers: Iterable[Transfer], now_s: float) -> list[tuple[float, flo
     append = out.append
     grace = now_s + OVERRUN_GRACE_S
     for t in transfers:
-        end = t.stream_end_s
-        start = t.stream_start_s
-        if end <= grace and start <= now_s:
-            end = grace  # (``max(end, grace)``: the same value, since ``end <= grace``)
-        append((start, end, t.rate_gbps))
+        span = t.span
+        if span[1] <= grace and span[0] <= now_s:
+            span = (span[0], grace, span[2])  # (``max(end, grace)``: the same value, since ``end <= grace``)
+        append(span)
     return out
 
 
@@ -267,6 +268,7 @@ def _earliest(
     return best, booked
 
 
+@quick_init
 @dataclass(frozen=True)
 class Deadline:
     """A booking's place in :func:`~.link_deadline.window_by_deadline`'s order (absolute model seconds):
@@ -287,6 +289,7 @@ class Deadline:
 WaitAction = Literal["remote", "wait_for_link", "local"]
 
 
+@quick_init
 @dataclass(frozen=True)
 class WaitChoice:
     """Take the window (``remote`` when it starts now, ``wait_for_link`` when it starts later) or go local."""

@@ -8,11 +8,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .frozen import quick_init
+
 # the calendar's own tolerance, key of the new stream, checks and earliest window: one rule, read from there
 from .link_calendar import _EPS, _NEW, Deadline, SiteCap, StreamTiming, Window, _check, _earliest, peak_gbps
 from .link_state import EgressLedger, LinkParams, Transfer
 
 
+@quick_init
 @dataclass(frozen=True)
 class Placement:
     """A window for one request and the bookings moved back to make room for it (key -> their new times)."""
@@ -36,11 +39,13 @@ def _fits(
     ``(stream start, stream end, rate)`` by key, ``changed`` among them; with ``site``: next to its link's others,
     and under the site cap next to all)."""
     limit = ceiling + _EPS
+    keys, every = list(spans), list(spans.values())
     for key, t in changed.items():
         if t.rate_gbps <= _EPS or t.bytes <= 0:
             continue
         start, end, rate = spans[key]
-        others = [span for k, span in spans.items() if k != key]
+        i = keys.index(key)
+        others = every[:i] + every[i + 1 :]  # (every span but its own, in order)
         if site is not None:
             mine = site.link_keys | {_NEW}
             link = [span for k, span in spans.items() if k != key and k in mine]
@@ -50,10 +55,6 @@ def _fits(
         if peak_gbps(others, start, end) + rate > limit:
             return False
     return True
-
-
-def _span(t: Transfer) -> tuple[float, float, float]:
-    return t.stream_start_s, t.stream_end_s, t.rate_gbps
 
 
 def _start_s(kt: tuple[str, Transfer]) -> float:
@@ -159,11 +160,11 @@ def window_by_deadline(
                 continue
             mine = base.moved(shift, lane)
             if booked_spans is None:
-                booked_spans = {k: _span(t) for k, t in booked.items()}
+                booked_spans = {k: t.span for k, t in booked.items()}
             new = mine.transfer()
             # every stream as placed: the calendar's, those moved back at their new times, and the new one (in the
             # order ``{**booked, **moved, _NEW: new}`` gives them), each checked next to the others
-            spans = {**booked_spans, **{k: _span(t) for k, t in moved.items()}, _NEW: _span(new)}
+            spans = {**booked_spans, **{k: t.span for k, t in moved.items()}, _NEW: new.span}
             if _fits(spans, {_NEW: new, **moved}, base.ceiling_gbps, site):
                 best = Placement(mine, moved)
                 best_limit = ttft - _EPS

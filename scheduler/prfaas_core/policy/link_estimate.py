@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..names import GBPS_BITS
+from .frozen import once, quick_init
 from .link_state import LinkParams
 
 EstimateSource = Literal["configured", "streams", "stalled"]
@@ -72,6 +73,7 @@ class EstimateParams:
             raise ValueError("probe_per_s must be positive and probe_floor in (0, 1]")
 
 
+@quick_init
 @dataclass(frozen=True)
 class StreamSample:
     start_s: float
@@ -81,15 +83,21 @@ class StreamSample:
     """The least time it could take whatever the link (its production or pacing; None: no floor). Beyond it a
     stream is expected to run at the best per-stream rate seen, or the bound in force when that is lower."""
 
-    @property
+    @once
     def seconds(self) -> float:
         return max(self.end_s - self.start_s, 1e-9)
+
+    @once
+    def gbits(self) -> float:
+        """Its bytes in gigabits (the estimate reads them every second the sample is in its window)."""
+        return self.bytes * 8.0 / GBPS_BITS
 
     @property
     def gbps(self) -> float:
         return self.bytes * 8.0 / self.seconds / GBPS_BITS
 
 
+@quick_init
 @dataclass(frozen=True)
 class Pull:
     """A KV stream in flight: when it started, its bytes and the least time it takes (its production, when it
@@ -206,7 +214,7 @@ class LinkEstimator:
             # a stream's expected time: its own floor (production, pacing), or its bytes at the best per-stream
             # rate seen, bounded by the bound in force (streams at the bound are on time: no ratchet down)
             rate = min(best or math.inf, rate_now)
-            expected = sum([max(s.expected_s or 0.0, s.bytes * 8.0 / GBPS_BITS / rate / ts) for s in recent])
+            expected = sum([max(s.expected_s or 0.0, s.gbits / rate / ts) for s in recent])
             actual = sum([s.seconds for s in recent])
             slowed = expected < p.slowdown * actual and actual - expected > p.min_excess_s * len(recent)
         if slowed or overdue:

@@ -15,11 +15,12 @@ streams on the PrFaaS instances ("lanes") and admits a new one against the egres
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from ..names import GBPS_BITS
+from .frozen import once, quick_init
+from .reasons import Why, text
 
 LinkMode = Literal["abundant", "scarce"]
 
@@ -58,6 +59,7 @@ class LinkParams:
         return self.cap_gbps * self.abundant_watermark
 
 
+@quick_init
 @dataclass(frozen=True)
 class LinkState:
     """Where the link stands now, and why."""
@@ -93,23 +95,7 @@ def next_link_state(prev: LinkState, egress_gbps: float, params: LinkParams, now
     return LinkState(prev.mode, egress_gbps, prev.changed_at_s, prev.reason)  # (replace() is slow once a second)
 
 
-class _once:
-    """A float property of a frozen value computed on first read and then kept in the instance's ``__dict__`` (a
-    non-data descriptor, so later reads are plain attribute reads): ``functools.cached_property`` without its
-    lock (Python 3.11 takes one on every first read)."""
-
-    def __init__(self, fn: Callable[[Any], float]) -> None:
-        self.fn = fn
-        self.name = fn.__name__
-        self.__doc__ = fn.__doc__
-
-    def __get__(self, obj: object, owner: type | None = None) -> float:
-        if obj is None:
-            return self  # type: ignore[return-value]  # the class attribute: the descriptor itself
-        value = obj.__dict__[self.name] = self.fn(obj)
-        return value
-
-
+@quick_init
 @dataclass(frozen=True)
 class Transfer:
     """One KV stream this replica dispatched: ``bytes`` over ``[start_s, start_s + duration_s]``.
@@ -129,26 +115,31 @@ class Transfer:
     """How long the stream lasts (None: ``duration_s``, layer-wise at the prefill's production rate)."""
 
     # derived once per transfer (a frozen value): the calendar and the ledger read them for every booked stream
-    # on every request, so each is computed on first use and then read from the instance (:class:`_once`)
+    # on every request, so each is computed on first use and then read from the instance (:func:`~.frozen.once`)
 
-    @_once
+    @once
     def end_s(self) -> float:
         """When the lane (the PrFaaS instance) frees up."""
         return self.start_s + self.duration_s
 
-    @_once
+    @once
     def stream_start_s(self) -> float:
         return self.start_s + self.stream_offset_s
 
-    @_once
+    @once
     def stream_end_s(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.stream_start_s + span
 
-    @_once
+    @once
     def rate_gbps(self) -> float:
         span = self.duration_s if self.stream_duration_s is None else self.stream_duration_s
         return self.bytes * 8.0 / max(span, 1e-9) / GBPS_BITS
+
+    @once
+    def span(self) -> tuple[float, float, float]:
+        """``(stream_start_s, stream_end_s, rate_gbps)``: the stream as the calendar's peak sums read it."""
+        return self.stream_start_s, self.stream_end_s, self.rate_gbps
 
 
 @dataclass
@@ -348,12 +339,19 @@ class Admission:
 
     admitted: bool
     projected_gbps: float
-    reason: str
+    why: Why
+    """Its reason as held (formatted when read: :attr:`reason`)."""
+
+    @property
+    def reason(self) -> str:
+        return text(self.why)
 
 
 def admit(estimate_gbps: float, request_gbps: float, params: LinkParams) -> Admission:
     """Admit a remote prefill only while projected egress stays under the cap."""
     projected, cap = estimate_gbps + request_gbps, params.cap_gbps
     if projected <= cap:
-        return Admission(True, projected, f"projected egress {projected:.2f} <= cap {cap:.2f} Gbps")
-    return Admission(False, projected, f"projected egress {projected:.2f} Gbps would exceed the cap {cap:.2f} Gbps")
+        return Admission(True, projected, ("projected egress {:.2f} <= cap {:.2f} Gbps", projected, cap))
+    return Admission(
+        False, projected, ("projected egress {:.2f} Gbps would exceed the cap {:.2f} Gbps", projected, cap)
+    )

@@ -28,6 +28,7 @@ from typing import Literal
 from ..capacity.kv import KvModel
 from ..names import GBPS_BITS
 from .link_state import LinkMode, LinkParams, admit
+from .reasons import Why, text
 
 Target = Literal["local", "remote"]
 DecisionKind = Literal["threshold", "unavailable", "admission", "spill", "wait_for_link", "no-local-prefill"]
@@ -88,7 +89,8 @@ class RouteDecision:
     """KV bytes that cross the link (remote only)."""
     egress_gbps: float
     """This request's egress rate while its KV streams (remote only)."""
-    reason: str
+    why: Why
+    """Its reason as held (formatted when read: :attr:`reason`)."""
     cache_transfer_tokens: int = 0
     """Cached prefix tokens to move between clusters first (abundant mode only)."""
     kind: DecisionKind = "threshold"
@@ -96,6 +98,11 @@ class RouteDecision:
     """KV bytes of a PrFaaS -> PD cache move (local target only): they cross the capped link."""
     move_gbps: float = 0.0
     """That move's egress rate as admitted (its bytes over the time recomputing them locally would take)."""
+
+    @property
+    def reason(self) -> str:
+        """Why, in words (every decision carries one; formatted on first read, :mod:`.reasons`)."""
+        return text(self.why)
 
 
 def transfer_bytes(kv: KvModel, total_tokens: int, cached_at_decode_tokens: int) -> float:
@@ -135,19 +142,23 @@ def decide_route(
     if view.link_mode == "scarce":
         uncached_local = uncached_remote = req.total_tokens - l_pd
         length = uncached_local
-        basis = f"scarce: uncached {length} = total {req.total_tokens} - PD prefix {l_pd}"
+        basis: Why = ("scarce: uncached {} = total {} - PD prefix {}", length, req.total_tokens, l_pd)
         move_to_pd = move_to_prfaas = 0
     elif not view.cache_moves:
         uncached_local, uncached_remote = req.total_tokens - l_pd, req.total_tokens - l_prfaas
         length = uncached_local
         basis = (
-            f"no cache moves: uncached {length} = total {req.total_tokens} - PD prefix {l_pd} (PrFaaS holds {l_prfaas})"
+            "no cache moves: uncached {} = total {} - PD prefix {} (PrFaaS holds {})",
+            length,
+            req.total_tokens,
+            l_pd,
+            l_prfaas,
         )
         move_to_pd = move_to_prfaas = 0
     else:
         best = max(l_prfaas, l_pd)
         length = req.total_tokens - best
-        basis = f"abundant: uncached {length} = total {req.total_tokens} - best prefix {best}"
+        basis = ("abundant: uncached {} = total {} - best prefix {}", length, req.total_tokens, best)
         # the longer prefix counts; if it sits in the other cluster it is moved there first
         uncached_local = uncached_remote = length
         move_to_pd = best - l_pd
@@ -168,28 +179,26 @@ def decide_route(
     )
     if length <= t and spill is None:
         if move_to_pd <= 0 or pd_prefill_seconds is None:
-            return RouteDecision("local", uncached_local, 0.0, 0.0, f"{basis} <= t {t}: local prefill", move_to_pd)
-        return _local_with_move(req, view, kv, pd_prefill_seconds, l_pd, move_to_pd, f"{basis} <= t {t}")
+            reason: Why = ("{} <= t {}: local prefill", basis, t)
+            return RouteDecision("local", uncached_local, 0.0, 0.0, reason, move_to_pd)
+        return _local_with_move(req, view, kv, pd_prefill_seconds, l_pd, move_to_pd, ("{} <= t {}", basis, t))
     if length > t and spill is not None:
-        return RouteDecision(
-            "local", local_tokens, 0.0, 0.0, f"{basis} > t {t} but {spill}: local prefill", kind="spill"
-        )
-    head = f"{basis} <= t {t} but {spill}" if spill is not None else f"{basis} > t {t}"
+        reason = ("{} > t {} but {}: local prefill", basis, t, spill)
+        return RouteDecision("local", local_tokens, 0.0, 0.0, reason, kind="spill")
+    head = ("{} <= t {} but {}", basis, t, spill) if spill is not None else ("{} > t {}", basis, t)
     if not view.remote_available or view.link is None:
         why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
-        reason = f"{head} but {why}: local"
+        reason = ("{} but {}: local", head, why)
         return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="unavailable")
     seconds = max(prfaas_prefill_seconds(float(uncached_remote)) if remote_s is None else remote_s, 1e-6)
     rate = stream_gbps(nbytes, seconds, view.link)
     verdict = admit(view.egress_estimate_gbps, rate, view.link)
     if not verdict.admitted:
-        return RouteDecision(
-            "local", req.total_tokens - l_pd, 0.0, 0.0, f"{head} but {verdict.reason}", kind="admission"
-        )
+        reason = ("{} but {}", head, verdict.why)
+        return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="admission")
     kind: DecisionKind = "spill" if spill is not None else "threshold"
-    return RouteDecision(
-        "remote", uncached_remote, nbytes, rate, f"{head}: remote prefill; {verdict.reason}", move_to_prfaas, kind
-    )
+    reason = ("{}: remote prefill; {}", head, verdict.why)
+    return RouteDecision("remote", uncached_remote, nbytes, rate, reason, move_to_prfaas, kind)
 
 
 def _surge(
@@ -201,7 +210,7 @@ def _surge(
     local_by_t: bool,
     slo_s: float | None = None,
     kv_bytes: float = 0.0,
-) -> tuple[str | None, float | None]:
+) -> tuple[Why | None, float | None]:
     """Why the request should spill to the cluster ``t`` did not choose (None: it should not), and PrFaaS's
     prefill seconds of ``uncached_remote`` where they were computed (None: not). PrFaaS's predicted TTFT counts
     its queue, its prefill and the KV stream's tail after the prefill: ``kv_bytes`` at the link's cap at best,
@@ -223,18 +232,30 @@ def _surge(
     if local_by_t and remote_ttft < local_ttft:
         if view.local_wait_s > local_prefill:
             return (
-                f"PD prefill queue surge (wait {view.local_wait_s:.2f} s > its prefill {local_prefill:.2f} s; "
-                f"predicted TTFT local {local_ttft:.2f} s vs PrFaaS {remote_ttft:.2f} s)"
+                "PD prefill queue surge (wait {:.2f} s > its prefill {:.2f} s; "
+                "predicted TTFT local {:.2f} s vs PrFaaS {:.2f} s)",
+                view.local_wait_s,
+                local_prefill,
+                local_ttft,
+                remote_ttft,
             ), remote_prefill
         if slo_s is not None and local_ttft > slo_s >= remote_ttft:
             return (
-                f"PD prefill queue surge (wait {view.local_wait_s:.2f} s: predicted TTFT local {local_ttft:.2f} s "
-                f"misses its SLO {slo_s:.2f} s, PrFaaS {remote_ttft:.2f} s meets it)"
+                "PD prefill queue surge (wait {:.2f} s: predicted TTFT local {:.2f} s "
+                "misses its SLO {:.2f} s, PrFaaS {:.2f} s meets it)",
+                view.local_wait_s,
+                local_ttft,
+                slo_s,
+                remote_ttft,
             ), remote_prefill
     if not local_by_t and view.remote_wait_s > remote_prefill and local_ttft < remote_ttft:
         return (
-            f"PrFaaS queue surge (wait {view.remote_wait_s:.2f} s > its prefill {remote_prefill:.2f} s; "
-            f"predicted TTFT PrFaaS {remote_ttft:.2f} s vs local {local_ttft:.2f} s)"
+            "PrFaaS queue surge (wait {:.2f} s > its prefill {:.2f} s; "
+            "predicted TTFT PrFaaS {:.2f} s vs local {:.2f} s)",
+            view.remote_wait_s,
+            remote_prefill,
+            remote_ttft,
+            local_ttft,
         ), remote_prefill
     return None, remote_prefill
 
@@ -246,21 +267,22 @@ def _local_with_move(
     pd_prefill_seconds: Callable[[float], float],
     l_pd: int,
     move_tokens: int,
-    basis: str,
+    basis: Why,
 ) -> RouteDecision:
     """Local prefill of what neither cluster holds, after moving PrFaaS's longer prefix, if the link admits it."""
     uncached = req.total_tokens - l_pd - move_tokens
     if not view.remote_available or view.link is None:
         why = view.remote_unavailable_reason or "no remote PrFaaS cluster configured"
-        reason = f"{basis}: local prefill; PrFaaS's prefix not moved ({why})"
+        reason: Why = ("{}: local prefill; PrFaaS's prefix not moved ({})", basis, why)
         return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="unavailable")
     nbytes = transfer_bytes(kv, l_pd + move_tokens, l_pd)
     rate = nbytes * 8.0 / max(pd_prefill_seconds(float(move_tokens)), 1e-6) / GBPS_BITS
     verdict = admit(view.egress_estimate_gbps, rate, view.link)
     if not verdict.admitted:
-        reason = f"{basis}: local prefill; moving PrFaaS's {move_tokens}-token prefix not admitted: {verdict.reason}"
+        template = "{}: local prefill; moving PrFaaS's {}-token prefix not admitted: {}"
+        reason = (template, basis, move_tokens, verdict.why)
         return RouteDecision("local", req.total_tokens - l_pd, 0.0, 0.0, reason, kind="admission")
-    reason = f"{basis}: local prefill after moving PrFaaS's {move_tokens}-token prefix; {verdict.reason}"
+    reason = ("{}: local prefill after moving PrFaaS's {}-token prefix; {}", basis, move_tokens, verdict.why)
     return RouteDecision("local", uncached, 0.0, 0.0, reason, move_tokens, move_bytes=nbytes, move_gbps=rate)
 
 
@@ -287,7 +309,12 @@ class InstanceView:
 class InstancePick:
     name: str | None
     predicted_s: float
-    reason: str
+    why: Why
+    """Its reason as held (formatted when read: :attr:`reason`)."""
+
+    @property
+    def reason(self) -> str:
+        return text(self.why)
 
 
 def pick_prefill_instance(
@@ -298,19 +325,26 @@ def pick_prefill_instance(
     later of the two counts (the pull's own time is the same on every instance)."""
     best: InstanceView | None = None
     best_ttft = 0.0
+    last: int | None = None  # (instances holding the same prefix, often all of them: one prefill time for them)
+    seconds = 0.0
     for inst in instances:
         if not inst.healthy or inst.draining:
             continue
         uncached = total_tokens - inst.cached_prefix_tokens
-        ttft = inst.queued_prefill_s + prefill_seconds(float(uncached if uncached > 0 else 0))
+        if uncached != last:
+            last, seconds = uncached, prefill_seconds(float(uncached if uncached > 0 else 0))
+        ttft = inst.queued_prefill_s + seconds
         if inst.egress_wait_s > ttft:
             ttft = inst.egress_wait_s
         if best is None or ttft < best_ttft or (ttft == best_ttft and inst.name < best.name):
             best, best_ttft = inst, ttft
     if best is None:
         return InstancePick(None, 0.0, "no healthy, non-draining prefill instance")
-    egress = f", its egress free in {best.egress_wait_s:.3f} s" if best.egress_wait_s > 0 else ""
-    reason = f"least predicted TTFT {best_ttft:.3f} s (cached prefix {best.cached_prefix_tokens}{egress})"
+    if best.egress_wait_s > 0:
+        template = "least predicted TTFT {:.3f} s (cached prefix {}, its egress free in {:.3f} s)"
+        reason: Why = (template, best_ttft, best.cached_prefix_tokens, best.egress_wait_s)
+        return InstancePick(best.name, best_ttft, reason)
+    reason = ("least predicted TTFT {:.3f} s (cached prefix {})", best_ttft, best.cached_prefix_tokens)
     return InstancePick(best.name, best_ttft, reason)
 
 
@@ -326,6 +360,5 @@ def pick_decode_instance(instances: Sequence[InstanceView]) -> InstancePick:
             best, best_load = inst, load
     if best is None:
         return InstancePick(None, 0.0, "no healthy, non-draining decode instance")
-    return InstancePick(
-        best.name, best_load, f"least loaded decode instance ({best.active_decodes}/{best.decode_slots})"
-    )
+    reason = ("least loaded decode instance ({}/{})", best.active_decodes, best.decode_slots)
+    return InstancePick(best.name, best_load, reason)

@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ..capacity.kv import KvModel
 from .breaker import BreakerBoard, BreakerParams
 from .fleet import fastest, predicted_ttft_s
+from .frozen import quick_init
 from .link_state import NO_TRAFFIC, EgressLedger, LinkMode, LinkParams, LinkState, next_link_state
 from .routing import (
     InstancePick,
@@ -94,6 +95,7 @@ class RecentLengths:
 # --- entry point 1: link states and t -----------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class RefreshTick:
     """One refresh's input."""
@@ -121,6 +123,7 @@ class RefreshTick:
     gateway may hold its prefill for a later window (a router read 9.6 Gbps on a 4-Gbps cap carrying 2)."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Refreshed:
     links: dict[str, LinkState]
@@ -186,6 +189,10 @@ class RemoteSide:
     way)."""
 
 
+DEFAULT_BREAKER = BreakerParams()
+"""The breaker parameters a :class:`RouteTick` carries unless given others."""
+
+
 @dataclass(slots=True)
 class RouteTick:
     """One request's input: the request, what the last refresh left, the ledgers and the local queue."""
@@ -210,7 +217,8 @@ class RouteTick:
     breakers: BreakerBoard | None = None
     """Consulted per remote; acquired (a half-open breaker's probe) only for a request routed there."""
     breaker_now_s: float = 0.0
-    breaker_params: BreakerParams = field(default_factory=BreakerParams)
+    breaker_params: BreakerParams = DEFAULT_BREAKER
+    """(A frozen value: the default shared, where a factory made one per request.)"""
     prefill: Sequence[InstanceView] | None = None
     """The local prefill instances to pick from now (None: the shell picks later)."""
     decode: Sequence[InstanceView] | None = None
@@ -324,7 +332,7 @@ def _route(tick: RouteTick, policy: ShortTermPolicy, remote: RemoteSide | None) 
             # prefills whatever its length (a threshold below every length)
             forced = policy.route(req, replace(view, threshold_tokens=-1), tick.kv, tick.prfaas_seconds, None)
             if forced.target == "remote":
-                decision = replace(forced, reason=f"{prefill.reason}: {forced.reason}", kind="no-local-prefill")
+                decision = replace(forced, why=("{}: {}", prefill.why, forced.why), kind="no-local-prefill")
     return RoutePlan(decision, remote if decision.target == "remote" else None, prefill, decode)
 
 
@@ -338,5 +346,5 @@ def _ask_the_calendar(
     asked = policy.route(req, replace(view, egress_estimate_gbps=0.0), tick.kv, tick.prfaas_seconds, tick.pd_seconds)
     if asked.target != "remote":
         return declined
-    reason = f"{declined.reason} by this router's own ledger: remote prefill, the gateway's link calendar decides"
-    return replace(asked, reason=reason)
+    reason = ("{} by this router's own ledger: remote prefill, the gateway's link calendar decides", declined.why)
+    return replace(asked, why=reason)

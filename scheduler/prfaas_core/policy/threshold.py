@@ -98,18 +98,24 @@ def decide_threshold(
 ) -> ThresholdDecision:
     """``t = clamp(max(t_min, t_bw(window, budget(mode))))``."""
     watermark, budget_gbps = egress_budget(mode, link)
-    # a fully cached request puts nothing on the link
-    recent_uncached_lengths = [n for n in recent_uncached_lengths if n > 0]
-    if not recent_uncached_lengths or window_s <= 0:
-        return ThresholdDecision(bounds.min_tokens, 0, f"no recent requests: t = t_min = {bounds.min_tokens}")
+    t_min = bounds.min_tokens
+    # a fully cached request puts nothing on the link: only lengths > 0 count. The window's lengths above t_min are
+    # read first (every refresh; with t_min >= 0 they are the ones > 0 above t_min), the lengths > 0 only where
+    # those are none or past the cheap exit below
+    above = [n for n in recent_uncached_lengths if n > t_min] if t_min >= 0 else []
+    positive = None
+    if not above or window_s <= 0:
+        positive = [n for n in recent_uncached_lengths if n > 0]
+        if not positive or window_s <= 0:
+            return ThresholdDecision(bounds.min_tokens, 0, f"no recent requests: t = t_min = {bounds.min_tokens}")
+        if t_min < 0:
+            above = positive
     # cheap exit (most calls): the window's egress with t = t_min already fits the budget
     s_kv = kv.curve  # kv.kv_bytes without its call, for the window at once: evaluated per length per refresh
-    t_min = bounds.min_tokens
-    at_t_min = sum(s_kv.values([n for n in recent_uncached_lengths if n > t_min]))
+    at_t_min = sum(s_kv.values(above))
     if at_t_min * 8.0 / window_s / GBPS_BITS <= budget_gbps:
-        return ThresholdDecision(
-            bounds.min_tokens, 0, f"link {mode}: t = t_min = {bounds.min_tokens} (fits the budget)"
-        )
+        return _fits_budget(mode, t_min)
+    recent_uncached_lengths = positive if positive is not None else [n for n in recent_uncached_lengths if n > 0]
     dist = EmpiricalDistribution.from_lengths(recent_uncached_lengths)
     rate = len(recent_uncached_lengths) / window_s
     t_bw = egress_floor_threshold(dist, kv, rate, budget_gbps)
@@ -140,6 +146,13 @@ def calendar_threshold(
     for :func:`~.threshold.decide_threshold` in a :class:`~.short_term.ShortTermPolicy`."""
     d = decide_threshold("abundant", bounds, recent_uncached_lengths, window_s, kv, _whole_cap(link))
     return ThresholdDecision(d.tokens, d.bandwidth_floor_tokens, f"link calendar ({mode}): {d.reason}")
+
+
+@functools.lru_cache(maxsize=64)
+def _fits_budget(mode: LinkMode, t_min: int) -> ThresholdDecision:
+    """:func:`decide_threshold`'s answer when the window fits the budget at ``t_min`` (most refreshes: one value per
+    mode and ``t_min``, shared, instead of a new one every second)."""
+    return ThresholdDecision(t_min, 0, f"link {mode}: t = t_min = {t_min} (fits the budget)")
 
 
 @functools.lru_cache(maxsize=64)
