@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from testbed_support import PRFAAS, counter, free_port, http, model_profile_json, processes, prompt, wait_for
 
+from prfaas_cli.main import main
 from prfaas_core import names
 from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
 
@@ -125,10 +126,14 @@ def test_workers_share_one_port_their_books_and_their_metrics(tmp_path: Path) ->
 
 
 def test_a_worker_that_dies_takes_the_router_down(tmp_path: Path) -> None:
-    with processes(tmp_path) as procs:
-        engines = start_engines(procs)
-        router, parent = start_router(procs, tmp_path, engines)
-        wait_ready(router, procs)
+    with processes(tmp_path) as procs:  # no engine needed: the workers serve /metrics (not /ready) without one
+        router, parent = start_router(procs, tmp_path, {n: (free_port(), 0) for n in ("pd-0", "pd-1", "pd-2")})
+
+        def both_up() -> bool:
+            procs.check_alive()
+            return counter(router, names.METRIC_ROUTER_WORKERS) == 2
+
+        wait_for(both_up, 120, "two workers serving")
         first, second = children(parent.pid)
         os.kill(first, signal.SIGKILL)
         assert parent.wait(30) == 1  # the pod restarts whole rather than serve on with half its workers
@@ -136,18 +141,13 @@ def test_a_worker_that_dies_takes_the_router_down(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("workers", ["0", "-1"])
-def test_workers_count_is_checked(tmp_path: Path, workers: str) -> None:
+def test_workers_count_is_checked(capsys: pytest.CaptureFixture[str], tmp_path: Path, workers: str) -> None:
     (tmp_path / "r.json").write_text(json.dumps({"pdCluster": "pd", "endpoints": []}))
-    out = subprocess.run(
-        [*PRFAAS, "router", "--config", str(tmp_path / "r.json"), "--workers", workers],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2 and f"--workers wants a count of 1 or more, got {workers}" in out.stderr, out.stderr
+    assert main(["router", "--config", str(tmp_path / "r.json"), "--workers", workers]) == 2
+    assert f"--workers wants a count of 1 or more, got {workers}" in capsys.readouterr().err
 
 
-def test_a_gateway_refuses_workers(tmp_path: Path) -> None:
+def test_a_gateway_refuses_workers(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     config = {
         "pdCluster": "prfaas-h200",
         "mode": "gateway",
@@ -157,6 +157,6 @@ def test_a_gateway_refuses_workers(tmp_path: Path) -> None:
         "gateway": {"prefillCluster": "prfaas-h200"},
     }
     (tmp_path / "g.json").write_text(json.dumps(config))
-    argv = [*PRFAAS, "router", "--config", str(tmp_path / "g.json"), "--workers", "2", "--allow-insecure-gateway"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "a gateway (mode: gateway) runs as one process" in out.stderr, out.stderr
+    argv = ["router", "--config", str(tmp_path / "g.json"), "--workers", "2", "--allow-insecure-gateway"]
+    assert main(argv) == 2  # refused before any process starts
+    assert "a gateway (mode: gateway) runs as one process" in capsys.readouterr().err
