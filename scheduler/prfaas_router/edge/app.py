@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from prfaas_core import names
 from prfaas_core.api import RouterConfig
@@ -21,7 +21,7 @@ from prfaas_core.api import RouterConfig
 from ..gateway.gateway import Gateway
 from ..path.proxy import Proxy
 from ..state.config import ConfigWatcher, compile_config, load_config
-from ..state.metrics import RouterMetrics, exposition
+from ..state.metrics import RouterMetrics, exposition, gauge
 from ..state.peers import NO_PEERS, ReplicaPeers, ReplicaSync
 from ..state.runtime import Runtime
 from ..state.security import (
@@ -376,9 +376,7 @@ async def await_config(
     if config is not None:
         return config
     registry = CollectorRegistry()
-    Gauge(
-        names.METRIC_ROUTER_READY, "1 while the router can serve.", multiprocess_mode="livemin", registry=registry
-    ).set(0)
+    gauge(names.METRIC_ROUTER_READY, "1 while the router can serve.", registry=registry, mode="livemin").set(0)
     reason = [why]
 
     async def waiting(request: web.Request) -> web.Response:

@@ -29,11 +29,12 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter
 
 from prfaas_core import names
 from prfaas_core.api.router_config import RouterSecurity
 
+from ..state.metrics import gauge
 from ..state.wire import json_error
 
 # --- Who holds the listener's connections: per-client and (gateway) per-token budgets under ``maxConnections``.
@@ -137,11 +138,8 @@ class Hygiene:
         """``authenticating``: a gateway with a token (:class:`ConnBudget`)."""
         self.settings = settings
         self.budget = ConnBudget(authenticating)
-        self.open = Gauge(
-            names.METRIC_ROUTER_OPEN_CONNECTIONS,
-            "Client connections open.",
-            multiprocess_mode="livesum",
-            registry=registry,
+        self.open = gauge(
+            names.METRIC_ROUTER_OPEN_CONNECTIONS, "Client connections open.", registry=registry, mode="livesum"
         )
         self.closed = Counter(
             names.METRIC_ROUTER_CONNECTIONS_CLOSED.removesuffix("_total"),

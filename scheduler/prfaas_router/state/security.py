@@ -30,12 +30,13 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter
 
 from prfaas_core import names
 from prfaas_core.launch.kinds import engine_kind
 from prfaas_core.request.tracecontext import trace_context
 
+from .metrics import gauge
 from .wire import json_error
 
 ENGINE = engine_kind()
@@ -164,12 +165,7 @@ class SecurityMetrics:
             ["reason"],
             registry=r,
         )
-        self.insecure = Gauge(
-            names.METRIC_GATEWAY_INSECURE,
-            "1 while the gateway serves without a token.",
-            multiprocess_mode="livemax",
-            registry=r,
-        )
+        self.insecure = gauge(names.METRIC_GATEWAY_INSECURE, "1 while the gateway serves without a token.", registry=r)
         self.reloads = Counter(
             names.METRIC_ROUTER_CREDENTIAL_RELOADS.removesuffix("_total"),
             "Credential file changes seen, by credential and result.",
