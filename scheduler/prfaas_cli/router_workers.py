@@ -36,9 +36,9 @@ import structlog
 
 from prfaas_local.ports import free_port
 
-log = structlog.get_logger("prfaas.router.workers")
+from .output import EXIT_ERROR, EXIT_OK
 
-EXIT_WORKER_DIED = 1
+log = structlog.get_logger("prfaas.router.workers")
 
 
 def worker_argv(args: argparse.Namespace, side_port: int, peers: list[str], token_file: str) -> list[str]:
@@ -76,8 +76,7 @@ def supervise(args: argparse.Namespace, peers: list[str]) -> int:
     """Start ``args.workers`` workers and wait: 0 once a signal stopped them, 1 when one exited on its own."""
     from prometheus_client import multiprocess
 
-    count = int(args.workers)
-    ports = [free_port() for _ in range(count)]
+    ports = [free_port() for _ in range(args.workers)]
     with tempfile.TemporaryDirectory(prefix="prfaas-router-") as tmp:
         token_file = args.peers_token_file
         if not token_file:
@@ -97,7 +96,7 @@ def supervise(args: argparse.Namespace, peers: list[str]) -> int:
             for port in ports:
                 siblings = [f"http://127.0.0.1:{p}" for p in ports if p != port]
                 workers.append(subprocess.Popen(worker_argv(args, port, [*peers, *siblings], token_file), env=env))
-            log.info("router workers started", workers=count, port=args.port, pids=[w.pid for w in workers])
+            log.info("router workers started", workers=args.workers, port=args.port, pids=[w.pid for w in workers])
             code = _wait(workers, stopping)
         finally:
             for sig, handler in previous.items():
@@ -134,4 +133,4 @@ def _wait(workers: list[subprocess.Popen[bytes]], stopping: list[int]) -> int:
             failed = True
             log.error("a router worker exited: stopping the others", pid=pid, code=proc.returncode)
             _terminate(workers)
-    return EXIT_WORKER_DIED if failed else 0
+    return EXIT_ERROR if failed else EXIT_OK
