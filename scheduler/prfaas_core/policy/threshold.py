@@ -99,23 +99,17 @@ def decide_threshold(
     """``t = clamp(max(t_min, t_bw(window, budget(mode))))``."""
     watermark, budget_gbps = egress_budget(mode, link)
     t_min = bounds.min_tokens
-    # a fully cached request puts nothing on the link: only lengths > 0 count. The window's lengths above t_min are
-    # read first (every refresh; with t_min >= 0 they are the ones > 0 above t_min), the lengths > 0 only where
-    # those are none or past the cheap exit below
-    above = [n for n in recent_uncached_lengths if n > t_min] if t_min >= 0 else []
-    positive = None
-    if not above or window_s <= 0:
-        positive = [n for n in recent_uncached_lengths if n > 0]
-        if not positive or window_s <= 0:
-            return ThresholdDecision(bounds.min_tokens, 0, f"no recent requests: t = t_min = {bounds.min_tokens}")
-        if t_min < 0:
-            above = positive
+    # a fully cached request puts nothing on the link: only lengths > 0 count (the ones above t_min, read every
+    # refresh, are among them; the others are listed only past the cheap exit below)
+    above = [n for n in recent_uncached_lengths if n > max(t_min, 0)]
+    if window_s <= 0 or not (above or any(n > 0 for n in recent_uncached_lengths)):
+        return ThresholdDecision(bounds.min_tokens, 0, f"no recent requests: t = t_min = {bounds.min_tokens}")
     # cheap exit (most calls): the window's egress with t = t_min already fits the budget
     s_kv = kv.curve  # kv.kv_bytes without its call, for the window at once: evaluated per length per refresh
     at_t_min = sum(s_kv.values(above))
     if at_t_min * 8.0 / window_s / GBPS_BITS <= budget_gbps:
         return _fits_budget(mode, t_min)
-    recent_uncached_lengths = positive if positive is not None else [n for n in recent_uncached_lengths if n > 0]
+    recent_uncached_lengths = [n for n in recent_uncached_lengths if n > 0]
     dist = EmpiricalDistribution.from_lengths(recent_uncached_lengths)
     rate = len(recent_uncached_lengths) / window_s
     t_bw = egress_floor_threshold(dist, kv, rate, budget_gbps)
