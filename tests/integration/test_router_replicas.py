@@ -12,21 +12,12 @@ import json
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
-from testbed_support import (
-    PRFAAS,
-    counter,
-    free_port,
-    http,
-    model_profile_json,
-    pd_h20_router_config,
-    processes,
-    prompt,
-    start_pd_h20,
-    wait_for,
-)
+from testbed_support import PRFAAS, counter, free_port, http, model_profile_json, processes, prompt, wait_for
 
 from prfaas_core import names
+from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
 from prfaas_core.policy.replica_books import EXPIRY_S
 
 TIME_SCALE = 1.0
@@ -35,10 +26,29 @@ while the test routes its second request (milliseconds)."""
 LONG, SHORT = 60_000, 2_000
 
 
+def engine(procs: Any, name: str, role: str, port: int, kv_port: int) -> None:
+    argv = [*PRFAAS, "engine", "--role", role, "--hardware", "H20", "--port", str(port)]
+    argv += ["--kv-listen", f"127.0.0.1:{kv_port}", "--engine-id", name, PROMPT_TOKENS_DETAILS_FLAG]
+    procs.start(name, [*argv, "--time-scale", str(TIME_SCALE)])
+
+
 def test_router_replicas_see_each_others_local_prefills(tmp_path: Path) -> None:
     with processes(tmp_path) as procs:
-        engines = start_pd_h20(procs, TIME_SCALE)
-        config = pd_h20_router_config(engines, TIME_SCALE)
+        engines = {n: (free_port(), free_port()) for n in ("pd-0", "pd-1", "pd-2")}
+        for n, (port, kv) in engines.items():
+            engine(procs, n, "decode" if n == "pd-2" else "prefill", port, kv)
+        config = {
+            "pdCluster": "pd-h20",
+            "thresholdMinTokens": 1_000_000,  # nothing goes remote: there is no remote
+            "model": model_profile_json(),
+            "endpoints": [
+                {"name": n, "url": f"http://127.0.0.1:{p}", "role": "decode" if n == "pd-2" else "prefill"}
+                for n, (p, _) in engines.items()
+            ],
+            "pdHardware": {"accelerator": "H20"},
+            "scale": {"timeScale": TIME_SCALE},
+            "routing": {"refreshIntervalSeconds": 0.2},
+        }
         (tmp_path / "router.json").write_text(json.dumps(config))
         ports = [free_port(), free_port()]
         routers = [f"http://127.0.0.1:{p}" for p in ports]

@@ -16,21 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testbed_support import (
-    PRFAAS,
-    counter,
-    free_port,
-    http,
-    model_profile_json,
-    pd_h20_router_config,
-    processes,
-    prompt,
-    start_pd_h20,
-    wait_for,
-)
+from testbed_support import PRFAAS, counter, free_port, http, model_profile_json, processes, prompt, wait_for
 
 from prfaas_cli.main import main
 from prfaas_core import names
+from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
 
 LONG, SHORT = 60_000, 2_000
 
@@ -49,10 +39,30 @@ def alive(pid: int) -> bool:
 
 
 def start_router(procs: Any, tmp_path: Path, engines: dict[str, tuple[int, int]]) -> tuple[str, subprocess.Popen[Any]]:
-    (tmp_path / "router.json").write_text(json.dumps(pd_h20_router_config(engines)))
+    config = {
+        "pdCluster": "pd-h20",
+        "thresholdMinTokens": 1_000_000,  # nothing goes remote: there is no remote
+        "model": model_profile_json(),
+        "endpoints": [
+            {"name": n, "url": f"http://127.0.0.1:{p}", "role": "decode" if n == "pd-2" else "prefill"}
+            for n, (p, _) in engines.items()
+        ],
+        "pdHardware": {"accelerator": "H20"},
+        "routing": {"refreshIntervalSeconds": 0.2},
+    }
+    (tmp_path / "router.json").write_text(json.dumps(config))
     port = free_port()
     argv = [*PRFAAS, "router", "--config", str(tmp_path / "router.json"), "--port", str(port), "--workers", "2"]
     return f"http://127.0.0.1:{port}", procs.start("router", argv)
+
+
+def start_engines(procs: Any) -> dict[str, tuple[int, int]]:
+    engines = {n: (free_port(), free_port()) for n in ("pd-0", "pd-1", "pd-2")}
+    for n, (port, kv) in engines.items():
+        role = "decode" if n == "pd-2" else "prefill"
+        argv = [*PRFAAS, "engine", "--role", role, "--hardware", "H20", "--port", str(port)]
+        procs.start(n, [*argv, "--kv-listen", f"127.0.0.1:{kv}", "--engine-id", n, PROMPT_TOKENS_DETAILS_FLAG])
+    return engines
 
 
 def wait_ready(router: str, procs: Any) -> None:
@@ -69,7 +79,7 @@ def wait_ready(router: str, procs: Any) -> None:
 
 def test_workers_share_one_port_their_books_and_their_metrics(tmp_path: Path) -> None:
     with processes(tmp_path) as procs:
-        engines = start_pd_h20(procs)
+        engines = start_engines(procs)
         router, parent = start_router(procs, tmp_path, engines)
         wait_ready(router, procs)
         before = counter(router, names.METRIC_ROUTER_REQUESTS, outcome="ok", route="local")

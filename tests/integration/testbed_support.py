@@ -181,35 +181,6 @@ def model_profile_json() -> dict[str, Any]:
     return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def start_pd_h20(procs: Processes, time_scale: float = 1.0) -> dict[str, tuple[int, int]]:
-    """Three emulated H20 engines of one PD cluster, as processes: pd-0 and pd-1 prefill, pd-2 decode, each reporting
-    its prompt tokens' details (name -> (port, KV port))."""
-    from prfaas_core.launch.vllm import PROMPT_TOKENS_DETAILS_FLAG
-
-    engines = {n: (free_port(), free_port()) for n in ("pd-0", "pd-1", "pd-2")}
-    for n, (port, kv) in engines.items():
-        argv = [*PRFAAS, "engine", "--role", "decode" if n == "pd-2" else "prefill", "--hardware", "H20"]
-        argv += ["--port", str(port), "--kv-listen", f"127.0.0.1:{kv}", "--engine-id", n, PROMPT_TOKENS_DETAILS_FLAG]
-        procs.start(n, [*argv, "--time-scale", str(time_scale)])
-    return engines
-
-
-def pd_h20_router_config(engines: dict[str, tuple[int, int]], time_scale: float = 1.0) -> dict[str, Any]:
-    """A RouterConfig in front of :func:`start_pd_h20`'s engines with no remote (nothing goes remote)."""
-    return {
-        "pdCluster": "pd-h20",
-        "thresholdMinTokens": 1_000_000,  # nothing goes remote: there is no remote
-        "model": model_profile_json(),
-        "endpoints": [
-            {"name": n, "url": f"http://127.0.0.1:{p}", "role": "decode" if n == "pd-2" else "prefill"}
-            for n, (p, _) in engines.items()
-        ],
-        "pdHardware": {"accelerator": "H20"},
-        "scale": {"timeScale": time_scale},
-        "routing": {"refreshIntervalSeconds": 0.2},
-    }
-
-
 def start_stack(
     procs: Processes,
     tmp: Path,
